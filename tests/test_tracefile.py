@@ -1,0 +1,215 @@
+"""workload_from_trace: scripted access traces and recorded fault traces."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from umctl import UmctlError
+from umctl.events.schema import Access, AllocOp, CopyKind, EventBatch, Kind, empty
+from umctl.events.trace import Trace, TraceError, TraceWriter, read_trace
+from umctl.sources.tracefile import BEFORE_FIRST_LAUNCH, MAX_INFERRED_COMPUTE_NS, NO_LAUNCH_RECORD, workload_from_trace
+from umctl.sources.workload import Init, OpType, exec_hash
+from umctl.units import BLOCK_SIZE, MiB, PAGE_SHIFT, PAGE_SIZE
+
+BASE = 0x7F00_0000_0000
+BASE_PAGE = BASE >> PAGE_SHIFT
+
+
+def make(path: Path, arrays: dict[Kind, np.ndarray], names: list[str] = (), meta: dict | None = None) -> Trace:
+    b = EventBatch(names=list(names))
+    for k, a in arrays.items():
+        b.add(k, a)
+    with TraceWriter(path, meta or {}) as w:
+        w.write(b)
+    return read_trace(path)
+
+
+def launches(t, gpu=0, t_end=None, name_id=None, seq=None) -> np.ndarray:
+    n = len(t)
+    out = empty(Kind.LAUNCH, n)
+    out["t_ns"] = t
+    out["t_end_ns"] = 0 if t_end is None else t_end
+    out["gpu"] = gpu
+    out["pid"] = 42
+    out["name_id"] = np.arange(n) if name_id is None else name_id
+    out["seq"] = np.arange(n) if seq is None else seq
+    out["exec_hash"] = 1000 + np.arange(n)
+    out["func"] = 0xBEEF
+    out["grid"], out["block"] = (4, 2, 1), (256, 1, 1)
+    return out
+
+
+def faults(t, page, access=Access.READ, gpu=0) -> np.ndarray:
+    out = empty(Kind.FAULT, len(t))
+    out["t_ns"], out["addr"], out["access"], out["gpu"], out["pid"] = t, (BASE_PAGE + np.asarray(page)) << PAGE_SHIFT, access, gpu, 42
+    return out
+
+
+def kernel_pages(w, i: int) -> list[int]:
+    k = w.kernels[i]
+    return (w.acc_page[k["acc_lo"]:k["acc_hi"]] - BASE_PAGE).tolist()
+
+
+def kernel_writes(w, i: int) -> list[bool]:
+    k = w.kernels[i]
+    return w.acc_write[k["acc_lo"]:k["acc_hi"]].tolist()
+
+
+# -- scripted traces ------------------------------------------------------------------------
+
+def test_access_trace(tmp_path: Path) -> None:
+    acc = empty(Kind.ACCESS, 7)
+    # seq 2 listed first in the file: kernels still follow seq order, accesses file order.
+    acc["seq"] = [2, 0, 0, 1, 0, 2, 1]
+    acc["addr"] = (BASE_PAGE + np.array([9, 1, 2, 5, 1, 8, 6])) << PAGE_SHIFT
+    acc["access"] = [Access.READ, Access.READ, Access.WRITE, Access.ATOMIC, Access.READ, Access.WRITE, Access.READ]
+    acc["t_ns"] = [300, 100, 110, 220, 120, 310, 230]
+    acc["gpu"], acc["pid"] = 0, 5
+    lau = launches([100, 300, 500], t_end=[150, 400, 0], seq=[0, 2, 3], name_id=[0, 1, 0])  # seq 1 unlaunched
+    t = make(tmp_path / "s.parquet", {Kind.ACCESS: acc, Kind.LAUNCH: lau}, names=["fwd", "bwd"],
+             meta={"scenario": "scripted", "params": {"layers": 3}})
+    w = workload_from_trace(t, gpu_mem=64 * MiB)
+    w.validate()
+    ks = w.kernels
+    assert len(ks) == 4  # seq 0, 1 (no launch), 2, and 3 (launched, no accesses)
+    assert [w.names[i] for i in ks["name_id"]] == ["fwd", NO_LAUNCH_RECORD, "bwd", "fwd"]
+    assert kernel_pages(w, 0) == [1, 2, 1] and kernel_writes(w, 0) == [False, True, False]
+    assert kernel_pages(w, 1) == [5, 6] and kernel_writes(w, 1) == [True, False]
+    assert kernel_pages(w, 2) == [9, 8] and kernel_pages(w, 3) == []
+    assert ks["atomics"].tolist() == [False, True, False, False]
+    assert ks["exec_hash"][0] == 1000 and ks["exec_hash"][2] == 1001
+    assert ks["exec_hash"][1] == exec_hash(NO_LAUNCH_RECORD, (1,))
+    assert ks["pid"].tolist() == [42, 5, 42, 42]
+    # recorded durations, else the gap to the next launch (the trace end for the last)
+    assert ks["compute_ns"].tolist() == [50, 0, 100, 0]
+    assert tuple(ks["grid"][0]) == (4, 2, 1)
+    assert w.name == "scripted" and w.params == {"layers": 3}
+    assert w.meta["source"] == str(tmp_path / "s.parquet") and w.meta["derived_from"] == "access events"
+
+
+# -- recorded traces ------------------------------------------------------------------------
+
+def test_fault_trace_kernels_and_pages(tmp_path: Path) -> None:
+    lau = np.concatenate([launches([1000, 2000, 5000], gpu=0, t_end=[1500, 0, 0]),
+                          launches([1500], gpu=1, name_id=[7], seq=[3])])  # name_id 7: unknown name
+    f = np.concatenate([
+        faults([500, 600], [100, 101]),                                  # before GPU 0's first launch
+        faults([1100, 1200, 1300, 1250], [3, 1, 3, 2], access=[Access.READ, Access.READ, Access.WRITE, Access.ATOMIC]),
+        faults([2100, 2200], [1, 1]),
+        faults([1600, 1700], [50, 51], gpu=1),
+        faults([1400], [60], gpu=1),                                     # before GPU 1's first launch
+    ])
+    f = f[np.random.default_rng(0).permutation(len(f))]  # file order must not matter
+    t = make(tmp_path / "f.parquet", {Kind.LAUNCH: lau, Kind.FAULT: f}, names=["a", "b", "c"])
+    w = workload_from_trace(t, gpu_mem=64 * MiB)
+    w.validate()
+    ks = w.kernels
+    names = [w.names[i] for i in ks["name_id"]]
+    assert names == [BEFORE_FIRST_LAUNCH, "a", BEFORE_FIRST_LAUNCH, "func 0xbeef", "b", "c"]
+    assert ks["gpu"].tolist() == [0, 0, 1, 1, 0, 0]
+    assert w.n_gpus == 2 and w.gpu_mem == [64 * MiB] * 2
+    assert kernel_pages(w, 0) == [100, 101]
+    # first occurrence in time order; page 3 read then written -> one written access
+    assert kernel_pages(w, 1) == [3, 1, 2] and kernel_writes(w, 1) == [True, False, True]
+    assert kernel_pages(w, 2) == [60] and kernel_pages(w, 3) == [50, 51]
+    assert kernel_pages(w, 4) == [1] and kernel_pages(w, 5) == []
+    assert ks["atomics"].tolist() == [False, True, False, False, False, False]
+    # recorded 500; else the gap to the next launch on the same GPU, the last one up to the
+    # trace's end (5000, the last event): GPU 1's only launch runs 1500 -> 5000
+    assert ks["compute_ns"][[1, 4, 5, 3]].tolist() == [500, 3000, 0, 3500]
+    assert ks["compute_ns"][[0, 2]].tolist() == [0, 0]  # synthetic kernels only carry faults
+    assert w.meta["derived_from"] == "fault events"
+
+
+def test_inferred_compute_is_capped(tmp_path: Path) -> None:
+    lau = launches([0, 5_000_000_000])
+    t = make(tmp_path / "c.parquet", {Kind.LAUNCH: lau, Kind.FAULT: faults([10], [0])})
+    assert workload_from_trace(t, gpu_mem=BLOCK_SIZE).kernels["compute_ns"][0] == MAX_INFERRED_COMPUTE_NS
+
+
+def test_inferred_allocations_are_block_runs(tmp_path: Path) -> None:
+    ppb = BLOCK_SIZE // PAGE_SIZE
+    pages = [0, 5, ppb + 3, 3 * ppb + 1, 3 * ppb + 2]  # blocks 0, 1, 3
+    t = make(tmp_path / "a.parquet", {Kind.LAUNCH: launches([0]), Kind.FAULT: faults([1, 2, 3, 4, 5], pages)})
+    w = workload_from_trace(t, gpu_mem=BLOCK_SIZE)
+    a = w.allocations
+    assert (a["addr"] - BASE).tolist() == [0, 3 * BLOCK_SIZE]
+    assert a["bytes"].tolist() == [2 * BLOCK_SIZE, BLOCK_SIZE]
+    assert a["managed"].all() and (a["init"] == Init.HOST).all() and a["alloc_id"].tolist() == [0, 1]
+    assert a["pid"].tolist() == [42, 42]
+
+
+def test_recorded_allocations_mem_ops_and_copies(tmp_path: Path) -> None:
+    alloc = empty(Kind.ALLOC, 4)
+    alloc["t_ns"] = [10, 20, 1500, 3500]
+    alloc["op"] = [AllocOp.ALLOC, AllocOp.ALLOC, AllocOp.FREE, AllocOp.BLOCK_INACTIVE]
+    alloc["addr"] = [BASE, BASE + 4 * MiB, BASE, BASE + 4 * MiB + PAGE_SIZE]
+    alloc["bytes"] = [4 * MiB, 4 * MiB, 4 * MiB, PAGE_SIZE]
+    alloc["alloc_id"] = [10, 11, 10, -1]  # the last is found by its address
+    alloc["managed"] = True
+    copy = empty(Kind.COPY, 1)
+    copy["t_ns"], copy["kind"], copy["bytes"], copy["src_addr"], copy["dst_addr"] = 2500, CopyKind.D2H, 4096, 1, 2
+    lau = launches([1000, 2000, 3000])
+    page_beyond = (8 * MiB) // PAGE_SIZE + 2  # outside both allocations
+    f = faults([1100, 2100, 2200], [1, 1025, page_beyond])
+    t = make(tmp_path / "r.parquet", {Kind.LAUNCH: lau, Kind.FAULT: f, Kind.ALLOC: alloc, Kind.COPY: copy})
+    w = workload_from_trace(t, gpu_mem=BLOCK_SIZE * 8)
+    w.validate()
+    a = w.allocations
+    assert a["alloc_id"].tolist() == [10, 11, 12]
+    assert (a["addr"] - BASE).tolist() == [0, 4 * MiB, page_beyond * PAGE_SIZE]
+    assert a["bytes"].tolist() == [4 * MiB, 4 * MiB, PAGE_SIZE]  # uncovered pages: page-granular
+    types = w.ops["type"].tolist()
+    assert types == [OpType.MEM, OpType.MEM, OpType.KERNEL, OpType.MEM, OpType.KERNEL, OpType.COPY,
+                     OpType.KERNEL, OpType.MEM]
+    mem = w.ops[w.ops["type"] == OpType.MEM]
+    assert mem["mem_op"].tolist() == [AllocOp.ALLOC, AllocOp.ALLOC, AllocOp.FREE, AllocOp.BLOCK_INACTIVE]
+    assert mem["alloc_id"].tolist() == [10, 11, 10, 11]
+    c = w.ops[w.ops["type"] == OpType.COPY][0]
+    assert (c["copy_kind"], c["bytes"], c["addr"], c["dst_addr"]) == (CopyKind.D2H, 4096, 1, 2)
+
+
+def test_capacity_sources(tmp_path: Path) -> None:
+    ppb = BLOCK_SIZE // PAGE_SIZE
+    arrays = {Kind.LAUNCH: launches([0]), Kind.FAULT: faults(np.arange(4), [0, 1, ppb, 5 * ppb])}  # 3 blocks
+    t = make(tmp_path / "n.parquet", arrays, meta={"gpu": "none"})  # as recorded on a host without a GPU
+    with pytest.raises(TraceError) as exc:
+        workload_from_trace(t)
+    assert "pass --gpu-mem or --oversub" in str(exc.value) and str(tmp_path / "n.parquet") in str(exc.value)
+    assert workload_from_trace(t, oversub=1.0).gpu_mem == [3 * BLOCK_SIZE]
+    assert workload_from_trace(t, oversub=1.5).gpu_mem == [2 * BLOCK_SIZE]
+    assert workload_from_trace(t, oversub=100).gpu_mem == [BLOCK_SIZE]
+    assert workload_from_trace(t, gpu_mem=123 * MiB, oversub=2).gpu_mem == [123 * MiB]
+    with pytest.raises(UmctlError, match="positive"):
+        workload_from_trace(t, oversub=0)
+    with pytest.raises(UmctlError, match="positive"):
+        workload_from_trace(t, gpu_mem=-1)
+    assert workload_from_trace(make(tmp_path / "m.parquet", arrays, meta={"gpu_mem": 8 * MiB})).gpu_mem == [8 * MiB]
+    assert workload_from_trace(make(tmp_path / "p.parquet", arrays, meta={"params": {"gpu_mem": "16MiB"}})).gpu_mem == [16 * MiB]
+    host = {"gpu": [{"index": 0, "name": "H100", "memory_bytes": 80 * MiB}]}
+    assert workload_from_trace(make(tmp_path / "h.parquet", arrays, meta=host)).gpu_mem == [80 * MiB]
+
+
+def test_nothing_to_replay(tmp_path: Path) -> None:
+    t = make(tmp_path / "e.parquet", {Kind.LAUNCH: launches([0])})
+    with pytest.raises(TraceError, match="nothing to replay"):
+        workload_from_trace(t, gpu_mem=BLOCK_SIZE)
+
+
+def test_many_faults_is_fast(tmp_path: Path) -> None:
+    rng = np.random.default_rng(0)
+    n = 500_000
+    f = faults(np.sort(rng.integers(0, 10**9, n)), rng.integers(0, 1 << 18, n),
+               access=rng.integers(0, 3, n))
+    t = make(tmp_path / "big.parquet", {Kind.LAUNCH: launches(np.arange(0, 10**9, 10**6)), Kind.FAULT: f})
+    start = time.perf_counter()
+    w = workload_from_trace(t, oversub=1.5)
+    assert time.perf_counter() - start < 5
+    w.validate()
+    assert len(w.kernels) == 1000
+    assert len(w.acc_page) == len(np.unique(np.stack([np.searchsorted(np.arange(0, 10**9, 10**6), f["t_ns"], "right"),
+                                                      f["addr"].astype(np.int64)]), axis=1)[0])

@@ -1,0 +1,1 @@
+"""The ``umctl`` command line."""

@@ -1,0 +1,203 @@
+"""``umctl``: entry point. Every user-facing failure is one line on stderr and a non-zero
+exit; tracebacks are for bugs only (set UMCTL_DEBUG=1 to see them for any error)."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from typing import List, Optional
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from .. import UmctlError, __version__
+
+app = typer.Typer(
+    name="umctl",
+    help="Observe and control CUDA Unified Memory: fault streams, prefetch/eviction policies, "
+         "and replays on a calibrated UVM simulator.",
+    no_args_is_help=True,
+    add_completion=False,
+    rich_markup_mode="rich",
+    pretty_exceptions_enable=False,
+)
+out = Console()
+err = Console(stderr=True)
+
+
+def _mount_subcommands() -> None:
+    from .scenarios_cmd import scenarios_command
+    from .trace_cmd import app as trace_app
+
+    app.command("scenarios", help="List the built-in scenarios and their parameters.\n\n"
+                "Example: [bold]umctl scenarios --family dnn[/bold]")(scenarios_command)
+    app.add_typer(trace_app, name="trace", help="Inspect and export trace files.")
+
+
+def _overrides(oversub, gpu_mem, iters, seed, params) -> dict[str, str]:
+    from ..sources.scenario import parse_param
+
+    ov: dict[str, str] = {}
+    for p in params or []:
+        k, v = parse_param(p)
+        ov[k] = v
+    if oversub is not None:
+        ov["oversub"] = str(oversub)
+    if gpu_mem is not None:
+        ov["gpu_mem"] = gpu_mem
+    if iters is not None:
+        ov["iterations"] = str(iters)
+    if seed is not None:
+        ov["seed"] = str(seed)
+    return ov
+
+
+def _run_replay(target: str, modes: str, overrides: dict[str, str], seed: int, png: Optional[str],
+                as_json: bool, record: Optional[str]) -> None:
+    from ..report.table import replay_table
+    from ..sim.calibration import DEFAULT as DEFAULT_CALIBRATION
+    from ..sim.replay import parse_modes, resolve_target, result_rows, run_modes
+    from ..units import format_bytes
+
+    mode_list = parse_modes(modes)
+    workload = resolve_target(target, overrides)
+    recorder_for = None
+    if record:
+        from ..events.trace import TraceWriter
+        from ..sim.calibration import DEFAULT
+
+        def recorder_for(mode: str):
+            path = record if len(mode_list) == 1 else _suffix(record, mode)
+            meta = {"source": "umctl replay", "scenario": workload.name, "params": _jsonable(workload.params),
+                    "mode": mode, "seed": seed, "gpu_mem": list(workload.gpu_mem),
+                    "calibration": DEFAULT.as_dict()}
+            return TraceWriter(path, meta, names=workload.names)
+
+    with Progress(TextColumn("[bold]{task.description:>10}"), BarColumn(), MofNCompleteColumn(),
+                  TextColumn("ops"), TimeElapsedColumn(), console=err, transient=as_json,
+                  disable=not err.is_terminal and not os.environ.get("UMCTL_PROGRESS")) as prog:
+        tasks = {m: prog.add_task(m, total=len(workload.ops)) for m in mode_list}
+
+        def progress(mode: str, done: int, total: int) -> None:
+            prog.update(tasks[mode], completed=done)
+
+        results = run_modes(workload, mode_list, seed=seed, progress=progress, recorder_for=recorder_for)
+    rows = result_rows(results)
+    if as_json:
+        keys = ("mode", "time_s", "speedup", "faults", "fault_batches", "bytes_h2d", "bytes_d2h",
+                "evictions", "prefetch_accuracy", "prefetch_coverage")
+        extra = ("time_ns", "workload", "demand_bytes", "driver_prefetch_bytes", "user_prefetch_bytes",
+                 "bytes_p2p", "preevictions", "invalidated_bytes", "prefetch_pages", "stall_ns",
+                 "compute_ns", "kernels", "accesses", "commands", "wall_s", "controller")
+        print(json.dumps([{k: r.get(k) for k in keys + extra} for r in rows], indent=2))
+    else:
+        w = workload
+        cap = sum(w.gpu_mem)
+        title = (f"{w.name}: {format_bytes(w.managed_bytes)} managed on {w.n_gpus} GPU(s) of "
+                 f"{format_bytes(w.gpu_mem[0])} ({w.managed_bytes / cap:.2f}× oversubscribed), "
+                 f"{len(w.kernels)} kernels, {w.n_accesses:,} page accesses")
+        out.print(replay_table(rows, title))
+        walls = ", ".join(f"{r.mode} {r.wall_s:.2f}s" for r in results)
+        out.print(f"[dim]UVM simulator, calibration {DEFAULT_CALIBRATION.name} (umctl/sim/calibration.py); "
+                  f"wall time: {walls}[/dim]")
+    if png:
+        from ..report.png import replay_png
+
+        replay_png(results, rows, png, f"{workload.name} — umctl replay")
+        err.print(f"wrote {png}")
+
+
+def _suffix(path: str, mode: str) -> str:
+    root, ext = os.path.splitext(path)
+    return f"{root}.{mode}{ext or '.parquet'}"
+
+
+def _jsonable(d: dict) -> dict:
+    return json.loads(json.dumps(d, default=str))
+
+
+@app.command()
+def replay(
+    target: str = typer.Argument(..., help="Scenario name (see `umctl scenarios`), scenario file "
+                                 "(file.toml or file.toml:name) or trace file (.parquet)."),
+    mode: str = typer.Option("none,oracle", "--mode", "-m", help="Comma-separated controller modes, or 'all'."),
+    oversub: Optional[float] = typer.Option(None, help="Oversubscription: managed footprint / GPU memory."),
+    gpu_mem: Optional[str] = typer.Option(None, "--gpu-mem", help="Simulated GPU memory, e.g. 1GiB."),
+    iters: Optional[int] = typer.Option(None, "--iters", help="Training iterations (loops)."),
+    seed: int = typer.Option(0, help="Seed of the scenario and the simulator."),
+    param: Optional[List[str]] = typer.Option(None, "--param", "-p", help="Scenario parameter key=value (repeatable)."),
+    png: Optional[str] = typer.Option(None, help="Write a figure of the comparison to this PNG."),
+    as_json: bool = typer.Option(False, "--json", help="Print a JSON list (one object per mode) instead of the table."),
+    record: Optional[str] = typer.Option(None, help="Write each mode's simulated events to a trace "
+                                         "(out.parquet, or out.MODE.parquet for several modes)."),
+) -> None:
+    """Replay a scenario or a recorded trace under controller modes, side by side.
+
+    Examples:
+
+      [bold]umctl replay gpt2-xl --mode none,oracle --oversub 2[/bold]
+
+      [bold]umctl replay dlrm -m all --json[/bold]
+
+      [bold]umctl replay trace.parquet --mode none,oracle --oversub 1.5 --png report.png[/bold]
+    """
+    ov = _overrides(oversub, gpu_mem, iters, seed if seed else None, param)
+    _run_replay(target, mode, ov, seed, png, as_json, record)
+
+
+@app.command()
+def demo(
+    png: Optional[str] = typer.Option(None, help="Also write the comparison figure to this PNG."),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON instead of the table."),
+) -> None:
+    """Replay a built-in DNN training scenario (GPT-2 XL-shaped, 2× oversubscribed) under every
+    available mode. No GPU needed.
+
+    Example: [bold]umctl demo --png demo.png[/bold]
+    """
+    err.print("[bold]umctl demo[/bold]: GPT-2 XL-shaped training loop, 2× oversubscribed GPU, every mode")
+    _run_replay("gpt2-xl", "all", {"oversub": "2"}, 0, png, as_json, None)
+
+
+@app.command()
+def version() -> None:
+    """Print the umctl version."""
+    out.print(f"umctl {__version__}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    import click
+
+    _mount_subcommands()
+    try:
+        app(args=argv, standalone_mode=False)
+        return 0
+    except UmctlError as e:
+        err.print(f"[red]umctl: error:[/red] {e}", highlight=False, soft_wrap=True)
+        if os.environ.get("UMCTL_DEBUG"):
+            raise
+        return e.exit_code
+    except click.exceptions.Exit as e:
+        return e.exit_code
+    except click.ClickException as e:
+        err.print(f"[red]umctl: error:[/red] {e.format_message()}", highlight=False, soft_wrap=True)
+        return e.exit_code
+    except click.exceptions.Abort:
+        err.print("umctl: interrupted")
+        return 130
+    except KeyboardInterrupt:
+        err.print("umctl: interrupted")
+        return 130
+    except BrokenPipeError:
+        return 0
+
+
+def entry() -> None:
+    """Console-script entry point."""
+    sys.exit(main())
+
+
+if __name__ == "__main__":
+    entry()

@@ -1,0 +1,91 @@
+"""The controller interface shared by replay and live control.
+
+A controller consumes :class:`~umctl.events.EventBatch` es and returns command batches
+(``Kind.COMMAND`` records). It never talks to the simulator or the GPU directly: the source
+decides when to deliver events, the actuator executes commands. That is what lets the same
+controller code run on a replay and on a live process.
+
+Replay-only controllers (``oracle``) may ask the :class:`ControllerContext` for the future
+access stream and the residency state; live sources leave those ``None``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable, ClassVar
+
+import numpy as np
+
+from ..events.schema import COMMAND_DTYPE, EventBatch, Kind
+
+
+@dataclass
+class ControllerContext:
+    """What a controller may know about the system it controls."""
+
+    n_gpus: int
+    gpu_mem: list[int]
+    #: Replay only: the whole workload (the future), for oracle-style upper bounds.
+    workload: object | None = None
+    #: Replay only: ``residency(gpu) -> (resident_blocks_bool, free_chunks)`` over the
+    #: simulator's compact block space, and the block <-> address maps.
+    residency: Callable[[int], tuple[np.ndarray, int]] | None = None
+    block_addr: np.ndarray | None = None
+    options: dict = field(default_factory=dict)
+
+
+class Controller:
+    """Base class: a controller that does nothing. Subclasses override ``on_events``."""
+
+    name: ClassVar[str] = "base"
+    #: Event kinds the controller needs; sources skip building the others (cheaper replays,
+    #: and live sources enable only these tracker event types).
+    subscribes: ClassVar[frozenset[Kind]] = frozenset()
+    #: True if the mode needs perfect future knowledge and so cannot run live.
+    replay_only: ClassVar[bool] = False
+
+    def __init__(self, **options):
+        self.options = options
+        self.ctx: ControllerContext | None = None
+
+    def attach(self, ctx: ControllerContext) -> None:
+        self.ctx = ctx
+
+    def on_events(self, batch: EventBatch) -> np.ndarray | None:
+        """React to events; return a COMMAND batch or None."""
+        return None
+
+    def stats(self) -> dict:
+        """Controller-side counters for reports (table sizes, predictions...)."""
+        return {}
+
+
+NO_COMMANDS = np.zeros(0, dtype=COMMAND_DTYPE)
+
+_REGISTRY: dict[str, type[Controller]] = {}
+
+
+def register(cls: type[Controller]) -> type[Controller]:
+    """Class decorator: make a controller available as ``--mode NAME``."""
+    _REGISTRY[cls.name] = cls
+    return cls
+
+
+def available_modes() -> list[str]:
+    _load_builtin()
+    return list(_REGISTRY)
+
+
+def make_controller(mode: str, **options) -> Controller:
+    from .. import UmctlError
+
+    _load_builtin()
+    cls = _REGISTRY.get(mode)
+    if cls is None:
+        raise UmctlError(f"unknown mode {mode!r}; available: {', '.join(_REGISTRY)}")
+    return cls(**options)
+
+
+def _load_builtin() -> None:
+    # Importing the modules registers them; done lazily so importing the interface is cheap.
+    from . import none, oracle  # noqa: F401

@@ -1,0 +1,1 @@
+"""Reports people look at: terminal tables, PNG figures, Perfetto timelines."""

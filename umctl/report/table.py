@@ -1,0 +1,42 @@
+"""The side-by-side replay table (rich)."""
+
+from __future__ import annotations
+
+from rich.table import Table
+
+from ..units import format_bytes
+
+
+def _pct(x: float | None) -> str:
+    return "—" if x is None else f"{100 * x:.1f} %"
+
+
+def _si(n: float) -> str:
+    n = float(n)
+    for unit, div in (("G", 1e9), ("M", 1e6), ("k", 1e3)):
+        if abs(n) >= div:
+            return f"{n / div:.2f} {unit}"
+    return f"{n:.0f}"
+
+
+def _time(ns: float) -> str:
+    s = ns / 1e9
+    return f"{s:.3f} s" if s >= 1 else f"{s * 1e3:.2f} ms"
+
+
+def replay_table(rows: list[dict], title: str) -> Table:
+    t = Table(title=title, title_justify="left", header_style="bold")
+    t.add_column("mode", style="bold cyan")
+    for name in ("sim time", "speedup", "GPU faults", "batches", "H2D", "D2H", "evictions",
+                 "pf accuracy", "pf coverage"):
+        t.add_column(name, justify="right")
+    best = min(r["time_ns"] for r in rows) if rows else 0
+    for r in rows:
+        style = "green" if r["time_ns"] == best and len(rows) > 1 else None
+        t.add_row(
+            r["mode"], _time(r["time_ns"]), f"{r['speedup']:.2f}×" if r["speedup"] else "—",
+            _si(r["faults"]), _si(r["fault_batches"]), format_bytes(r["bytes_h2d"]),
+            format_bytes(r["bytes_d2h"]), _si(r["evictions"]), _pct(r["prefetch_accuracy"]),
+            _pct(r["prefetch_coverage"]), style=style,
+        )
+    return t

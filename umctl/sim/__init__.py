@@ -1,0 +1,1 @@
+"""Calibrated discrete-event model of the nvidia-uvm driver (source and actuator of replays)."""

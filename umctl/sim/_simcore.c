@@ -1,0 +1,500 @@
+/*
+ * umctl simulator core: the per-access fault path of the UVM model.
+ *
+ * Why C: a replay walks every page access of a workload and services ~40-60 faults per
+ * batch; doing that with numpy costs dozens of small calls per batch (~130 K faults/s).
+ * Here it is one pass over the access stream. Everything else (commands, host work,
+ * copies, event building, controllers) stays in Python (umctl/sim/engine.py), which owns
+ * all state arrays and hands their pointers to this code through SimState.
+ *
+ * The model is documented in engine.py; the constants in calibration.py.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define PPB 512           /* pages per 2 MiB block */
+#define PB_SHIFT 9
+#define PAGE 4096.0
+#define MAXB 1024         /* most faults in one batch we support */
+
+typedef struct {
+    int64_t npg, nbl, ngpu, max_pending, max_active;
+    uint8_t *gmask, *cpu_valid, *managed, *pf_tag;
+    int32_t *pf_entry;
+    double *entry_done;
+    uint8_t *read_mostly;
+    int64_t any_read_mostly;
+    uint8_t *has_chunk, *pinned;   /* ngpu x nbl */
+    double *lru;                   /* ngpu x nbl */
+    int32_t *rescount;             /* ngpu x nbl */
+    int64_t *used, *cap;           /* ngpu */
+    int64_t *maxblocks;            /* ngpu: chunks not pinned by device memory */
+    double *pending;               /* ngpu x max_pending: chunks being written back */
+    int64_t *npending;
+    int64_t *active;               /* ngpu x max_active: in-flight host->GPU entries */
+    int64_t *nactive;
+    double *h2d_tail, *d2h_tail;   /* ngpu */
+    /* bandwidths in bytes per ns (the clock is in ns) */
+    double batch_ns, fault_ns, fault_h2d_Bpns, nvlink_Bpns, d2h_Bpns, evict_chunk_ns;
+    double density_threshold, window_jitter, transfer_latency_ns;
+    int64_t window_pages, batch_max;
+    uint64_t rng;
+    int64_t *stats;
+    uint8_t *seen;                 /* npg scratch, all zero between calls */
+} SimState;
+
+enum {
+    ST_FAULTS, ST_BATCHES, ST_BYTES_H2D, ST_BYTES_D2H, ST_BYTES_P2P, ST_DEMAND, ST_DRIVER_PF,
+    ST_EVICTIONS, ST_EVICTED_BYTES, ST_PREEVICTIONS, ST_PREEVICTED_BYTES, ST_PF_USED,
+    ST_PF_WASTED, ST_EPOCH, ST_BATCH_ID, ST_N
+};
+
+typedef struct {
+    int64_t nf;
+    int64_t pages[MAXB];
+    uint8_t writes[MAXB];
+    double t, end;
+    int64_t nev;
+    int64_t ev_block[MAXB];
+    int64_t ev_written[MAXB];
+    double ev_t[MAXB];
+    uint8_t ev_critical[MAXB];
+    int64_t nmig;
+    int64_t mig_block[MAXB];
+    int64_t mig_bytes[MAXB];       /* host->GPU bytes the faults asked for */
+    int64_t mig_pf_bytes[MAXB];    /* host->GPU bytes the density prefetcher added */
+} BatchOut;
+
+static inline double rng_unit(SimState *s) {
+    /* splitmix64: tiny, and the same sequence on every platform */
+    uint64_t z = (s->rng += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    z ^= z >> 31;
+    return (double)(z >> 11) * (1.0 / 9007199254740992.0);
+}
+
+#define GB(s, g, b) ((int64_t)(g) * (s)->nbl + (b))
+
+/* ------------------------------------------------------------------ chunks */
+
+void sim_reclaim(SimState *s, int g, double t) {
+    double *p = s->pending + (int64_t)g * s->max_pending;
+    int64_t n = s->npending[g], k = 0;
+    for (int64_t i = 0; i < n; i++) {
+        if (p[i] <= t) s->used[g]--;
+        else p[k++] = p[i];
+    }
+    s->npending[g] = k;
+}
+
+/* earliest pending free, removed; returns -1 if none */
+static double pop_pending(SimState *s, int g) {
+    double *p = s->pending + (int64_t)g * s->max_pending;
+    int64_t n = s->npending[g];
+    if (n == 0) return -1.0;
+    int64_t best = 0;
+    for (int64_t i = 1; i < n; i++) if (p[i] < p[best]) best = i;
+    double v = p[best];
+    p[best] = p[n - 1];
+    s->npending[g] = n - 1;
+    return v;
+}
+
+static double min_pending(SimState *s, int g) {
+    double *p = s->pending + (int64_t)g * s->max_pending;
+    double m = INFINITY;
+    for (int64_t i = 0; i < s->npending[g]; i++) if (p[i] < m) m = p[i];
+    return m;
+}
+
+/* A chunk leaves block b on GPU g; it is free at `done` (<0: now). */
+void sim_release_chunk(SimState *s, int g, int64_t b, double done) {
+    s->has_chunk[GB(s, g, b)] = 0;
+    if (done < 0) {
+        s->used[g]--;
+    } else {
+        s->pending[(int64_t)g * s->max_pending + s->npending[g]++] = done;
+    }
+}
+
+/* Least recently migrated-into block holding a chunk on g, not pinned, not excluded. */
+int64_t sim_lru_victim(SimState *s, int g, const int64_t *exclude, int64_t nex) {
+    const uint8_t *hc = s->has_chunk + GB(s, g, 0), *pin = s->pinned + GB(s, g, 0);
+    const double *lru = s->lru + GB(s, g, 0);
+    int64_t best = -1;
+    double bl = INFINITY;
+    for (int64_t b = 0; b < s->nbl; b++) {
+        if (!hc[b] || pin[b] || lru[b] >= bl) continue;
+        int skip = 0;
+        for (int64_t i = 0; i < nex; i++) if (exclude[i] == b) { skip = 1; break; }
+        if (skip) continue;
+        best = b;
+        bl = lru[b];
+    }
+    return best;
+}
+
+/* Drop GPU g's copy of block b's pages; returns pages written back to the host. With
+ * `discard` nothing is written back (the caller moves the data elsewhere or drops it).
+ * The chunk itself is released by the caller. */
+int64_t sim_drop_block(SimState *s, int g, int64_t b, int discard) {
+    uint8_t bit = (uint8_t)(1u << g);
+    int64_t lo = b * PPB, written = 0, on = 0;
+    for (int64_t p = lo; p < lo + PPB; p++) {
+        uint8_t m = s->gmask[p];
+        if (!(m & bit)) continue;
+        on++;
+        if (!discard && !s->cpu_valid[p] && !(m & (uint8_t)~bit)) {
+            s->cpu_valid[p] = 1;   /* the only copy: write it back */
+            written++;
+        }
+        s->gmask[p] = m & (uint8_t)~bit;
+        if (s->pf_tag[p]) {
+            s->pf_tag[p] = 0;
+            s->stats[ST_PF_WASTED]++;
+        }
+        s->pf_entry[p] = 0;
+    }
+    s->rescount[GB(s, g, b)] = 0;
+    if (on) s->stats[ST_EPOCH]++;
+    return written;
+}
+
+/* Chunk for a command's transfer into block b (off the fault path). Returns when it is
+ * usable, or -1 if the GPU has no evictable chunk. *victim/*written report an eviction. */
+double sim_take_chunk_async(SimState *s, int g, int64_t b, double t, int64_t *victim, int64_t *written) {
+    *victim = -1;
+    *written = 0;
+    sim_reclaim(s, g, t);
+    double ready = t;
+    if (s->cap[g] - s->used[g] > 0) {
+        s->used[g]++;
+    } else if (s->npending[g] > 0) {
+        ready = pop_pending(s, g);
+    } else {
+        int64_t v = sim_lru_victim(s, g, &b, 1);
+        if (v < 0) return -1.0;
+        int64_t w = sim_drop_block(s, g, v, 0);
+        double start = t > s->d2h_tail[g] ? t : s->d2h_tail[g];
+        ready = start + s->transfer_latency_ns + (double)w * PAGE / s->d2h_Bpns;
+        s->d2h_tail[g] = ready;
+        s->has_chunk[GB(s, g, v)] = 0;
+        s->stats[ST_PREEVICTIONS]++;
+        s->stats[ST_PREEVICTED_BYTES] += w * 4096;
+        s->stats[ST_BYTES_D2H] += w * 4096;
+        *victim = v;
+        *written = w;
+    }
+    s->has_chunk[GB(s, g, b)] = 1;
+    return ready;
+}
+
+/* Demand transfer of duration d at t pushes back every in-flight prefetch on g's link. */
+static void preempt(SimState *s, int g, double t, double d) {
+    if (d <= 0) return;
+    int64_t *a = s->active + (int64_t)g * s->max_active;
+    int64_t n = s->nactive[g], k = 0;
+    for (int64_t i = 0; i < n; i++) {
+        double *done = &s->entry_done[a[i]];
+        if (*done > t) {
+            *done += d;
+            a[k++] = a[i];
+        }
+    }
+    s->nactive[g] = k;
+    if (s->h2d_tail[g] > t) s->h2d_tail[g] += d;
+}
+
+/* ------------------------------------------------------------------ fault batches */
+
+static int cmp_i64(const void *a, const void *b) {
+    int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
+    return (x > y) - (x < y);
+}
+
+static inline int is_miss(SimState *s, int64_t p, uint8_t w, uint8_t bit, double t) {
+    if (!s->managed[p]) return 0;
+    uint8_t m = s->gmask[p];
+    if (!(m & bit)) return 1;
+    int32_t e = s->pf_entry[p];
+    if (e && s->entry_done[e] > t) return 1;
+    if (s->any_read_mostly && w && s->read_mostly[p >> PB_SHIFT] &&
+        (s->cpu_valid[p] || (m & (uint8_t)~bit))) return 1;
+    return 0;
+}
+
+/* Pages the density prefetcher adds in block b given the faulted pages (offsets) there:
+ * for each faulted page the largest aligned subregion whose resident+faulted share exceeds
+ * the threshold. Marks them in s->seen (value 2) and appends to out. */
+static int64_t density(SimState *s, int g, int64_t b, const int64_t *offs, int64_t nf, int64_t *out) {
+    uint8_t bit = (uint8_t)(1u << g);
+    int64_t lo = b * PPB;
+    int32_t csum[PPB + 1];
+    csum[0] = 0;
+    for (int i = 0; i < PPB; i++) {
+        int64_t p = lo + i;
+        csum[i + 1] = csum[i] + (((s->gmask[p] & bit) != 0) || s->seen[p] == 1);
+    }
+    int64_t n = 0;
+    for (int64_t k = 0; k < nf; k++) {
+        int64_t off = offs[k];
+        int64_t best_start = -1, best_size = 0;
+        for (int64_t size = 2; size <= PPB; size <<= 1) {
+            int64_t st = off & ~(size - 1);
+            if ((double)(csum[st + size] - csum[st]) > s->density_threshold * (double)size) {
+                best_start = st;
+                best_size = size;
+            }
+        }
+        if (best_size == 0) continue;
+        for (int64_t i = best_start; i < best_start + best_size; i++) {
+            int64_t p = lo + i;
+            if (s->seen[p] || (s->gmask[p] & bit) || !s->managed[p]) continue;
+            s->seen[p] = 2;
+            out[n++] = p;
+        }
+    }
+    return n;
+}
+
+static void drop_remote(SimState *s, int64_t p, uint8_t others) {
+    for (int h = 0; h < s->ngpu; h++) {
+        uint8_t hb = (uint8_t)(1u << h);
+        if (!(others & hb)) continue;
+        s->gmask[p] &= (uint8_t)~hb;
+        int64_t ix = GB(s, h, p >> PB_SHIFT);
+        if (--s->rescount[ix] <= 0) {
+            s->rescount[ix] = 0;
+            if (s->has_chunk[ix] && !s->pinned[ix]) sim_release_chunk(s, h, p >> PB_SHIFT, -1.0);
+        }
+        s->stats[ST_EPOCH]++;
+    }
+}
+
+/* Service one fault batch (distinct pages fp[0..nf)) on GPU g at time t; returns duration. */
+static double service(SimState *s, int g, const int64_t *fp, const uint8_t *fw, int64_t nf, double t, BatchOut *out) {
+    uint8_t bit = (uint8_t)(1u << g);
+    static int64_t need[MAXB], blocks[MAXB], move[MAXB * PPB], offs[MAXB];
+    double wait_until = t;
+    int64_t nn = 0;
+    for (int64_t i = 0; i < nf; i++) {
+        int64_t p = fp[i];
+        if (s->gmask[p] & bit) {
+            int32_t e = s->pf_entry[p];
+            if (e && s->entry_done[e] > wait_until) wait_until = s->entry_done[e];
+            if (s->any_read_mostly && fw[i] && s->read_mostly[p >> PB_SHIFT]) {
+                /* write to a duplicated page: collapse the other copies */
+                uint8_t others = s->gmask[p] & (uint8_t)~bit;
+                s->cpu_valid[p] = 0;
+                if (others) drop_remote(s, p, others);
+            }
+        } else {
+            need[nn++] = p;
+        }
+    }
+    double stall = s->batch_ns + s->fault_ns * (double)nf;
+    out->nev = 0;
+    out->nmig = 0;
+    if (nn) {
+        qsort(need, (size_t)nn, sizeof(int64_t), cmp_i64);
+        for (int64_t i = 0; i < nn; i++) s->seen[need[i]] = 1;
+        /* distinct blocks, and the density prefetcher per block */
+        int64_t nb = 0, nmove = 0;
+        for (int64_t i = 0; i < nn;) {
+            int64_t b = need[i] >> PB_SHIFT, j = i, k = 0;
+            while (j < nn && (need[j] >> PB_SHIFT) == b) offs[k++] = need[j++] & (PPB - 1);
+            blocks[nb++] = b;
+            for (int64_t q = i; q < j; q++) move[nmove++] = need[q];
+            nmove += density(s, g, b, offs, k, move + nmove);
+            i = j;
+        }
+        /* chunks for blocks new on this GPU; evict LRU on the critical path if none free */
+        sim_reclaim(s, g, t);
+        for (int64_t i = 0; i < nb; i++) {
+            int64_t b = blocks[i], ix = GB(s, g, b);
+            if (s->has_chunk[ix]) continue;
+            if (s->cap[g] - s->used[g] > 0) {
+                s->used[g]++;
+            } else {
+                int64_t v = sim_lru_victim(s, g, blocks, nb);
+                double est = v >= 0 ? s->evict_chunk_ns + s->rescount[GB(s, g, v)] * PAGE / s->d2h_Bpns : INFINITY;
+                double pmin = min_pending(s, g);
+                if (s->npending[g] > 0 && pmin - (t + stall) <= est) {
+                    double d = pop_pending(s, g) - t;
+                    if (d > stall) stall = d;
+                } else if (v >= 0) {
+                    int64_t w = sim_drop_block(s, g, v, 0);
+                    s->has_chunk[GB(s, g, v)] = 0;
+                    stall += s->evict_chunk_ns + (double)w * PAGE / s->d2h_Bpns;
+                    s->stats[ST_EVICTIONS]++;
+                    s->stats[ST_EVICTED_BYTES] += w * 4096;
+                    s->stats[ST_BYTES_D2H] += w * 4096;
+                    if (out->nev < MAXB) {
+                        out->ev_block[out->nev] = v;
+                        out->ev_written[out->nev] = w;
+                        out->ev_t[out->nev] = t + stall;
+                        out->ev_critical[out->nev] = 1;
+                        out->nev++;
+                    }
+                } else {
+                    for (int64_t q = 0; q < nmove; q++) s->seen[move[q]] = 0;
+                    return -1.0; /* one batch needs more chunks than the GPU has */
+                }
+            }
+            s->has_chunk[ix] = 1;
+        }
+        /* the moves (per-block host->GPU bytes by cause, for migration events) */
+        out->nmig = nb;
+        for (int64_t i = 0; i < nb; i++) {
+            out->mig_block[i] = blocks[i];
+            out->mig_bytes[i] = 0;
+            out->mig_pf_bytes[i] = 0;
+        }
+        int64_t n_cpu = 0, n_gpu = 0, n_dem = 0;
+        for (int64_t q = 0; q < nmove; q++) {
+            int64_t p = move[q], b = p >> PB_SHIFT;
+            uint8_t m = s->gmask[p], others = m & (uint8_t)~bit;
+            int from_cpu = s->cpu_valid[p];
+            int rm = s->any_read_mostly && s->read_mostly[b];
+            if (from_cpu) {
+                int64_t lo = 0, hi = nb - 1;   /* blocks[] is sorted */
+                while (lo < hi) {
+                    int64_t mid = (lo + hi) / 2;
+                    if (blocks[mid] < b) lo = mid + 1; else hi = mid;
+                }
+                n_cpu++;
+                if (s->seen[p] == 1) {
+                    n_dem++;
+                    out->mig_bytes[lo] += 4096;
+                } else {
+                    out->mig_pf_bytes[lo] += 4096;
+                }
+            } else if (others) {
+                n_gpu++;
+                if (!rm) drop_remote(s, p, others);
+            }
+            if (!rm) s->cpu_valid[p] = 0;
+            s->gmask[p] |= bit;
+            s->pf_entry[p] = 0;
+            s->rescount[GB(s, g, b)]++;
+            s->seen[p] = 0;
+        }
+        if (s->any_read_mostly) {
+            /* a write fault on a read-mostly page takes the only copy */
+            for (int64_t i = 0; i < nf; i++) if (fw[i] && s->read_mostly[fp[i] >> PB_SHIFT]) {
+                s->cpu_valid[fp[i]] = 0;
+                uint8_t others = s->gmask[fp[i]] & (uint8_t)~bit;
+                if (others) drop_remote(s, fp[i], others);
+            }
+        }
+        double xfer = (double)n_cpu * PAGE / s->fault_h2d_Bpns + (double)n_gpu * PAGE / s->nvlink_Bpns;
+        preempt(s, g, t, (double)n_cpu * PAGE / s->fault_h2d_Bpns);
+        stall += xfer;
+        for (int64_t i = 0; i < nb; i++) s->lru[GB(s, g, blocks[i])] = t + stall;
+        s->stats[ST_DEMAND] += n_dem * 4096;
+        s->stats[ST_DRIVER_PF] += (n_cpu - n_dem) * 4096;
+        s->stats[ST_BYTES_H2D] += n_cpu * 4096;
+        s->stats[ST_BYTES_P2P] += n_gpu * 4096;
+    }
+    for (int64_t i = 0; i < nf; i++) {
+        if (s->pf_tag[fp[i]]) {   /* a prefetch that arrived late: still useful */
+            s->pf_tag[fp[i]] = 0;
+            s->stats[ST_PF_USED]++;
+        }
+    }
+    double end = t + stall;
+    if (wait_until + s->batch_ns > end) end = wait_until + s->batch_ns;
+    s->stats[ST_FAULTS] += nf;
+    s->stats[ST_BATCHES]++;
+    s->stats[ST_BATCH_ID]++;
+    return end - t;
+}
+
+/*
+ * Run kernel accesses pages[pos..n) on GPU g. t(pos) = start + compute*pos/n + *stall.
+ * With stop != 0 it returns right after servicing one batch (out describes it) so the
+ * caller can deliver events to a controller; otherwise it runs to the end. Returns the
+ * position reached; -1 if a batch cannot fit in GPU memory at all.
+ */
+int64_t sim_kernel(SimState *s, int g, const int64_t *pages, const uint8_t *writes, int64_t n,
+                   int64_t pos, double start, double compute, double *stall, int stop, BatchOut *out) {
+    uint8_t bit = (uint8_t)(1u << g);
+    double rate = n > 0 ? compute / (double)n : 0.0;
+    int64_t bmax = s->batch_max < MAXB ? s->batch_max : MAXB;
+    static int64_t bk[MAXB];
+    out->nf = 0;
+    if (s->maxblocks[g] < 1) return -1;
+    while (pos < n) {
+        double t = start + rate * (double)pos + *stall;
+        /* skip to the next access that misses; count prefetched pages used on the way */
+        while (pos < n) {
+            int64_t p = pages[pos];
+            if (is_miss(s, p, writes[pos], bit, t)) break;
+            if (s->pf_tag[p]) {
+                s->pf_tag[p] = 0;
+                s->stats[ST_PF_USED]++;
+            }
+            pos++;
+            t += rate;
+        }
+        if (pos >= n) break;
+        int64_t wlen = (int64_t)((double)s->window_pages * (1.0 + s->window_jitter * (2.0 * rng_unit(s) - 1.0)));
+        if (wlen < 1) wlen = 1;
+        int64_t wend = pos + wlen < n ? pos + wlen : n;
+        int64_t nf = 0, nbk = 0, lastb = -1;
+        int64_t q;
+        for (q = pos; q < wend; q++) {
+            int64_t p = pages[q];
+            if (s->seen[p] || !is_miss(s, p, writes[q], bit, t)) continue;
+            if (nf == bmax) break;           /* batch full: it covers up to here */
+            int64_t b = p >> PB_SHIFT;
+            if (b != lastb) {
+                /* every block of a batch holds a chunk at once: never more than the GPU has */
+                int known = 0;
+                for (int64_t i = 0; i < nbk; i++) if (bk[i] == b) { known = 1; break; }
+                if (!known) {
+                    if (nbk == s->maxblocks[g]) break;
+                    bk[nbk++] = b;
+                }
+                lastb = b;
+            }
+            s->seen[p] = 1;
+            out->pages[nf] = p;
+            out->writes[nf] = writes[q];
+            nf++;
+        }
+        wend = q;
+        for (int64_t i = 0; i < nf; i++) s->seen[out->pages[i]] = 0;
+        out->nf = nf;
+        out->t = t;
+        double d = service(s, g, out->pages, out->writes, nf, t, out);
+        if (d < 0) return -1;
+        out->end = t + d;
+        *stall += d;
+        for (int64_t i = pos; i < wend; i++) {   /* other accesses of the window go through */
+            int64_t p = pages[i];
+            if (s->pf_tag[p]) {
+                s->pf_tag[p] = 0;
+                s->stats[ST_PF_USED]++;
+            }
+        }
+        pos = wend;
+        if (stop) return pos;
+    }
+    return pos;
+}
+
+int64_t sim_abi_version(void) { return 1; }
+int64_t sim_batchout_size(void) { return (int64_t)sizeof(BatchOut); }
+int64_t sim_state_size(void) { return (int64_t)sizeof(SimState); }
+
+/* A minimal Python module so the build system can build, install and locate this file like
+ * any extension; the functions above are called through ctypes (umctl/sim/core.py). */
+static struct PyModuleDef simcore_module = {PyModuleDef_HEAD_INIT, "_simcore",
+    "umctl simulator core (C functions called through ctypes)", -1, NULL};
+PyMODINIT_FUNC PyInit__simcore(void) { return PyModule_Create(&simcore_module); }

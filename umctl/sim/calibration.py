@@ -1,0 +1,81 @@
+"""Calibration constants of the UVM simulator, each with where it comes from.
+
+All figures were measured on the GPU machine (H100 / H200, driver 580.159.04 open modules,
+CUDA 13.0, PCIe 5) by the investigation probes in ../shared/reference/uvm-probes
+(results/h100_run2/d_result.json, h200_run1/d_result.json, ab.log) and summarised in
+DESIGN.md §7. The live-observation issue re-measures them with a script; a new measurement
+becomes a new :class:`Calibration` instance here, never a constant scattered elsewhere.
+
+The fault-path model is fitted, not measured directly: per batch the driver spends
+``batch_ns + fault_ns * faulted_pages + moved_bytes / fault_h2d_Bps``. With the GPU's
+in-flight window below, a cold 1 GiB sweep gives 2.1 K batches in 140 ms (7.6 GB/s), 31 % of
+the bytes moved by demand and 69 % by the density prefetcher. Measured: ~2.0 K
+batches per GiB, 6.2-8.1 GB/s, 22 % demand / 78 % prefetch (ab.log phase A: Coherence 914 MiB,
+Prefetch 3181 MiB over 4 passes). tests/test_sim_calibration.py keeps the fit.
+
+The simulator counts *distinct pages* per batch (39 in that sweep). The tools API reports
+~110 GpuFault entries per batch because several uTLBs report the same page (ab.log: 901 K
+entries for 107 K distinct pages over 4 passes), so compare live fault counts with
+``umctl`` replays in distinct pages, not entries.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, replace
+
+
+@dataclass(frozen=True)
+class Calibration:
+    name: str = "h100-pcie5-r580"
+
+    # -- host <-> GPU link (PCIe 5 x16) -----------------------------------------------------
+    #: cuMemPrefetchAsync / UVM_MIGRATE host->GPU: 1 GiB in 21.4-21.9 ms (d_result prefetch_H2D).
+    prefetch_h2d_Bps: float = 49.5e9
+    #: GPU->host migration (prefetch to CPU, and the write-back of an eviction):
+    #: 1 GiB in 67-98 ms => 11-15 GB/s (d_result prefetch_D2H).
+    d2h_Bps: float = 13.0e9
+    #: Fixed start-up of one migration command on a copy engine (ioctl + DMA setup).
+    transfer_latency_ns: int = 10_000
+    #: Pinned cudaMemcpy H2D 54.9 GB/s; pageable 7.7 GB/s (DESIGN §7, physical limits).
+    pinned_copy_Bps: float = 54.9e9
+    pageable_copy_Bps: float = 7.7e9
+    #: GPU<->GPU migration over NVLink 4 (H100/H200 SXM: 450 GB/s per direction peak);
+    #: UVM peer migrations reach about a third of it in 2 MiB chunks. Not yet measured here.
+    nvlink_Bps: float = 150e9
+
+    # -- fault servicing (fitted to the cold-sweep measurements) ----------------------------
+    #: Most fault entries the driver fetches per batch (uvm_perf_fault_batch_count default).
+    batch_max_faults: int = 256
+    #: Fixed cost of one fault batch: fetch, sort, replay, TLB invalidate.
+    batch_ns: int = 30_000
+    #: Cost per distinct faulted page in a batch (service, map).
+    fault_ns: int = 400
+    #: Rate of the copies made while servicing faults (4 K-64 K pieces, under locks).
+    fault_h2d_Bps: float = 25.0e9
+    #: How far (in page accesses) the GPU runs ahead of a fault before the driver fetches the
+    #: batch: many warps fault concurrently, so one batch covers a window of the stream. The
+    #: window length varies per batch by ±window_jitter (seeded) because warps drift apart.
+    fault_window_pages: int = 40
+    window_jitter: float = 0.5
+    #: Density prefetcher (uvm_perf_prefetch_threshold default 51 %).
+    density_threshold: float = 0.51
+    #: Per-chunk cost of an eviction on the fault path, beside its write-back.
+    evict_chunk_ns: int = 20_000
+    #: UVM_DISCARD: 256 MiB in ~1 ms => ~8 us per 2 MiB block, no copies.
+    discard_block_ns: int = 8_000
+    #: Host touching GPU-resident managed memory: 80-140 ms/GiB (CPU faults + D2H).
+    cpu_fault_ns_per_GiB: float = 110e6
+
+    # -- GPU ---------------------------------------------------------------------------------
+    #: Device-to-device copy rate (read+write) 2.87 TB/s: bounds memory-bound kernels.
+    hbm_Bps: float = 2.87e12
+
+    def with_overrides(self, **kw) -> "Calibration":
+        return replace(self, **kw)
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+H100 = Calibration()
+DEFAULT = H100

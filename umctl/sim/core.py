@@ -1,0 +1,98 @@
+"""ctypes binding of the simulator's C core (``_simcore.c``).
+
+The engine owns every state array (numpy); :class:`CoreState` is the C view of them. Any
+array that is reallocated (the growing transfer-entry table) must be re-pointed with
+:meth:`CoreState.point`.
+"""
+
+from __future__ import annotations
+
+import ctypes as C
+
+import numpy as np
+
+from .. import UmctlError
+
+ST_NAMES = ("faults", "fault_batches", "bytes_h2d", "bytes_d2h", "bytes_p2p", "demand_bytes",
+            "driver_prefetch_bytes", "evictions", "evicted_bytes", "preevictions", "preevicted_bytes",
+            "prefetch_used", "prefetch_wasted", "epoch", "batch_id")
+ST = {n: i for i, n in enumerate(ST_NAMES)}
+MAXB = 1024
+
+P = C.c_void_p
+i64 = C.c_int64
+f64 = C.c_double
+
+
+class SimState(C.Structure):
+    _fields_ = [
+        ("npg", i64), ("nbl", i64), ("ngpu", i64), ("max_pending", i64), ("max_active", i64),
+        ("gmask", P), ("cpu_valid", P), ("managed", P), ("pf_tag", P),
+        ("pf_entry", P), ("entry_done", P), ("read_mostly", P), ("any_read_mostly", i64),
+        ("has_chunk", P), ("pinned", P), ("lru", P), ("rescount", P),
+        ("used", P), ("cap", P), ("maxblocks", P), ("pending", P), ("npending", P), ("active", P), ("nactive", P),
+        ("h2d_tail", P), ("d2h_tail", P),
+        ("batch_ns", f64), ("fault_ns", f64), ("fault_h2d_Bpns", f64), ("nvlink_Bpns", f64),
+        ("d2h_Bpns", f64), ("evict_chunk_ns", f64), ("density_threshold", f64), ("window_jitter", f64),
+        ("transfer_latency_ns", f64), ("window_pages", i64), ("batch_max", i64),
+        ("rng", C.c_uint64), ("stats", P), ("seen", P),
+    ]
+
+
+class BatchOut(C.Structure):
+    _fields_ = [
+        ("nf", i64), ("pages", i64 * MAXB), ("writes", C.c_uint8 * MAXB), ("t", f64), ("end", f64),
+        ("nev", i64), ("ev_block", i64 * MAXB), ("ev_written", i64 * MAXB), ("ev_t", f64 * MAXB),
+        ("ev_critical", C.c_uint8 * MAXB),
+        ("nmig", i64), ("mig_block", i64 * MAXB), ("mig_bytes", i64 * MAXB), ("mig_pf_bytes", i64 * MAXB),
+    ]
+
+    def arrays(self):
+        """numpy views of the last batch (no copies)."""
+        nf, nev, nmig = self.nf, self.nev, self.nmig
+        return (np.ctypeslib.as_array(self.pages)[:nf], np.ctypeslib.as_array(self.writes)[:nf],
+                np.ctypeslib.as_array(self.ev_block)[:nev], np.ctypeslib.as_array(self.ev_written)[:nev],
+                np.ctypeslib.as_array(self.ev_t)[:nev], np.ctypeslib.as_array(self.mig_block)[:nmig],
+                np.ctypeslib.as_array(self.mig_bytes)[:nmig], np.ctypeslib.as_array(self.mig_pf_bytes)[:nmig])
+
+
+def _load() -> C.CDLL:
+    try:
+        from . import _simcore
+    except ImportError as e:  # pragma: no cover - only on a broken install
+        raise UmctlError(f"the simulator core is not built ({e}); reinstall with `pip install .` "
+                         "on a machine with a C compiler (gcc)") from None
+    lib = C.CDLL(_simcore.__file__)
+    PS = C.POINTER(SimState)
+    lib.sim_kernel.argtypes = [PS, C.c_int, P, P, i64, i64, f64, f64, C.POINTER(f64), C.c_int, C.POINTER(BatchOut)]
+    lib.sim_kernel.restype = i64
+    lib.sim_reclaim.argtypes = [PS, C.c_int, f64]
+    lib.sim_reclaim.restype = None
+    lib.sim_release_chunk.argtypes = [PS, C.c_int, i64, f64]
+    lib.sim_release_chunk.restype = None
+    lib.sim_lru_victim.argtypes = [PS, C.c_int, P, i64]
+    lib.sim_lru_victim.restype = i64
+    lib.sim_drop_block.argtypes = [PS, C.c_int, i64, C.c_int]
+    lib.sim_drop_block.restype = i64
+    lib.sim_take_chunk_async.argtypes = [PS, C.c_int, i64, f64, C.POINTER(i64), C.POINTER(i64)]
+    lib.sim_take_chunk_async.restype = f64
+    lib.sim_state_size.restype = i64
+    lib.sim_batchout_size.restype = i64
+    if lib.sim_state_size() != C.sizeof(SimState) or lib.sim_batchout_size() != C.sizeof(BatchOut):
+        raise UmctlError("the simulator core does not match this umctl version; reinstall umctl")
+    return lib
+
+
+_LIB: C.CDLL | None = None
+
+
+def lib() -> C.CDLL:
+    global _LIB
+    if _LIB is None:
+        _LIB = _load()
+    return _LIB
+
+
+def ptr(a: np.ndarray) -> int:
+    assert a.flags.c_contiguous
+    return a.ctypes.data

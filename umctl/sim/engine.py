@@ -1,0 +1,610 @@
+"""Discrete-event model of the nvidia-uvm driver serving a workload's access stream.
+
+What is modelled, and why at this grain:
+  * GPU memory is a number of 2 MiB chunks per GPU; a UM block that has any page on a GPU holds
+    one chunk there (the driver evicts root chunks, not pages).
+  * A kernel walks its access stream. The GPU runs ahead of a fault by a window of accesses
+    (many warps fault concurrently); the distinct non-resident pages in that window, at most
+    ``batch_max_faults``, form one fault batch. Servicing a batch stalls the kernel:
+    ``batch_ns + fault_ns * faults + bytes / fault_h2d_Bps`` plus any eviction it needs.
+  * The stock density prefetcher (tree over the block's 512 pages, threshold 51 %) extends
+    each batch, and LRU eviction of whole chunks (least recently migrated into) runs on the
+    fault path when no chunk is free: that is the "naive UM" baseline.
+  * Commands from a controller (prefetch, pre-evict, invalidate, advise) run asynchronously on
+    per-GPU copy engines with their transfer cost; demand transfers pre-empt prefetch
+    transfers. A page whose prefetch is still in flight faults and waits for it.
+  * Evicting a page writes it back unless another valid copy exists; invalidated pages are
+    dropped without write-back and their next touch zero-fills without a transfer.
+
+Invariants (tests/test_sim_invariants.py): chunks in use never exceed capacity, every faulting
+access completes, bytes are conserved (each migrated byte is counted once per move), the same
+seed gives the same result.
+"""
+
+from __future__ import annotations
+
+import ctypes as C
+import time as _time
+from dataclasses import asdict, dataclass, field
+from typing import Callable
+
+import numpy as np
+
+from .. import UmctlError
+from ..controller.base import Controller, ControllerContext
+from ..events.schema import Access, Advice, AllocOp, Cause, EventBatch, Kind, Op, empty
+from ..sources.workload import Init, OpType, Workload
+from ..units import CPU, GiB, PAGE_SIZE, PAGE_TO_BLOCK_SHIFT, PAGES_PER_BLOCK
+from . import core
+from .calibration import DEFAULT, Calibration
+from .pagespace import PageSpace
+
+
+@dataclass
+class SimResult:
+    """Totals of one replay; the report and ``--json`` read these."""
+
+    mode: str
+    workload: str
+    time_ns: int = 0
+    faults: int = 0
+    fault_batches: int = 0
+    bytes_h2d: int = 0
+    bytes_d2h: int = 0
+    bytes_p2p: int = 0
+    demand_bytes: int = 0
+    driver_prefetch_bytes: int = 0
+    user_prefetch_bytes: int = 0
+    copy_bytes: int = 0
+    evictions: int = 0
+    evicted_bytes: int = 0
+    preevictions: int = 0
+    preevicted_bytes: int = 0
+    invalidated_bytes: int = 0
+    prefetch_pages: int = 0
+    prefetch_used: int = 0
+    prefetch_wasted: int = 0
+    stall_ns: int = 0
+    compute_ns: int = 0
+    kernels: int = 0
+    accesses: int = 0
+    commands: int = 0
+    wall_s: float = 0.0
+    controller: dict = field(default_factory=dict)
+    #: per kernel: start/end ns and faults (for timelines)
+    kernel_start_ns: np.ndarray | None = None
+    kernel_end_ns: np.ndarray | None = None
+    kernel_faults: np.ndarray | None = None
+
+    @property
+    def time_s(self) -> float:
+        return self.time_ns / 1e9
+
+    @property
+    def prefetch_accuracy(self) -> float | None:
+        """Prefetched pages used before they were evicted, over prefetched pages."""
+        return self.prefetch_used / self.prefetch_pages if self.prefetch_pages else None
+
+    @property
+    def prefetch_coverage(self) -> float | None:
+        """Would-be faults served by a prefetch instead: used / (used + faults)."""
+        total = self.prefetch_used + self.faults
+        return self.prefetch_used / total if self.prefetch_pages and total else None
+
+    @property
+    def sim_faults_per_s(self) -> float:
+        return self.faults / self.wall_s if self.wall_s > 0 else 0.0
+
+    def summary(self) -> dict:
+        d = {k: v for k, v in asdict(self).items() if not isinstance(v, np.ndarray) and v is not None}
+        d["time_s"] = self.time_s
+        d["prefetch_accuracy"] = self.prefetch_accuracy
+        d["prefetch_coverage"] = self.prefetch_coverage
+        return d
+
+
+def _ns(nbytes: float, Bps: float) -> float:
+    """Transfer time in ns (the simulated clock) of nbytes at Bps bytes per second."""
+    return nbytes / Bps * 1e9
+
+
+class Simulator:
+    """Closed-loop replay of one workload under one controller."""
+
+    def __init__(self, workload: Workload, controller: Controller, *, calib: Calibration = DEFAULT,
+                 seed: int = 0, recorder=None, progress: Callable[[int, int], None] | None = None,
+                 controller_delay_ns: int = 20_000):
+        self.w = workload
+        self.c = calib
+        self.ctl = controller
+        self.recorder = recorder
+        self.progress = progress
+        self.delay = float(controller_delay_ns)
+        self.n_gpus = G = workload.n_gpus
+        if not 1 <= G <= 8:
+            raise ValueError("the simulator models 1 to 8 GPUs")
+        a = workload.allocations
+        self.space = PageSpace(a["addr"], a["bytes"], workload.acc_page)
+        npg, nbl = self.space.npages, self.space.nblocks
+        self.acc = self.space.to_local_pages(workload.acc_page) if len(workload.acc_page) else np.zeros(0, np.int64)
+        self.acc_write = np.ascontiguousarray(workload.acc_write, dtype=np.bool_)
+
+        # per-page state (shared with the C core)
+        self.gmask = np.zeros(npg, np.uint8)          # bit g: valid copy on GPU g
+        self.cpu_valid = np.zeros(npg, np.bool_)      # valid copy on the host
+        self.managed = np.zeros(npg, np.bool_)        # migrates on faults (else never faults)
+        self.pf_entry = np.zeros(npg, np.int32)       # in-flight transfer bringing the page
+        self.pf_tag = np.zeros(npg, np.bool_)         # prefetched by a command, not yet used
+        self.seen = np.zeros(npg, np.uint8)           # scratch of the core
+        self.entry_done = np.full(1024, -np.inf)      # entry 0: "nothing in flight"
+        self._n_entries = 1
+        self.read_mostly = np.zeros(nbl, np.bool_)
+        self.preferred = np.full(nbl, -2, np.int16)   # advice recorded, no effect modelled yet
+        # per-GPU chunk state
+        self.cap = np.array([int(m) // (PAGES_PER_BLOCK * PAGE_SIZE) for m in workload.gpu_mem], np.int64)
+        self.used = np.zeros(G, np.int64)
+        self.maxblocks = np.zeros(G, np.int64)
+        self.has_chunk = np.zeros((G, nbl), np.bool_)
+        self.pinned = np.zeros((G, nbl), np.bool_)
+        self.lru = np.zeros((G, nbl))
+        self.rescount = np.zeros((G, nbl), np.int32)
+        maxp = max(1, int(self.cap.max()))
+        self.pending = np.zeros((G, maxp))
+        self.npending = np.zeros(G, np.int64)
+        self.max_active = 1 << 14
+        self.active = np.zeros((G, self.max_active), np.int64)
+        self.nactive = np.zeros(G, np.int64)
+        self.h2d_tail = np.zeros(G)
+        self.d2h_tail = np.zeros(G)
+        self.stats = np.zeros(len(core.ST_NAMES), np.int64)
+        self.stream = [0.0] * G
+        self.host = 0.0
+        self.r = SimResult(mode=controller.name, workload=workload.name)
+        self.lib = core.lib()
+        self.cs = core.SimState(
+            npg=npg, nbl=nbl, ngpu=G, max_pending=maxp, max_active=self.max_active,
+            any_read_mostly=0, batch_ns=calib.batch_ns, fault_ns=calib.fault_ns,
+            fault_h2d_Bpns=calib.fault_h2d_Bps / 1e9, nvlink_Bpns=calib.nvlink_Bps / 1e9, d2h_Bpns=calib.d2h_Bps / 1e9,
+            evict_chunk_ns=calib.evict_chunk_ns, density_threshold=calib.density_threshold,
+            window_jitter=calib.window_jitter, transfer_latency_ns=calib.transfer_latency_ns,
+            window_pages=calib.fault_window_pages, batch_max=min(calib.batch_max_faults, core.MAXB),
+            rng=(seed * 0x9E3779B97F4A7C15 + 1) & 0xFFFFFFFFFFFFFFFF)
+        for name in ("gmask", "cpu_valid", "managed", "pf_tag", "pf_entry", "entry_done", "read_mostly",
+                     "has_chunk", "pinned", "lru", "rescount", "used", "cap", "maxblocks", "pending", "npending",
+                     "active", "nactive", "h2d_tail", "d2h_tail", "stats", "seen"):
+            setattr(self.cs, name, core.ptr(getattr(self, name)))
+        self.csp = C.byref(self.cs)
+        self.out = core.BatchOut()
+        self._init_allocations()
+        self.maxblocks[:] = self.cap - self.pinned.sum(1)
+
+        self.emit = set(controller.subscribes)
+        if recorder is not None:
+            self.emit |= set(Kind)
+        self._stop_each_batch = bool(self.emit & {Kind.FAULT, Kind.REPLAY, Kind.MIGRATION, Kind.EVICTION})
+        self._pending_events = EventBatch(names=workload.names)
+        ctx = ControllerContext(n_gpus=G, gpu_mem=list(workload.gpu_mem), workload=workload,
+                                residency=self._residency, block_addr=self.space.block_addr())
+        ctx.options["page_space"] = self.space
+        ctx.options["calibration"] = calib
+        controller.attach(ctx)
+
+    # ------------------------------------------------------------------ set-up
+    def _init_allocations(self) -> None:
+        for rec in self.w.allocations:
+            for lo, hi in self.space.local_range(int(rec["addr"]), int(rec["bytes"])):
+                if rec["managed"]:
+                    self.managed[lo:hi] = True
+                    if rec["init"] == Init.HOST:
+                        self.cpu_valid[lo:hi] = True
+                elif rec["gpu"] >= 0:
+                    # cudaMalloc device memory: resident for good, holds its chunks.
+                    g = int(rec["gpu"])
+                    b = lo >> PAGE_TO_BLOCK_SHIFT
+                    self.gmask[lo:hi] |= np.uint8(1 << g)
+                    if not self.has_chunk[g, b]:
+                        self.has_chunk[g, b] = True
+                        self.pinned[g, b] = True
+                        self.used[g] += 1
+                    self.rescount[g, b] += hi - lo
+        for g in range(self.n_gpus):
+            if self.used[g] > self.cap[g]:
+                raise ValueError(f"device allocations need {self.used[g]} chunks but GPU {g} has {self.cap[g]}")
+
+    def _residency(self, g: int) -> tuple[np.ndarray, int]:
+        return self.has_chunk[g], int(self.cap[g] - self.used[g] + self.npending[g])
+
+    # ------------------------------------------------------------------ transfers
+    def _new_entry(self, done: float, g: int | None = None, now: float = 0.0) -> int:
+        """A transfer in flight; on GPU g's host->GPU link it is pre-empted by demand."""
+        if self._n_entries == len(self.entry_done):
+            self.entry_done = np.concatenate([self.entry_done, np.full(len(self.entry_done), -np.inf)])
+            self.cs.entry_done = core.ptr(self.entry_done)
+        e = self._n_entries
+        self.entry_done[e] = done
+        self._n_entries += 1
+        if g is not None:
+            n = int(self.nactive[g])
+            if n == self.max_active:  # forget finished ones
+                ids = self.active[g, :n]
+                live = ids[np.isfinite(self.entry_done[ids]) & (self.entry_done[ids] > now)]
+                n = len(live)
+                self.active[g, :n] = live
+            if n < self.max_active:
+                self.active[g, n] = e
+                self.nactive[g] = n + 1
+        return e
+
+    def _migration(self, t0, t1, src, dst, b, nbytes, cause, exec_id=-1):
+        m = empty(Kind.MIGRATION, 1)
+        m["t_ns"], m["t_end_ns"], m["src"], m["dst"] = int(t0), int(t1), src, dst
+        m["addr"], m["bytes"], m["cause"], m["exec_id"] = int(self.space.global_blocks[b]) << 21, nbytes, int(cause), exec_id
+        self._pending_events.add(Kind.MIGRATION, m)
+
+    def _eviction_event(self, g, b, written, t, critical) -> None:
+        if Kind.EVICTION in self.emit:
+            ev = empty(Kind.EVICTION, 1)
+            ev["t_ns"], ev["gpu"], ev["addr"] = int(t), g, int(self.space.global_blocks[b]) << 21
+            ev["bytes_written"], ev["pages"], ev["critical"] = written * PAGE_SIZE, written, critical
+            self._pending_events.add(Kind.EVICTION, ev)
+        if written and Kind.MIGRATION in self.emit:
+            self._migration(t, t, g, CPU, b, written * PAGE_SIZE, Cause.EVICTION)
+
+    def _release_block(self, g: int, b: int, n_pages: int) -> None:
+        """n_pages of block b left GPU g; free the chunk when none remain."""
+        self.rescount[g, b] -= n_pages
+        if self.rescount[g, b] <= 0:
+            self.rescount[g, b] = 0
+            if self.has_chunk[g, b] and not self.pinned[g, b]:
+                self.lib.sim_release_chunk(self.csp, g, b, -1.0)
+
+    def _take_chunk(self, g: int, b: int, t: float) -> float:
+        victim, written = C.c_int64(), C.c_int64()
+        ready = self.lib.sim_take_chunk_async(self.csp, g, b, t, C.byref(victim), C.byref(written))
+        if victim.value >= 0:
+            self._eviction_event(g, victim.value, written.value, t, False)
+        return ready
+
+    # ------------------------------------------------------------------ kernels
+    def _kernel(self, i: int, op) -> None:
+        g = int(op["gpu"])
+        pid = int(op["pid"])
+        lo, hi = int(op["acc_lo"]), int(op["acc_hi"])
+        start = max(self.stream[g], self.host)
+        compute = float(op["compute_ns"])
+        self.r.kernels += 1
+        self.r.compute_ns += int(compute)
+        self.r.accesses += hi - lo
+        self._launch_event(i, op, g, pid, start)
+        self._deliver(start)
+        pages = self.acc[lo:hi]
+        writes = self.acc_write[lo:hi]
+        n = hi - lo
+        stall = C.c_double(0.0)
+        faults0 = int(self.stats[core.ST["faults"]])
+        pos = 0
+        stop = 1 if self._stop_each_batch else 0
+        pp, wp = core.ptr(pages), core.ptr(writes)
+        while pos < n:
+            pos = self.lib.sim_kernel(self.csp, g, pp, wp, n, pos, start, compute, C.byref(stall), stop, C.byref(self.out))
+            if pos < 0:
+                raise UmctlError(f"GPU {g} has no memory left for managed data ({self.cap[g]} chunks of "
+                                 f"2 MiB, all held by device allocations); raise --gpu-mem")
+            if stop and self.out.nf:
+                self._batch_events(g, pid)
+                self._deliver(self.out.end)
+        end = start + compute + stall.value
+        self.r.stall_ns += int(stall.value)
+        self.stream[g] = end
+        self._kstart[i], self._kend[i] = start, end
+        self._kfaults[i] = int(self.stats[core.ST["faults"]]) - faults0
+
+    def _batch_events(self, g: int, pid: int) -> None:
+        o = self.out
+        fp, fw, evb, evw, evt, mb, mbytes, mpf = o.arrays()
+        t, end = o.t, o.end
+        bid = int(self.stats[core.ST["batch_id"]])
+        for j in range(len(evb)):
+            self._eviction_event(g, int(evb[j]), int(evw[j]), float(evt[j]), True)
+        if Kind.FAULT in self.emit:
+            f = empty(Kind.FAULT, len(fp))
+            f["t_ns"], f["gpu"], f["pid"], f["batch_id"] = int(t), g, pid, bid
+            f["addr"] = self.space.to_global_pages(fp) << 12
+            f["access"] = np.where(fw != 0, Access.WRITE, Access.READ)
+            self._pending_events.add(Kind.FAULT, f)
+        if Kind.REPLAY in self.emit:
+            rp = empty(Kind.REPLAY, 1)
+            rp["t_ns"], rp["gpu"], rp["batch_id"], rp["nfaults"], rp["t_start_ns"] = int(end), g, bid, len(fp), int(t)
+            self._pending_events.add(Kind.REPLAY, rp)
+        if Kind.MIGRATION in self.emit:
+            for j in range(len(mb)):
+                if mbytes[j]:
+                    self._migration(t, end, CPU, g, int(mb[j]), int(mbytes[j]), Cause.DEMAND)
+                if mpf[j]:
+                    self._migration(t, end, CPU, g, int(mb[j]), int(mpf[j]), Cause.DRIVER_PREFETCH)
+
+    def _launch_event(self, i, op, g, pid, t) -> None:
+        if Kind.LAUNCH not in self.emit:
+            return
+        ev = empty(Kind.LAUNCH, 1)
+        ev["t_ns"], ev["gpu"], ev["pid"] = int(t), g, pid
+        ev["func"] = int(op["exec_hash"]) & 0xFFFFFFFFFFFF
+        ev["exec_hash"], ev["name_id"], ev["seq"] = op["exec_hash"], op["name_id"], i
+        ev["grid"], ev["block"] = op["grid"], op["block"]
+        self._pending_events.add(Kind.LAUNCH, ev)
+
+    # ------------------------------------------------------------------ other ops
+    def _host_write(self, op) -> None:
+        lo, hi = int(op["acc_lo"]), int(op["acc_hi"])
+        pages = self.acc[lo:hi]
+        pages = pages[self.managed[pages]]
+        t = self.host + float(op["compute_ns"])
+        if len(pages):
+            sel = pages[self.gmask[pages] != 0]
+            if len(sel):
+                back = sel[~self.cpu_valid[sel]]
+                self.stats[core.ST["bytes_d2h"]] += len(back) * PAGE_SIZE
+                t += len(sel) * PAGE_SIZE / GiB * self.c.cpu_fault_ns_per_GiB
+                for g in range(self.n_gpus):
+                    gs = sel[(self.gmask[sel] & np.uint8(1 << g)) != 0]
+                    if len(gs):
+                        blocks, counts = np.unique(gs >> PAGE_TO_BLOCK_SHIFT, return_counts=True)
+                        for b, cnt in zip(blocks.tolist(), counts.tolist()):
+                            self._release_block(g, b, cnt)
+                wasted = int(self.pf_tag[sel].sum())
+                self.stats[core.ST["prefetch_wasted"]] += wasted
+                self.pf_tag[sel] = False
+                self.gmask[sel] = 0
+                self.pf_entry[sel] = 0
+                self.stats[core.ST["epoch"]] += 1
+            self.cpu_valid[pages] = True
+        self.host = t
+
+    def _copy(self, op) -> None:
+        g = max(0, int(op["gpu"]))
+        nbytes = int(op["bytes"])
+        asynchronous = bool(op["is_async"])
+        # hand-written asynchronous copies use pinned buffers; plain cudaMemcpy pageable ones
+        bw = self.c.pinned_copy_Bps if asynchronous else self.c.pageable_copy_Bps
+        start = max(self.host, self.stream[g])
+        end = start + self.c.transfer_latency_ns + _ns(nbytes, bw)
+        self.stream[g] = end
+        if not asynchronous:
+            self.host = end
+        self.r.copy_bytes += nbytes
+        if op["copy_kind"] == 1:
+            self.stats[core.ST["bytes_d2h"]] += nbytes
+        elif op["copy_kind"] == 0:
+            self.stats[core.ST["bytes_h2d"]] += nbytes
+        if Kind.COPY in self.emit:
+            ev = empty(Kind.COPY, 1)
+            ev["t_ns"], ev["t_end_ns"], ev["gpu"], ev["pid"] = int(start), int(end), g, int(op["pid"])
+            ev["kind"], ev["src_addr"], ev["dst_addr"] = op["copy_kind"], op["addr"], op["dst_addr"]
+            ev["bytes"], ev["is_async"] = nbytes, asynchronous
+            self._pending_events.add(Kind.COPY, ev)
+
+    def _mem(self, op) -> None:
+        t = max([self.host] + self.stream)
+        if int(op["mem_op"]) == AllocOp.FREE:
+            for lo, hi in self.space.local_range(int(op["addr"]), int(op["bytes"])):
+                self._invalidate(lo, hi, count=False)
+        if Kind.ALLOC in self.emit:
+            ev = empty(Kind.ALLOC, 1)
+            ev["t_ns"], ev["pid"], ev["op"] = int(t), op["pid"], op["mem_op"]
+            ev["addr"], ev["bytes"], ev["alloc_id"], ev["managed"] = op["addr"], op["bytes"], op["alloc_id"], True
+            self._pending_events.add(Kind.ALLOC, ev)
+
+    # ------------------------------------------------------------------ controller loop
+    def _deliver(self, t: float) -> None:
+        """Hand pending events to the controller (and recorder); apply its commands."""
+        ev = self._pending_events
+        if len(ev) == 0:
+            return
+        ev.now_ns = int(t)
+        self._pending_events = EventBatch(names=self.w.names)
+        if self.recorder is not None:
+            self.recorder.write(ev)
+        sub = self.ctl.subscribes
+        if not any(k in ev for k in sub):
+            return
+        if not set(ev.arrays) <= sub:
+            ev = EventBatch(now_ns=ev.now_ns, arrays={k: a for k, a in ev.arrays.items() if k in sub}, names=ev.names)
+        cmds = self.ctl.on_events(ev)
+        if cmds is not None and len(cmds):
+            self.apply_commands(cmds, t + self.delay)
+
+    # ------------------------------------------------------------------ commands (actuator)
+    def apply_commands(self, cmds: np.ndarray, t: float) -> None:
+        """Execute a command batch at time t, in order."""
+        self.r.commands += len(cmds)
+        if self.recorder is not None:
+            rec = cmds.copy()
+            rec["t_ns"] = int(t)
+            b = EventBatch(now_ns=int(t), names=self.w.names)
+            b.add(Kind.COMMAND, rec)
+            self.recorder.write(b)
+        for cmd in cmds:
+            op = int(cmd["op"])
+            for j, (lo, hi) in enumerate(self.space.local_range(int(cmd["addr"]), int(cmd["bytes"]))):
+                if op == Op.PREFETCH:
+                    # one command is one pipelined DMA stream: its start-up is paid once
+                    self._prefetch(lo, hi, int(cmd["dst"]), t, int(cmd["exec_id"]), first=j == 0)
+                elif op == Op.PREEVICT:
+                    self._preevict(lo, hi, int(cmd["dst"]), t)
+                elif op == Op.INVALIDATE:
+                    self._invalidate(lo, hi)
+                elif op == Op.ADVISE:
+                    self._advise(lo, hi, int(cmd["advice"]), int(cmd["dst"]))
+
+    def _prefetch(self, lo: int, hi: int, g: int, t: float, exec_id: int, first: bool = True) -> None:
+        """UVM_MIGRATE to GPU g: queued behind earlier prefetches on g's copy engine."""
+        if not 0 <= g < self.n_gpus:
+            return
+        bit = np.uint8(1 << g)
+        need = self.managed[lo:hi] & ((self.gmask[lo:hi] & bit) == 0)
+        if not need.any():
+            return
+        b = lo >> PAGE_TO_BLOCK_SHIFT
+        ready = t
+        if not self.has_chunk[g, b]:
+            ready = self._take_chunk(g, b, t)
+            if ready < 0:
+                return
+        pages = np.arange(lo, hi)[need]
+        from_cpu = self.cpu_valid[pages]
+        others = self.gmask[pages] & ~bit
+        from_gpu = (others != 0) & ~from_cpu
+        n_cpu, n_gpu = int(from_cpu.sum()), int(from_gpu.sum())
+        start = max(ready, self.h2d_tail[g])
+        done = start + (self.c.transfer_latency_ns if first else 0.0) + _ns(n_cpu * PAGE_SIZE, self.c.prefetch_h2d_Bps) \
+            + _ns(n_gpu * PAGE_SIZE, self.c.nvlink_Bps)
+        self.h2d_tail[g] = done
+        e = self._new_entry(done, g, t)
+        rm = bool(self.read_mostly[b])
+        if n_gpu and not rm:
+            for h in range(self.n_gpus):
+                sel = pages[from_gpu & ((others & np.uint8(1 << h)) != 0)]
+                if len(sel):
+                    self.gmask[sel] &= ~np.uint8(1 << h)
+                    self._release_block(h, b, len(sel))
+        if not rm:
+            self.cpu_valid[pages] = False
+        self.gmask[pages] |= bit
+        self.pf_entry[pages] = e
+        self.pf_tag[pages] = True
+        self.rescount[g, b] += len(pages)
+        self.lru[g, b] = done
+        self.r.prefetch_pages += len(pages)
+        self.r.user_prefetch_bytes += n_cpu * PAGE_SIZE
+        self.stats[core.ST["bytes_h2d"]] += n_cpu * PAGE_SIZE
+        self.stats[core.ST["bytes_p2p"]] += n_gpu * PAGE_SIZE
+        if Kind.MIGRATION in self.emit and n_cpu:
+            self._migration(start, done, CPU, g, b, n_cpu * PAGE_SIZE, Cause.USER, exec_id=exec_id)
+
+    def _preevict(self, lo: int, hi: int, dst: int, t: float) -> None:
+        """Evict a whole block ahead of need: to the host (write-back on the GPU->host link)
+        or into a neighbour GPU's memory over NVLink (memHarvester's victim cache)."""
+        b = lo >> PAGE_TO_BLOCK_SHIFT
+        if hi - lo != PAGES_PER_BLOCK:
+            return  # the driver evicts whole chunks; partial pre-evictions are not modelled
+        for g in range(self.n_gpus):
+            if g == dst or not self.has_chunk[g, b] or self.pinned[g, b]:
+                continue
+            if 0 <= dst < self.n_gpus:
+                bit = np.uint8(1 << g)
+                pages = np.arange(lo, hi)[(self.gmask[lo:hi] & bit) != 0]
+                ready = self._take_chunk(dst, b, t) if not self.has_chunk[dst, b] else t
+                if ready < 0:
+                    continue
+                self.lib.sim_drop_block(self.csp, g, b, 1)
+                start = max(ready, self.d2h_tail[g])
+                done = start + self.c.transfer_latency_ns + _ns(len(pages) * PAGE_SIZE, self.c.nvlink_Bps)
+                self.d2h_tail[g] = done
+                dbit = np.uint8(1 << dst)
+                new = pages[(self.gmask[pages] & dbit) == 0]
+                self.gmask[new] |= dbit
+                self.rescount[dst, b] += len(new)
+                self.lru[dst, b] = done
+                self.pf_entry[pages] = self._new_entry(done)
+                self.stats[core.ST["bytes_p2p"]] += len(pages) * PAGE_SIZE
+                self.lib.sim_release_chunk(self.csp, g, b, done)
+                self.stats[core.ST["preevictions"]] += 1
+                continue
+            written = int(self.lib.sim_drop_block(self.csp, g, b, 0))
+            start = max(t, self.d2h_tail[g])
+            done = start + self.c.transfer_latency_ns + _ns(written * PAGE_SIZE, self.c.d2h_Bps)
+            self.d2h_tail[g] = done
+            self.lib.sim_release_chunk(self.csp, g, b, done)
+            self.stats[core.ST["preevictions"]] += 1
+            self.stats[core.ST["preevicted_bytes"]] += written * PAGE_SIZE
+            self.stats[core.ST["bytes_d2h"]] += written * PAGE_SIZE
+            if Kind.MIGRATION in self.emit and written:
+                self._migration(start, done, g, CPU, b, written * PAGE_SIZE, Cause.USER)
+
+    def _invalidate(self, lo: int, hi: int, count: bool = True) -> None:
+        """UVM_DISCARD: drop the range everywhere without write-back; its next touch
+        zero-fills without a transfer."""
+        m = self.managed[lo:hi]
+        if not m.any():
+            return
+        b = lo >> PAGE_TO_BLOCK_SHIFT
+        gm = self.gmask[lo:hi]
+        if count:
+            self.r.invalidated_bytes += int((m & ((gm != 0) | self.cpu_valid[lo:hi])).sum()) * PAGE_SIZE
+        for g in range(self.n_gpus):
+            n_on = int((((gm & np.uint8(1 << g)) != 0) & m).sum())
+            if n_on and not self.pinned[g, b]:
+                self._release_block(g, b, n_on)
+        tags = self.pf_tag[lo:hi]
+        self.stats[core.ST["prefetch_wasted"]] += int((tags & m).sum())
+        tags[m] = False
+        gm[m] = 0
+        self.cpu_valid[lo:hi][m] = False
+        self.pf_entry[lo:hi][m] = 0
+        self.stats[core.ST["epoch"]] += 1
+
+    def _advise(self, lo: int, hi: int, advice: int, dst: int) -> None:
+        b = lo >> PAGE_TO_BLOCK_SHIFT
+        if advice == Advice.READ_MOSTLY:
+            self.read_mostly[b] = True
+            self.cs.any_read_mostly = 1
+        elif advice == Advice.UNSET_READ_MOSTLY:
+            self.read_mostly[b] = False
+        elif advice == Advice.PREFERRED_LOCATION:
+            self.preferred[b] = dst
+        elif advice == Advice.UNSET_PREFERRED_LOCATION:
+            self.preferred[b] = -2
+
+    # ------------------------------------------------------------------ run
+    def run(self) -> SimResult:
+        t0 = _time.perf_counter()
+        ops = self.w.ops
+        nk = len(ops)
+        self._kstart = np.zeros(nk)
+        self._kend = np.zeros(nk)
+        self._kfaults = np.zeros(nk, np.int64)
+        every = max(1, nk // 200)
+        for i in range(nk):
+            op = ops[i]
+            typ = int(op["type"])
+            if typ == OpType.KERNEL:
+                self._kernel(i, op)
+            elif typ == OpType.HOST:
+                self.host += float(op["compute_ns"])
+            elif typ == OpType.HOST_WRITE:
+                self._host_write(op)
+            elif typ == OpType.COPY:
+                self._copy(op)
+            elif typ == OpType.SYNC:
+                g = int(op["gpu"])
+                self.host = max([self.host] + (self.stream if g < 0 else [self.stream[g]]))
+            elif typ == OpType.MEM:
+                self._mem(op)
+            if self.progress is not None and (i % every == 0 or i == nk - 1):
+                self.progress(i + 1, nk)
+        end = max([self.host] + self.stream)
+        self._deliver(end)
+        self._check_capacity()
+        r = self.r
+        for name in core.ST_NAMES:
+            if hasattr(r, name):
+                setattr(r, name, int(self.stats[core.ST[name]]))
+        r.time_ns = int(end)
+        kmask = ops["type"] == OpType.KERNEL
+        r.kernel_start_ns = self._kstart[kmask].astype(np.int64)
+        r.kernel_end_ns = self._kend[kmask].astype(np.int64)
+        r.kernel_faults = self._kfaults[kmask]
+        r.controller = self.ctl.stats()
+        r.wall_s = _time.perf_counter() - t0
+        return r
+
+    def _check_capacity(self) -> None:
+        for g in range(self.n_gpus):
+            held = int(self.has_chunk[g].sum()) + int(self.npending[g])
+            if self.used[g] > self.cap[g] or held > self.cap[g]:
+                raise AssertionError(f"GPU {g} over capacity: {self.used[g]} chunks of {self.cap[g]}")
+
+
+def simulate(workload: Workload, controller: Controller, **kw) -> SimResult:
+    """Run one replay (convenience wrapper)."""
+    return Simulator(workload, controller, **kw).run()

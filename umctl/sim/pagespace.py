@@ -1,0 +1,61 @@
+"""Compact page numbering for the simulator.
+
+Real address spaces are sparse (allocations gigabytes apart), but the simulator keeps dense
+per-page state arrays. Every 2 MiB block that any allocation (or access) touches gets a
+compact block number, so compact page = compact block * 512 + page-in-block and block
+alignment is preserved (the density prefetcher and eviction work per block).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..units import BLOCK_SHIFT, PAGE_TO_BLOCK_SHIFT, PAGES_PER_BLOCK
+
+
+class PageSpace:
+    def __init__(self, alloc_addr: np.ndarray, alloc_bytes: np.ndarray, extra_pages: np.ndarray | None = None):
+        starts = np.asarray(alloc_addr, dtype=np.int64) >> BLOCK_SHIFT
+        ends = (np.asarray(alloc_addr, dtype=np.int64) + np.maximum(np.asarray(alloc_bytes, dtype=np.int64), 1) - 1) >> BLOCK_SHIFT
+        parts = [np.concatenate([np.arange(s, e + 1) for s, e in zip(starts, ends)])] if len(starts) else []
+        if extra_pages is not None and len(extra_pages):
+            parts.append(np.unique(np.asarray(extra_pages, dtype=np.int64) >> PAGE_TO_BLOCK_SHIFT))
+        #: global block number of each compact block, sorted
+        self.global_blocks = np.unique(np.concatenate(parts)) if parts else np.zeros(0, np.int64)
+        self.nblocks = int(len(self.global_blocks))
+        self.npages = self.nblocks * PAGES_PER_BLOCK
+
+    def to_local_pages(self, pages: np.ndarray) -> np.ndarray:
+        """Compact page numbers of global page numbers (which must be mapped)."""
+        pages = np.asarray(pages, dtype=np.int64)
+        gb = pages >> PAGE_TO_BLOCK_SHIFT
+        cb = np.searchsorted(self.global_blocks, gb)
+        if len(cb) and ((cb >= self.nblocks).any() or (self.global_blocks[np.minimum(cb, self.nblocks - 1)] != gb).any()):
+            raise ValueError("page outside the simulated address space")
+        return (cb << PAGE_TO_BLOCK_SHIFT) | (pages & (PAGES_PER_BLOCK - 1))
+
+    def to_global_pages(self, local: np.ndarray) -> np.ndarray:
+        local = np.asarray(local, dtype=np.int64)
+        return (self.global_blocks[local >> PAGE_TO_BLOCK_SHIFT] << PAGE_TO_BLOCK_SHIFT) | (local & (PAGES_PER_BLOCK - 1))
+
+    def block_addr(self) -> np.ndarray:
+        """Byte address of every compact block."""
+        return self.global_blocks << BLOCK_SHIFT
+
+    def local_range(self, addr: int, nbytes: int) -> list[tuple[int, int]]:
+        """Compact page ranges [lo, hi) covering a byte range, clipped to mapped blocks
+        (commands on unmapped addresses are ignored by the actuator, as UVM returns an error)."""
+        if nbytes <= 0:
+            return []
+        first_page = addr >> 12
+        last_page = (addr + nbytes - 1) >> 12
+        b0, b1 = first_page >> PAGE_TO_BLOCK_SHIFT, last_page >> PAGE_TO_BLOCK_SHIFT
+        i0 = int(np.searchsorted(self.global_blocks, b0))
+        i1 = int(np.searchsorted(self.global_blocks, b1, side="right"))
+        out = []
+        for cb in range(i0, i1):
+            gb = int(self.global_blocks[cb])
+            lo = max(first_page, gb << PAGE_TO_BLOCK_SHIFT) - (gb << PAGE_TO_BLOCK_SHIFT)
+            hi = min(last_page + 1, (gb + 1) << PAGE_TO_BLOCK_SHIFT) - (gb << PAGE_TO_BLOCK_SHIFT)
+            out.append(((cb << PAGE_TO_BLOCK_SHIFT) + lo, (cb << PAGE_TO_BLOCK_SHIFT) + hi))
+        return out

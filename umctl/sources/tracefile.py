@@ -1,0 +1,405 @@
+"""Turn a trace file into the access stream the simulator replays.
+
+Two kinds of trace carry accesses:
+
+* scripted traces have ACCESS events: the complete page-access stream, grouped into kernels by
+  ``seq`` (LAUNCH records with the same ``seq`` give the kernel's name and identity);
+* recorded traces only have the GPU faults the driver saw. The faulted pages stand in for the
+  accesses: a page that did not fault was resident, so replaying the faults under the recorded
+  capacity reproduces the run's paging, but under a different policy or capacity the replay
+  cannot know about accesses that hit in the original run. That is the price of recording
+  what the UVM tools API exposes.
+
+Everything here is columnar (traces hold millions of faults); the only Python loops run per
+GPU, per unmatched kernel-function or per allocation.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .. import UmctlError
+from ..events.schema import Access, AllocOp, Kind
+from ..events.trace import Trace, TraceError
+from ..units import BLOCK_SHIFT, BLOCK_SIZE, PAGE_SHIFT, PAGE_TO_BLOCK_SHIFT, parse_size
+from .workload import ALLOCATION_DTYPE, OP_DTYPE, Init, OpType, Workload, exec_hash
+
+#: Name of the kernel that carries faults seen before a GPU's first recorded launch (the
+#: launch probe attached late, or the faults came from host-initiated prefetch).
+BEFORE_FIRST_LAUNCH = "<before first launch>"
+#: Name of a kernel that has ACCESS events but no LAUNCH record with its seq.
+NO_LAUNCH_RECORD = "<no launch record>"
+#: A kernel without a recorded end is taken to run until the next launch on its GPU, but
+#: never longer than this: a long idle gap (host work, a pause) is not kernel time.
+MAX_INFERRED_COMPUTE_NS = 1_000_000_000
+
+_KERNEL_DTYPE = np.dtype([
+    ("t_ns", np.int64), ("gpu", np.int16), ("pid", np.int32), ("exec_hash", np.uint64),
+    ("name_id", np.int32), ("compute_ns", np.int64), ("acc_lo", np.int64), ("acc_hi", np.int64),
+    ("grid", np.uint32, (3,)), ("block", np.uint32, (3,)), ("atomics", np.bool_),
+])
+
+# Order of operations that share a timestamp: memory must exist before a kernel uses it and be
+# released after; copies feed the kernel launched with them.
+_PRIO_ACQUIRE, _PRIO_COPY, _PRIO_KERNEL, _PRIO_RELEASE = 0, 1, 2, 3
+
+
+class _Names:
+    """The workload's name table: the trace's names, plus names this module makes up."""
+
+    def __init__(self, names: list[str]):
+        self.names = list(names)
+        self._index = {n: i for i, n in enumerate(self.names)}
+
+    def id(self, name: str) -> int:
+        if name not in self._index:
+            self._index[name] = len(self.names)
+            self.names.append(name)
+        return self._index[name]
+
+
+def workload_from_trace(trace: Trace, *, gpu_mem: int | None = None, oversub: float | None = None) -> Workload:
+    """The workload a trace describes, for the simulator to replay.
+
+    Kernel ``compute_ns`` is LAUNCH ``t_end_ns - t_ns`` where the end was recorded, else the
+    gap to the next launch on that GPU (at most :data:`MAX_INFERRED_COMPUTE_NS`). In recorded
+    traces both include the time the kernel stalled on faults, so they overestimate compute;
+    a replay then runs slower than the original unless a calibration subtracts the stalls.
+
+    GPU capacity: ``gpu_mem`` bytes per GPU if given; else each GPU's footprint (distinct 2 MiB
+    blocks it touches, since the driver backs and evicts memory in 2 MiB chunks) divided by
+    ``oversub``; else what the trace metadata says (see :func:`_recorded_gpu_mem`); else
+    TraceError.
+    """
+    counts = trace.counts()
+    names = _Names(trace.names)
+    launches = np.sort(trace.events(Kind.LAUNCH), order="t_ns", kind="stable")
+    t_end = trace.time_span_ns()[1]
+    if counts[Kind.ACCESS]:
+        kernels, acc_page, acc_write = _from_accesses(trace.events(Kind.ACCESS), launches, names, t_end)
+        derived_from = "access events"
+    elif counts[Kind.FAULT]:
+        kernels, acc_page, acc_write = _from_faults(trace.events(Kind.FAULT), launches, names, t_end)
+        derived_from = "fault events"
+    else:
+        raise TraceError(f"{trace.path}: nothing to replay (the trace has no access or fault events)")
+
+    alloc_events = np.sort(trace.events(Kind.ALLOC), order="t_ns", kind="stable")
+    copies = trace.events(Kind.COPY)
+    acc_pid = np.repeat(kernels["pid"], kernels["acc_hi"] - kernels["acc_lo"])
+    allocations = _allocations(alloc_events, acc_page, acc_pid, names)
+    ops = _program_order(kernels, alloc_events, allocations, copies)
+
+    gpu_cols = [kernels["gpu"], copies["gpu"]]
+    n_gpus = max(1, max((int(g.max()) + 1 for g in gpu_cols if len(g)), default=1))
+    footprint = _footprint_per_gpu(kernels, acc_page, n_gpus)
+    capacity, capacity_from = _capacity(trace, n_gpus, footprint, gpu_mem, oversub)
+
+    meta = dict(trace.meta)
+    scenario = meta.get("scenario")
+    if isinstance(scenario, dict):
+        scenario = scenario.get("name")
+    params = meta.get("params")
+    meta.update(source=str(trace.path), derived_from=derived_from, capacity_from=capacity_from,
+                footprint_bytes=footprint)
+    w = Workload(
+        name=scenario if isinstance(scenario, str) and scenario else trace.path.stem,
+        ops=ops, acc_page=acc_page, acc_write=acc_write, allocations=allocations, names=names.names,
+        n_gpus=n_gpus, gpu_mem=capacity, params=dict(params) if isinstance(params, dict) else {}, meta=meta,
+    )
+    try:
+        w.validate()
+    except ValueError as e:
+        raise TraceError(f"{trace.path}: cannot replay this trace ({e})") from e
+    return w
+
+
+# -- kernels and their accesses -------------------------------------------------------------
+
+def _launch_compute_ns(launches: np.ndarray, t_end: int) -> np.ndarray:
+    """Per launch (launches sorted by time): recorded duration, or the gap to the next launch
+    on the same GPU (the trace's end for the last one), capped."""
+    n = len(launches)
+    dur = launches["t_end_ns"] - launches["t_ns"]
+    order = np.lexsort((np.arange(n), launches["gpu"]))  # by GPU, time order kept within
+    t = launches["t_ns"][order]
+    g = launches["gpu"][order]
+    nxt = np.full(n, t_end, dtype=np.int64)
+    same = g[1:] == g[:-1]
+    nxt[:-1][same] = t[1:][same]
+    gap = np.empty(n, dtype=np.int64)
+    gap[order] = nxt - t
+    out = np.where((launches["t_end_ns"] > 0) & (dur > 0), dur, gap)
+    return np.clip(out, 0, MAX_INFERRED_COMPUTE_NS)
+
+
+def _kernels_from_launches(launches: np.ndarray, names: _Names, t_end: int) -> np.ndarray:
+    k = np.zeros(len(launches), dtype=_KERNEL_DTYPE)
+    for f in ("t_ns", "gpu", "pid", "exec_hash", "name_id", "grid", "block"):
+        k[f] = launches[f]
+    k["compute_ns"] = _launch_compute_ns(launches, t_end)
+    # Launches whose name the recorder could not resolve are named after their function.
+    bad = (k["name_id"] < 0) | (k["name_id"] >= len(names.names))
+    if bad.any():
+        funcs, inverse = np.unique(launches["func"][bad], return_inverse=True)
+        ids = np.array([names.id(f"func 0x{int(f):x}") for f in funcs], dtype=np.int32)
+        k["name_id"][bad] = ids[inverse]
+    return k
+
+
+def _synthetic_kernels(name: str, t_ns: np.ndarray, gpu: np.ndarray, pid: np.ndarray, names: _Names,
+                       seq: np.ndarray | None = None) -> np.ndarray:
+    k = np.zeros(len(t_ns), dtype=_KERNEL_DTYPE)
+    k["t_ns"], k["gpu"], k["pid"] = t_ns, gpu, pid
+    k["name_id"] = names.id(name)
+    k["exec_hash"] = exec_hash(name) if seq is None else [exec_hash(name, (int(s),)) for s in seq]
+    k["grid"] = k["block"] = 1
+    return k
+
+
+def _is_write(access: np.ndarray) -> np.ndarray:
+    return (access == Access.WRITE) | (access == Access.ATOMIC)
+
+
+def _from_accesses(acc: np.ndarray, launches: np.ndarray, names: _Names, t_end: int
+                   ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Scripted trace: kernels are the seq values (in seq order), each with its accesses in
+    file order; LAUNCH records with the same seq supply identity and duration."""
+    order = np.argsort(acc["seq"], kind="stable")
+    acc = acc[order]
+    seqs, first = np.unique(acc["seq"], return_index=True)
+    launch_seq, launch_first = np.unique(launches["seq"], return_index=True)
+    all_seqs = np.union1d(seqs, launch_seq)  # a launch without accesses still takes time
+
+    kernels = np.zeros(len(all_seqs), dtype=_KERNEL_DTYPE)
+    launched = np.isin(all_seqs, launch_seq)
+    if launched.any():
+        kernels[launched] = _kernels_from_launches(launches, names, t_end)[launch_first]
+    missing = ~launched  # only possible for seqs that have accesses
+    if missing.any():
+        src = first[np.searchsorted(seqs, all_seqs[missing])]
+        t_first = np.minimum.reduceat(acc["t_ns"], first)[np.searchsorted(seqs, all_seqs[missing])]
+        kernels[missing] = _synthetic_kernels(NO_LAUNCH_RECORD, t_first, acc["gpu"][src], acc["pid"][src],
+                                              names, seq=all_seqs[missing])
+    kernels["acc_lo"] = np.searchsorted(acc["seq"], all_seqs, side="left")
+    kernels["acc_hi"] = np.searchsorted(acc["seq"], all_seqs, side="right")
+    atomic = acc["access"] == Access.ATOMIC
+    has = kernels["acc_hi"] > kernels["acc_lo"]
+    if has.any():
+        kernels["atomics"][has] = np.logical_or.reduceat(atomic, kernels["acc_lo"][has])
+    return kernels, (acc["addr"] >> np.uint64(PAGE_SHIFT)).astype(np.int64), _is_write(acc["access"])
+
+
+def _from_faults(faults: np.ndarray, launches: np.ndarray, names: _Names, t_end: int
+                 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Recorded trace: each fault belongs to the latest launch on its GPU at or before it; a
+    kernel's accesses are its distinct faulted pages in order of first fault, written if any
+    of that page's faults was a write (a read fault followed by a write-upgrade fault is one
+    written page)."""
+    n_launch = len(launches)
+    kernel_of = np.empty(len(faults), dtype=np.int64)
+    early_gpus: list[int] = []
+    early_t: list[int] = []
+    early_pid: list[int] = []
+    for g in np.unique(faults["gpu"]):
+        on_gpu = np.flatnonzero(faults["gpu"] == g)
+        launch_idx = np.flatnonzero(launches["gpu"] == g)
+        pos = np.searchsorted(launches["t_ns"][launch_idx], faults["t_ns"][on_gpu], side="right") - 1
+        early = pos < 0
+        kernel_of[on_gpu[~early]] = launch_idx[pos[~early]]
+        if early.any():
+            kernel_of[on_gpu[early]] = n_launch + len(early_gpus)
+            first = on_gpu[early][np.argmin(faults["t_ns"][on_gpu[early]])]
+            early_gpus.append(int(g))
+            early_t.append(int(faults["t_ns"][first]))
+            early_pid.append(int(faults["pid"][first]))
+    kernels = np.concatenate([
+        _kernels_from_launches(launches, names, t_end),
+        _synthetic_kernels(BEFORE_FIRST_LAUNCH, np.array(early_t, np.int64), np.array(early_gpus, np.int16),
+                           np.array(early_pid, np.int32), names),
+    ])
+    # Program order of kernels; synthetic ones precede every launch on their GPU.
+    korder = np.argsort(kernels["t_ns"], kind="stable")
+    kernels = kernels[korder]
+    rank = np.empty(len(kernels), dtype=np.int64)
+    rank[korder] = np.arange(len(kernels))
+    krank = rank[kernel_of]
+
+    by_time = np.argsort(faults["t_ns"], kind="stable")  # near-linear: faults arrive in time order
+    by_time = by_time[np.argsort(krank[by_time], kind="stable")]
+    k_s = krank[by_time]
+    page_s = (faults["addr"][by_time] >> np.uint64(PAGE_SHIFT)).astype(np.int64)
+    write_s = _is_write(faults["access"][by_time])
+    atomic_s = faults["access"][by_time] == Access.ATOMIC
+    # Group equal (kernel, page) pairs, earliest first, to keep one access per pair. One
+    # packed key sorts much faster than a multi-key lexsort (pages are dense-ranked to fit).
+    page_values, page_rank = np.unique(page_s, return_inverse=True)
+    pair = k_s * len(page_values) + page_rank.reshape(-1)
+    grp = np.argsort(pair, kind="stable")
+    starts = np.flatnonzero(np.r_[True, pair[grp][1:] != pair[grp][:-1]]) if len(grp) else grp
+    keep = np.argsort(grp[starts])
+    keep_pos = grp[starts][keep]
+    write_any = np.logical_or.reduceat(write_s[grp], starts)[keep] if len(grp) else write_s
+    acc_kernel = k_s[keep_pos]
+    kid = np.arange(len(kernels))
+    kernels["acc_lo"] = np.searchsorted(acc_kernel, kid, side="left")
+    kernels["acc_hi"] = np.searchsorted(acc_kernel, kid, side="right")
+    kernels["atomics"] = np.bincount(k_s[atomic_s], minlength=len(kernels)) > 0
+    return kernels, page_s[keep_pos], write_any
+
+
+# -- allocations ----------------------------------------------------------------------------
+
+def _runs(units: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Maximal runs of consecutive integers in a sorted unique array: (first, length)."""
+    if len(units) == 0:
+        return units, units
+    starts = np.flatnonzero(np.r_[True, np.diff(units) != 1])
+    return units[starts], np.diff(np.r_[starts, len(units)])
+
+
+def _allocations(alloc_events: np.ndarray, acc_page: np.ndarray, acc_pid: np.ndarray, names: _Names) -> np.ndarray:
+    """Recorded allocations (ALLOC op ALLOC), plus inferred ones for touched pages no recorded
+    allocation covers. Without any ALLOC events, the inferred allocations are the 2 MiB-aligned
+    runs of touched blocks (as cudaMallocManaged aligns large allocations); otherwise they are
+    the page runs left uncovered, so they never overlap a recorded one.
+
+    Every allocation is assumed host-initialised: a trace cannot tell a first touch that
+    zero-fills from one that migrates data in, and assuming migration is the conservative
+    choice for a replay."""
+    rec = alloc_events[alloc_events["op"] == AllocOp.ALLOC]
+    ids = rec["alloc_id"]
+    if len(ids) and ((ids < 0).any() or len(np.unique(ids)) != len(ids)):
+        ids = np.arange(len(rec), dtype=np.int64)
+    recorded = np.zeros(len(rec), dtype=ALLOCATION_DTYPE)
+    recorded["alloc_id"], recorded["pid"], recorded["addr"] = ids, rec["pid"], rec["addr"]
+    recorded["bytes"], recorded["managed"] = rec["bytes"], rec["managed"]
+    recorded["name_id"] = [names.id(f"alloc {int(i)}") for i in ids]
+
+    pages, first = np.unique(acc_page, return_index=True)
+    if len(rec):
+        order = np.argsort(rec["addr"], kind="stable")
+        start = rec["addr"][order].astype(np.int64)
+        end_max = np.maximum.accumulate(start + rec["bytes"][order].astype(np.int64))
+        addr = pages << PAGE_SHIFT
+        idx = np.searchsorted(start, addr, side="right") - 1
+        covered = (idx >= 0) & (addr < end_max[np.maximum(idx, 0)])
+        pages, first = pages[~covered], first[~covered]
+        run_first, run_len = _runs(pages)
+        run_addr, run_bytes = run_first << PAGE_SHIFT, run_len << PAGE_SHIFT
+        run_pid = acc_pid[first[np.searchsorted(pages, run_first)]] if len(run_first) else run_first
+    else:
+        blocks = np.unique(pages >> PAGE_TO_BLOCK_SHIFT)
+        run_first, run_len = _runs(blocks)
+        run_addr, run_bytes = run_first << BLOCK_SHIFT, run_len * BLOCK_SIZE
+        first_page = np.searchsorted(pages, run_first << PAGE_TO_BLOCK_SHIFT)
+        run_pid = acc_pid[first[first_page]] if len(run_first) else run_first
+
+    inferred = np.zeros(len(run_first), dtype=ALLOCATION_DTYPE)
+    base_id = int(recorded["alloc_id"].max()) + 1 if len(recorded) else 0
+    inferred["alloc_id"] = base_id + np.arange(len(run_first))
+    inferred["pid"], inferred["addr"], inferred["bytes"] = run_pid, run_addr, run_bytes
+    inferred["managed"] = True
+    inferred["name_id"] = [names.id(f"inferred 0x{int(a):x}") for a in run_addr]
+    out = np.concatenate([recorded, inferred])
+    out["init"] = Init.HOST
+    return out
+
+
+def _alloc_id_of(events: np.ndarray, allocations: np.ndarray) -> np.ndarray:
+    """The allocation an allocator event refers to: its own alloc_id when that names a known
+    allocation, else the allocation containing its address (-1 if none)."""
+    out = np.where(np.isin(events["alloc_id"], allocations["alloc_id"]), events["alloc_id"], -1)
+    if len(allocations) == 0:
+        return out
+    order = np.argsort(allocations["addr"], kind="stable")
+    start = allocations["addr"][order]
+    idx = np.searchsorted(start, events["addr"], side="right") - 1
+    ok = idx >= 0
+    idx = np.maximum(idx, 0)
+    inside = ok & (events["addr"] < start[idx] + allocations["bytes"][order][idx])
+    by_addr = np.where(inside, allocations["alloc_id"][order][idx], -1)
+    return np.where(out >= 0, out, by_addr)
+
+
+# -- program order --------------------------------------------------------------------------
+
+def _program_order(kernels: np.ndarray, alloc_events: np.ndarray, allocations: np.ndarray,
+                   copies: np.ndarray) -> np.ndarray:
+    """Kernels, allocator events and copies merged into one op stream by time. Kernels keep
+    their own order; other ops go where their timestamps fall between launches."""
+    nk, nm, nc = len(kernels), len(alloc_events), len(copies)
+    ops = np.zeros(nk + nm + nc, dtype=OP_DTYPE)
+    ops["name_id"] = -1
+    ops["alloc_id"] = -1
+    ops["grid"] = ops["block"] = 1
+
+    k = ops[:nk]
+    k["type"] = OpType.KERNEL
+    for f in ("gpu", "pid", "exec_hash", "name_id", "compute_ns", "acc_lo", "acc_hi", "grid", "block", "atomics"):
+        k[f] = kernels[f]
+
+    m = ops[nk:nk + nm]
+    m["type"] = OpType.MEM
+    m["pid"], m["mem_op"], m["addr"], m["bytes"] = (alloc_events[f] for f in ("pid", "op", "addr", "bytes"))
+    m["alloc_id"] = _alloc_id_of(alloc_events, allocations)
+
+    c = ops[nk + nm:]
+    c["type"] = OpType.COPY
+    c["gpu"], c["pid"], c["bytes"], c["copy_kind"], c["is_async"] = (
+        copies[f] for f in ("gpu", "pid", "bytes", "kind", "is_async"))
+    c["addr"], c["dst_addr"] = copies["src_addr"], copies["dst_addr"]
+
+    release = np.isin(alloc_events["op"], (AllocOp.FREE, AllocOp.BLOCK_INACTIVE))
+    t = np.concatenate([np.maximum.accumulate(kernels["t_ns"]) if nk else kernels["t_ns"],
+                        alloc_events["t_ns"], copies["t_ns"]])
+    prio = np.concatenate([np.full(nk, _PRIO_KERNEL), np.where(release, _PRIO_RELEASE, _PRIO_ACQUIRE),
+                           np.full(nc, _PRIO_COPY)])
+    return ops[np.lexsort((np.arange(len(ops)), prio, t))]
+
+
+# -- capacity -------------------------------------------------------------------------------
+
+def _footprint_per_gpu(kernels: np.ndarray, acc_page: np.ndarray, n_gpus: int) -> list[int]:
+    acc_gpu = np.repeat(kernels["gpu"], kernels["acc_hi"] - kernels["acc_lo"])
+    blocks = acc_page >> PAGE_TO_BLOCK_SHIFT
+    return [int(len(np.unique(blocks[acc_gpu == g]))) * BLOCK_SIZE for g in range(n_gpus)]
+
+
+def _capacity(trace: Trace, n_gpus: int, footprint: list[int], gpu_mem: int | None,
+              oversub: float | None) -> tuple[list[int], str]:
+    if gpu_mem is not None:
+        if gpu_mem <= 0:
+            raise UmctlError(f"GPU memory must be positive (got {gpu_mem})")
+        return [int(gpu_mem)] * n_gpus, "gpu_mem argument"
+    if oversub is not None:
+        if not oversub > 0:
+            raise UmctlError(f"oversubscription must be positive (got {oversub})")
+        return ([max(BLOCK_SIZE, int(f / oversub) // BLOCK_SIZE * BLOCK_SIZE) for f in footprint],
+                f"footprint / oversub {oversub:g}")
+    recorded = _recorded_gpu_mem(trace.meta)
+    if recorded:
+        return [recorded[min(g, len(recorded) - 1)] for g in range(n_gpus)], "trace metadata"
+    raise TraceError(f"{trace.path}: GPU memory size unknown (not in the trace metadata); "
+                     "pass --gpu-mem or --oversub")
+
+
+def _recorded_gpu_mem(meta: dict) -> list[int]:
+    """GPU capacities from trace metadata, most specific first: ``gpu_mem`` (bytes, one value
+    or one per GPU: what a simulated run used), the scenario's ``params.gpu_mem``, then the
+    ``memory_bytes`` nvidia-smi reported for the recording host's ``gpu`` entries."""
+    params = meta.get("params") if isinstance(meta.get("params"), dict) else {}
+    for value in (meta.get("gpu_mem"), params.get("gpu_mem")):
+        values = value if isinstance(value, list) else [value]
+        try:
+            sizes = [parse_size(v) for v in values if isinstance(v, (int, str)) and not isinstance(v, bool)]
+        except ValueError:
+            continue
+        if len(sizes) == len(values) and all(v > 0 for v in sizes):
+            return sizes
+    gpus = meta.get("gpu")
+    if isinstance(gpus, list):
+        mems = [g.get("memory_bytes") for g in gpus if isinstance(g, dict)]
+        if mems and all(isinstance(v, int) and v > 0 for v in mems):
+            return mems
+    return []

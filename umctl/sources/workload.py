@@ -1,0 +1,258 @@
+"""The access stream a replay runs: what a program does, in program order.
+
+A :class:`Workload` is produced by a scenario generator (``umctl.sources.scenario``) or derived
+from a trace file (``umctl.sources.tracefile``) and consumed by the simulator. It is columnar:
+one structured array of operations (kernels, host work, copies, syncs, allocator events) and
+one flat array of page accesses that kernels index into by ``[acc_lo, acc_hi)``.
+"""
+
+from __future__ import annotations
+
+import enum
+import hashlib
+from dataclasses import dataclass, field
+from typing import Iterable, Sequence
+
+import numpy as np
+
+from ..events.schema import AllocOp, CopyKind
+from ..units import BLOCK_SIZE, PAGE_SHIFT, PAGE_SIZE
+
+
+class OpType(enum.IntEnum):
+    KERNEL = 0      # GPU kernel on ops.gpu's stream, accessing acc[acc_lo:acc_hi]
+    HOST = 1        # host computation for compute_ns
+    HOST_WRITE = 2  # host writes pages acc[acc_lo:acc_hi] (takes compute_ns of host time)
+    COPY = 3        # explicit copy of `bytes` from addr to dst_addr (copy_kind, is_async)
+    SYNC = 4        # host waits for ops.gpu's stream (-1: every GPU)
+    MEM = 5         # allocator event (mem_op) on allocation alloc_id
+
+
+OP_DTYPE = np.dtype([
+    ("type", np.uint8), ("gpu", np.int16), ("pid", np.int32), ("exec_hash", np.uint64),
+    ("name_id", np.int32), ("compute_ns", np.int64), ("acc_lo", np.int64), ("acc_hi", np.int64),
+    ("addr", np.uint64), ("dst_addr", np.uint64), ("bytes", np.uint64), ("copy_kind", np.uint8),
+    ("is_async", np.bool_), ("mem_op", np.uint8), ("alloc_id", np.int64), ("iteration", np.int32),
+    ("grid", np.uint32, (3,)), ("block", np.uint32, (3,)), ("atomics", np.bool_),
+])
+
+
+class Init(enum.IntEnum):
+    UNTOUCHED = 0  # no pages populated yet: first touch zero-fills where it happens
+    HOST = 1       # the host wrote it before the run: pages start resident on the CPU
+
+
+ALLOCATION_DTYPE = np.dtype([
+    ("alloc_id", np.int64), ("pid", np.int32), ("addr", np.uint64), ("bytes", np.uint64),
+    ("managed", np.bool_), ("init", np.uint8), ("gpu", np.int16), ("name_id", np.int32),
+])
+
+#: Where the first allocation of a replayed address space starts (2 MiB aligned, looks like
+#: a real CUDA VA so exported traces read naturally).
+VA_BASE = 0x7F00_0000_0000
+
+
+def exec_hash(name: str, args: Sequence | None = None) -> int:
+    """DeepUM's execution identity: a stable 64-bit hash of kernel name + launch arguments.
+    blake2b rather than hash() so identities are the same in every process and run."""
+    h = hashlib.blake2b(digest_size=8)
+    h.update(name.encode())
+    if args is not None:
+        h.update(repr(tuple(args)).encode())
+    return int.from_bytes(h.digest(), "little")
+
+
+@dataclass
+class Workload:
+    """A program's behaviour as the simulator replays it."""
+
+    name: str
+    ops: np.ndarray
+    acc_page: np.ndarray
+    acc_write: np.ndarray
+    allocations: np.ndarray
+    names: list[str]
+    n_gpus: int = 1
+    gpu_mem: list[int] = field(default_factory=list)
+    params: dict = field(default_factory=dict)
+    meta: dict = field(default_factory=dict)
+
+    @property
+    def kernels(self) -> np.ndarray:
+        return self.ops[self.ops["type"] == OpType.KERNEL]
+
+    @property
+    def n_accesses(self) -> int:
+        return int(len(self.acc_page))
+
+    @property
+    def managed_bytes(self) -> int:
+        a = self.allocations
+        return int(a["bytes"][a["managed"]].sum())
+
+    def footprint_pages(self) -> np.ndarray:
+        """Distinct pages the kernels touch."""
+        return np.unique(self.acc_page)
+
+    def page_span(self) -> tuple[int, int]:
+        """Lowest page and one past the highest page of any allocation (for dense state)."""
+        a = self.allocations
+        if len(a) == 0:
+            if len(self.acc_page) == 0:
+                return 0, 0
+            return int(self.acc_page.min()), int(self.acc_page.max()) + 1
+        lo = int(a["addr"].min()) >> PAGE_SHIFT
+        hi = int(((a["addr"] + a["bytes"] + PAGE_SIZE - 1) >> PAGE_SHIFT).max())
+        if len(self.acc_page):
+            lo = min(lo, int(self.acc_page.min()))
+            hi = max(hi, int(self.acc_page.max()) + 1)
+        return lo, hi
+
+    def exec_sequence(self) -> np.ndarray:
+        """Execution hashes of the kernels in launch order."""
+        return self.kernels["exec_hash"]
+
+    def validate(self) -> None:
+        """Check internal consistency; raises ValueError naming the first problem."""
+        ops = self.ops
+        if ops.dtype != OP_DTYPE:
+            raise ValueError("ops has the wrong dtype")
+        if len(self.acc_page) != len(self.acc_write):
+            raise ValueError("acc_page and acc_write differ in length")
+        k = ops[(ops["type"] == OpType.KERNEL) | (ops["type"] == OpType.HOST_WRITE)]
+        if len(k) and ((k["acc_lo"] < 0).any() or (k["acc_hi"] > len(self.acc_page)).any()
+                       or (k["acc_hi"] < k["acc_lo"]).any()):
+            raise ValueError("an operation's access range is outside the access stream")
+        if self.n_gpus < 1 or len(self.gpu_mem) != self.n_gpus:
+            raise ValueError("gpu_mem must give one capacity per GPU")
+        if (ops["gpu"] >= self.n_gpus).any():
+            raise ValueError("an operation names a GPU the workload does not have")
+
+
+class WorkloadBuilder:
+    """Imperative helper for scenario generators: allocate, launch, copy, in program order."""
+
+    def __init__(self, name: str, *, n_gpus: int = 1, gpu_mem: Iterable[int] | int = 0):
+        self.name = name
+        self.n_gpus = n_gpus
+        self.gpu_mem = [int(gpu_mem)] * n_gpus if isinstance(gpu_mem, (int, np.integer)) else [int(x) for x in gpu_mem]
+        self._ops: list[tuple] = []
+        self._acc_pages: list[np.ndarray] = []
+        self._acc_writes: list[np.ndarray] = []
+        self._n_acc = 0
+        self._allocs: list[tuple] = []
+        self._names: dict[str, int] = {}
+        self._next_addr = VA_BASE
+        self.iteration = 0
+
+    # -- names and allocations -------------------------------------------------------------
+    def name_id(self, name: str) -> int:
+        if name not in self._names:
+            self._names[name] = len(self._names)
+        return self._names[name]
+
+    def alloc(self, name: str, nbytes: int, *, init: Init = Init.UNTOUCHED, managed: bool = True,
+              pid: int = 0, gpu: int = 0, emit: bool = False) -> "Buffer":
+        """Reserve a 2 MiB-aligned range (as cudaMallocManaged does for large sizes)."""
+        nbytes = max(int(nbytes), PAGE_SIZE)
+        nbytes = (nbytes + PAGE_SIZE - 1) // PAGE_SIZE * PAGE_SIZE
+        aid = len(self._allocs)
+        addr = self._next_addr
+        self._next_addr += (nbytes + BLOCK_SIZE - 1) // BLOCK_SIZE * BLOCK_SIZE
+        self._allocs.append((aid, pid, addr, nbytes, managed, int(init), gpu, self.name_id(name)))
+        buf = Buffer(aid, addr, nbytes, name, pid)
+        if emit:
+            self.mem(AllocOp.ALLOC, buf)
+        return buf
+
+    # -- operations ------------------------------------------------------------------------
+    def _op(self, type_: OpType, **kw) -> None:
+        rec = dict(type=int(type_), gpu=0, pid=0, exec_hash=0, name_id=-1, compute_ns=0, acc_lo=0,
+                   acc_hi=0, addr=0, dst_addr=0, bytes=0, copy_kind=0, is_async=False, mem_op=0,
+                   alloc_id=-1, iteration=self.iteration, grid=(1, 1, 1), block=(1, 1, 1), atomics=False)
+        rec.update(kw)
+        self._ops.append(tuple(rec[n] for n in OP_DTYPE.names))
+
+    def _accesses(self, parts: Sequence[tuple[np.ndarray, bool]]) -> tuple[int, int]:
+        lo = self._n_acc
+        for pages, write in parts:
+            pages = np.asarray(pages, dtype=np.int64)
+            self._acc_pages.append(pages)
+            self._acc_writes.append(np.full(len(pages), write, dtype=np.bool_))
+            self._n_acc += len(pages)
+        return lo, self._n_acc
+
+    def kernel(self, name: str, *, reads: Sequence = (), writes: Sequence = (), compute_ns: int = 0,
+               gpu: int = 0, pid: int = 0, args: Sequence | None = None, grid=(1, 1, 1),
+               block=(128, 1, 1), atomics: bool = False, pages: Sequence[tuple[np.ndarray, bool]] = ()) -> None:
+        """Launch a kernel. ``reads``/``writes`` are Buffers or Buffer slices (touched in
+        order, each page once); ``pages`` gives explicit (page array, is_write) parts."""
+        parts = [(r.pages(), False) for r in reads] + [(w.pages(), True) for w in writes] + list(pages)
+        lo, hi = self._accesses(parts)
+        self._op(OpType.KERNEL, gpu=gpu, pid=pid, exec_hash=exec_hash(name, args), name_id=self.name_id(name),
+                 compute_ns=int(compute_ns), acc_lo=lo, acc_hi=hi, grid=tuple(grid), block=tuple(block),
+                 atomics=atomics)
+
+    def host(self, duration_ns: int, pid: int = 0) -> None:
+        self._op(OpType.HOST, compute_ns=int(duration_ns), pid=pid)
+
+    def host_write(self, buf: "Buffer", duration_ns: int = 0, pid: int = 0) -> None:
+        lo, hi = self._accesses([(buf.pages(), True)])
+        self._op(OpType.HOST_WRITE, compute_ns=int(duration_ns), acc_lo=lo, acc_hi=hi, pid=pid,
+                 addr=buf.addr, bytes=buf.nbytes, alloc_id=buf.alloc_id)
+
+    def copy(self, src: "Buffer", dst: "Buffer", *, kind: CopyKind = CopyKind.H2D, is_async: bool = False,
+             gpu: int = 0, pid: int = 0) -> None:
+        n = min(src.nbytes, dst.nbytes)
+        self._op(OpType.COPY, gpu=gpu, pid=pid, addr=src.addr, dst_addr=dst.addr, bytes=n,
+                 copy_kind=int(kind), is_async=is_async)
+
+    def sync(self, gpu: int = -1, pid: int = 0) -> None:
+        self._op(OpType.SYNC, gpu=gpu, pid=pid)
+
+    def mem(self, op: AllocOp, buf: "Buffer") -> None:
+        self._op(OpType.MEM, pid=buf.pid, mem_op=int(op), addr=buf.addr, bytes=buf.nbytes, alloc_id=buf.alloc_id)
+
+    def build(self, params: dict | None = None, meta: dict | None = None) -> Workload:
+        ops = np.array(self._ops, dtype=OP_DTYPE) if self._ops else np.zeros(0, OP_DTYPE)
+        acc_page = np.concatenate(self._acc_pages) if self._acc_pages else np.zeros(0, np.int64)
+        acc_write = np.concatenate(self._acc_writes) if self._acc_writes else np.zeros(0, np.bool_)
+        allocs = np.array(self._allocs, dtype=ALLOCATION_DTYPE) if self._allocs else np.zeros(0, ALLOCATION_DTYPE)
+        names = [None] * len(self._names)
+        for n, i in self._names.items():
+            names[i] = n
+        w = Workload(self.name, ops, acc_page, acc_write, allocs, names, self.n_gpus, list(self.gpu_mem),
+                     dict(params or {}), dict(meta or {}))
+        w.validate()
+        return w
+
+
+@dataclass(frozen=True)
+class Buffer:
+    """A byte range of an allocation; slicing gives sub-ranges (e.g. one layer's rows)."""
+
+    alloc_id: int
+    addr: int
+    nbytes: int
+    name: str = ""
+    pid: int = 0
+
+    def pages(self) -> np.ndarray:
+        first = self.addr >> PAGE_SHIFT
+        return np.arange(first, first + (self.nbytes + PAGE_SIZE - 1) // PAGE_SIZE, dtype=np.int64)
+
+    def slice(self, offset: int, nbytes: int) -> "Buffer":
+        offset = max(0, min(int(offset), self.nbytes))
+        nbytes = max(0, min(int(nbytes), self.nbytes - offset))
+        return Buffer(self.alloc_id, self.addr + offset, nbytes, self.name, self.pid)
+
+    def split(self, parts: int) -> list["Buffer"]:
+        """Split into ``parts`` page-aligned pieces (the last takes the remainder)."""
+        pages = (self.nbytes + PAGE_SIZE - 1) // PAGE_SIZE
+        step = max(1, pages // parts)
+        out = []
+        for i in range(parts):
+            lo = i * step
+            hi = pages if i == parts - 1 else min(pages, (i + 1) * step)
+            out.append(self.slice(lo * PAGE_SIZE, (hi - lo) * PAGE_SIZE))
+        return out
