@@ -72,7 +72,7 @@ class Chaos(Controller):
         self.checks = 0
 
     def on_events(self, batch: EventBatch):
-        res, free = self.ctx.residency(0)
+        res, _, free = self.ctx.residency(0)
         assert free >= 0
         assert int(res.sum()) <= self.ctx.gpu_mem[0] // BLOCK_SIZE
         self.checks += 1

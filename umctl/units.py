@@ -63,7 +63,7 @@ def pages_in(addr: int, nbytes: int) -> np.ndarray:
 
 
 _SIZE_RE = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*([kmgt]?)(i?)b?\s*$", re.IGNORECASE)
-_MULT = {"": 1, "k": 1, "m": 2, "g": 3, "t": 4}
+_MULT = {"": 0, "k": 1, "m": 2, "g": 3, "t": 4}
 
 
 def parse_size(text: str | int | float) -> int:

@@ -24,6 +24,8 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 out = Console()
+if not out.is_terminal:  # piped or captured: don't squeeze tables into 80 columns
+    out = Console(width=160)
 err = Console(stderr=True)
 
 
@@ -59,7 +61,6 @@ def _run_replay(target: str, modes: str, overrides: dict[str, str], seed: int, p
     from ..report.table import replay_table
     from ..sim.calibration import DEFAULT as DEFAULT_CALIBRATION
     from ..sim.replay import parse_modes, resolve_target, result_rows, run_modes
-    from ..units import format_bytes
 
     mode_list = parse_modes(modes)
     workload = resolve_target(target, overrides)
@@ -93,20 +94,24 @@ def _run_replay(target: str, modes: str, overrides: dict[str, str], seed: int, p
                  "compute_ns", "kernels", "accesses", "commands", "wall_s", "controller")
         print(json.dumps([{k: r.get(k) for k in keys + extra} for r in rows], indent=2))
     else:
-        w = workload
-        cap = sum(w.gpu_mem)
-        title = (f"{w.name}: {format_bytes(w.managed_bytes)} managed on {w.n_gpus} GPU(s) of "
-                 f"{format_bytes(w.gpu_mem[0])} ({w.managed_bytes / cap:.2f}× oversubscribed), "
-                 f"{len(w.kernels)} kernels, {w.n_accesses:,} page accesses")
-        out.print(replay_table(rows, title))
+        out.print(replay_table(rows, _describe(workload)))
         walls = ", ".join(f"{r.mode} {r.wall_s:.2f}s" for r in results)
         out.print(f"[dim]UVM simulator, calibration {DEFAULT_CALIBRATION.name} (umctl/sim/calibration.py); "
                   f"wall time: {walls}[/dim]")
     if png:
         from ..report.png import replay_png
 
-        replay_png(results, rows, png, f"{workload.name} — umctl replay")
+        replay_png(results, rows, png, f"umctl replay — {_describe(workload)}")
         err.print(f"wrote {png}")
+
+
+def _describe(w) -> str:
+    from ..units import format_bytes
+
+    cap = sum(w.gpu_mem)
+    return (f"{w.name}: {format_bytes(w.managed_bytes)} managed on {w.n_gpus} GPU(s) of "
+            f"{format_bytes(w.gpu_mem[0])} ({w.managed_bytes / cap:.2f}× oversubscribed), "
+            f"{len(w.kernels):,} kernels, {w.n_accesses:,} page accesses")
 
 
 def _suffix(path: str, mode: str) -> str:
@@ -168,26 +173,31 @@ def version() -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    import click
+    """Run the CLI; returns the exit code. Usage errors and UmctlErrors are one line."""
+    try:  # typer >= 0.2x vendors click; older ones use click itself
+        from typer._click import exceptions as cx
+    except ImportError:  # pragma: no cover
+        from click import exceptions as cx
 
     _mount_subcommands()
     try:
         app(args=argv, standalone_mode=False)
         return 0
     except UmctlError as e:
-        err.print(f"[red]umctl: error:[/red] {e}", highlight=False, soft_wrap=True)
+        err.print(f"[red]umctl: error:[/red] {e}", highlight=False, soft_wrap=True, markup=True)
         if os.environ.get("UMCTL_DEBUG"):
             raise
         return e.exit_code
-    except click.exceptions.Exit as e:
+    except cx.NoArgsIsHelpError as e:
+        out.print(e.ctx.get_help(), highlight=False)
+        return 0
+    except cx.ClickException as e:
+        hint = f" (see umctl {e.ctx.info_name} --help)" if getattr(e, "ctx", None) is not None and e.ctx.info_name != "umctl" else " (see umctl --help)"
+        err.print(f"[red]umctl: error:[/red] {e.format_message()}{hint}", highlight=False, soft_wrap=True)
         return e.exit_code
-    except click.ClickException as e:
-        err.print(f"[red]umctl: error:[/red] {e.format_message()}", highlight=False, soft_wrap=True)
-        return e.exit_code
-    except click.exceptions.Abort:
-        err.print("umctl: interrupted")
-        return 130
-    except KeyboardInterrupt:
+    except typer.Exit as e:
+        return getattr(e, "exit_code", 0)
+    except (typer.Abort, KeyboardInterrupt):
         err.print("umctl: interrupted")
         return 130
     except BrokenPipeError:

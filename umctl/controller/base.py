@@ -27,10 +27,14 @@ class ControllerContext:
     gpu_mem: list[int]
     #: Replay only: the whole workload (the future), for oracle-style upper bounds.
     workload: object | None = None
-    #: Replay only: ``residency(gpu) -> (resident_blocks_bool, free_chunks)`` over the
-    #: simulator's compact block space, and the block <-> address maps.
-    residency: Callable[[int], tuple[np.ndarray, int]] | None = None
+    #: Replay only: ``residency(gpu) -> (holds_chunk, complete, free_chunks)``: per block of
+    #: the simulator's compact block space, whether it holds a chunk on that GPU and whether
+    #: all its pages are there; ``block_addr`` maps compact blocks to addresses.
+    residency: Callable[[int], tuple[np.ndarray, np.ndarray, int]] | None = None
     block_addr: np.ndarray | None = None
+    #: Replay only: ``belady(next_access) -> keys (GPUs x blocks)``: make the simulated
+    #: driver evict by Belady's MIN (see Simulator._belady).
+    belady: Callable[[np.ndarray], np.ndarray] | None = None
     options: dict = field(default_factory=dict)
 
 

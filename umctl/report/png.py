@@ -16,16 +16,21 @@ def replay_png(results: list[SimResult], rows: list[dict], path: str, title: str
     modes = [r.mode for r in results]
     colors = plt.cm.tab10(np.arange(len(modes)) % 10)
     fig, ax = plt.subplots(2, 2, figsize=(12, 8))
-    fig.suptitle(title, fontsize=12)
+    fig.suptitle(title, fontsize=11)
 
     a = ax[0, 0]
-    times = [r.time_s for r in results]
-    bars = a.bar(modes, times, color=colors)
-    for b_, row in zip(bars, rows):
-        a.annotate(f"{row['speedup']:.2f}×", (b_.get_x() + b_.get_width() / 2, b_.get_height()),
-                   ha="center", va="bottom", fontsize=9)
+    compute = np.array([r.compute_ns / 1e9 for r in results])
+    total = np.array([r.time_s for r in results])
+    stall = np.minimum(np.array([r.stall_ns / 1e9 for r in results]), total - np.minimum(compute, total))
+    other = np.maximum(0.0, total - compute - stall)
+    a.bar(modes, compute, color="#4c72b0", label="kernels computing")
+    a.bar(modes, stall, bottom=compute, color="#dd8452", label="stalled on faults")
+    a.bar(modes, other, bottom=compute + stall, color="#bbbbbb", label="copies / host")
+    for x, (t, row) in enumerate(zip(total, rows)):
+        a.annotate(f"{row['speedup']:.2f}×", (x, t), ha="center", va="bottom", fontsize=9)
     a.set_ylabel("simulated time (s)")
     a.set_title("run time (speedup over none)")
+    a.legend(fontsize=8)
 
     a = ax[0, 1]
     a.bar(modes, [r.faults for r in results], color=colors)

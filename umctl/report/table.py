@@ -26,10 +26,10 @@ def _time(ns: float) -> str:
 
 def replay_table(rows: list[dict], title: str) -> Table:
     t = Table(title=title, title_justify="left", header_style="bold")
-    t.add_column("mode", style="bold cyan")
+    t.add_column("mode", style="bold cyan", no_wrap=True)
     for name in ("sim time", "speedup", "GPU faults", "batches", "H2D", "D2H", "evictions",
                  "pf accuracy", "pf coverage"):
-        t.add_column(name, justify="right")
+        t.add_column(name, justify="right", no_wrap=True)
     best = min(r["time_ns"] for r in rows) if rows else 0
     for r in rows:
         style = "green" if r["time_ns"] == best and len(rows) > 1 else None

@@ -29,7 +29,8 @@ typedef struct {
     uint8_t *read_mostly;
     int64_t any_read_mostly;
     uint8_t *has_chunk, *pinned;   /* ngpu x nbl */
-    double *lru;                   /* ngpu x nbl */
+    double *lru;                   /* ngpu x nbl: last migration into the block */
+    double *evict_key;             /* ngpu x nbl or NULL: replay-only victim order (oracle) */
     int32_t *rescount;             /* ngpu x nbl */
     int64_t *used, *cap;           /* ngpu */
     int64_t *maxblocks;            /* ngpu: chunks not pinned by device memory */
@@ -122,10 +123,11 @@ void sim_release_chunk(SimState *s, int g, int64_t b, double done) {
     }
 }
 
-/* Least recently migrated-into block holding a chunk on g, not pinned, not excluded. */
+/* Least recently migrated-into block holding a chunk on g, not pinned, not excluded (or
+ * the smallest evict_key when a replay-only controller supplies one). */
 int64_t sim_lru_victim(SimState *s, int g, const int64_t *exclude, int64_t nex) {
     const uint8_t *hc = s->has_chunk + GB(s, g, 0), *pin = s->pinned + GB(s, g, 0);
-    const double *lru = s->lru + GB(s, g, 0);
+    const double *lru = (s->evict_key ? s->evict_key : s->lru) + GB(s, g, 0);
     int64_t best = -1;
     double bl = INFINITY;
     for (int64_t b = 0; b < s->nbl; b++) {
@@ -139,13 +141,13 @@ int64_t sim_lru_victim(SimState *s, int g, const int64_t *exclude, int64_t nex) 
     return best;
 }
 
-/* Drop GPU g's copy of block b's pages; returns pages written back to the host. With
- * `discard` nothing is written back (the caller moves the data elsewhere or drops it).
- * The chunk itself is released by the caller. */
-int64_t sim_drop_block(SimState *s, int g, int64_t b, int discard) {
+/* Drop GPU g's copy of pages [lo, hi) (inside one block); returns pages written back to the
+ * host. With `discard` nothing is written back (the caller moves the data elsewhere or
+ * drops it). The chunk itself is released by the caller when no page is left on it. */
+int64_t sim_drop_range(SimState *s, int g, int64_t lo, int64_t hi, int discard) {
     uint8_t bit = (uint8_t)(1u << g);
-    int64_t lo = b * PPB, written = 0, on = 0;
-    for (int64_t p = lo; p < lo + PPB; p++) {
+    int64_t written = 0, on = 0;
+    for (int64_t p = lo; p < hi; p++) {
         uint8_t m = s->gmask[p];
         if (!(m & bit)) continue;
         on++;
@@ -160,9 +162,15 @@ int64_t sim_drop_block(SimState *s, int g, int64_t b, int discard) {
         }
         s->pf_entry[p] = 0;
     }
-    s->rescount[GB(s, g, b)] = 0;
+    int64_t ix = GB(s, g, lo >> PB_SHIFT);
+    s->rescount[ix] -= (int32_t)on;
+    if (s->rescount[ix] < 0) s->rescount[ix] = 0;
     if (on) s->stats[ST_EPOCH]++;
     return written;
+}
+
+int64_t sim_drop_block(SimState *s, int g, int64_t b, int discard) {
+    return sim_drop_range(s, g, b * PPB, (b + 1) * PPB, discard);
 }
 
 /* Chunk for a command's transfer into block b (off the fault path). Returns when it is
@@ -417,13 +425,17 @@ static double service(SimState *s, int g, const int64_t *fp, const uint8_t *fw, 
 
 /*
  * Run kernel accesses pages[pos..n) on GPU g. t(pos) = start + compute*pos/n + *stall.
+ * `next` (or NULL) gives, per access, the position of the next access to its block on g.
  * With stop != 0 it returns right after servicing one batch (out describes it) so the
  * caller can deliver events to a controller; otherwise it runs to the end. Returns the
  * position reached; -1 if a batch cannot fit in GPU memory at all.
  */
-int64_t sim_kernel(SimState *s, int g, const int64_t *pages, const uint8_t *writes, int64_t n,
-                   int64_t pos, double start, double compute, double *stall, int stop, BatchOut *out) {
+int64_t sim_kernel(SimState *s, int g, const int64_t *pages, const uint8_t *writes, const int64_t *next,
+                   int64_t n, int64_t pos, double start, double compute, double *stall, int stop, BatchOut *out) {
     uint8_t bit = (uint8_t)(1u << g);
+    /* replay-only Belady order: as access i passes, its block's key becomes minus the
+     * position of the block's next access on this GPU (farthest next use evicted first) */
+    double *key = next ? s->evict_key + GB(s, g, 0) : NULL;
     double rate = n > 0 ? compute / (double)n : 0.0;
     int64_t bmax = s->batch_max < MAXB ? s->batch_max : MAXB;
     static int64_t bk[MAXB];
@@ -435,6 +447,7 @@ int64_t sim_kernel(SimState *s, int g, const int64_t *pages, const uint8_t *writ
         while (pos < n) {
             int64_t p = pages[pos];
             if (is_miss(s, p, writes[pos], bit, t)) break;
+            if (key) key[p >> PB_SHIFT] = -(double)next[pos];
             if (s->pf_tag[p]) {
                 s->pf_tag[p] = 0;
                 s->stats[ST_PF_USED]++;
@@ -478,6 +491,7 @@ int64_t sim_kernel(SimState *s, int g, const int64_t *pages, const uint8_t *writ
         *stall += d;
         for (int64_t i = pos; i < wend; i++) {   /* other accesses of the window go through */
             int64_t p = pages[i];
+            if (key) key[p >> PB_SHIFT] = -(double)next[i];
             if (s->pf_tag[p]) {
                 s->pf_tag[p] = 0;
                 s->stats[ST_PF_USED]++;

@@ -29,7 +29,7 @@ class SimState(C.Structure):
         ("npg", i64), ("nbl", i64), ("ngpu", i64), ("max_pending", i64), ("max_active", i64),
         ("gmask", P), ("cpu_valid", P), ("managed", P), ("pf_tag", P),
         ("pf_entry", P), ("entry_done", P), ("read_mostly", P), ("any_read_mostly", i64),
-        ("has_chunk", P), ("pinned", P), ("lru", P), ("rescount", P),
+        ("has_chunk", P), ("pinned", P), ("lru", P), ("evict_key", P), ("rescount", P),
         ("used", P), ("cap", P), ("maxblocks", P), ("pending", P), ("npending", P), ("active", P), ("nactive", P),
         ("h2d_tail", P), ("d2h_tail", P),
         ("batch_ns", f64), ("fault_ns", f64), ("fault_h2d_Bpns", f64), ("nvlink_Bpns", f64),
@@ -64,7 +64,7 @@ def _load() -> C.CDLL:
                          "on a machine with a C compiler (gcc)") from None
     lib = C.CDLL(_simcore.__file__)
     PS = C.POINTER(SimState)
-    lib.sim_kernel.argtypes = [PS, C.c_int, P, P, i64, i64, f64, f64, C.POINTER(f64), C.c_int, C.POINTER(BatchOut)]
+    lib.sim_kernel.argtypes = [PS, C.c_int, P, P, P, i64, i64, f64, f64, C.POINTER(f64), C.c_int, C.POINTER(BatchOut)]
     lib.sim_kernel.restype = i64
     lib.sim_reclaim.argtypes = [PS, C.c_int, f64]
     lib.sim_reclaim.restype = None
@@ -74,6 +74,8 @@ def _load() -> C.CDLL:
     lib.sim_lru_victim.restype = i64
     lib.sim_drop_block.argtypes = [PS, C.c_int, i64, C.c_int]
     lib.sim_drop_block.restype = i64
+    lib.sim_drop_range.argtypes = [PS, C.c_int, i64, i64, C.c_int]
+    lib.sim_drop_range.restype = i64
     lib.sim_take_chunk_async.argtypes = [PS, C.c_int, i64, f64, C.POINTER(i64), C.POINTER(i64)]
     lib.sim_take_chunk_async.restype = f64
     lib.sim_state_size.restype = i64

@@ -147,6 +147,8 @@ class Simulator:
         self.has_chunk = np.zeros((G, nbl), np.bool_)
         self.pinned = np.zeros((G, nbl), np.bool_)
         self.lru = np.zeros((G, nbl))
+        self._evict_key: np.ndarray | None = None
+        self._next_access: np.ndarray | None = None
         self.rescount = np.zeros((G, nbl), np.int32)
         maxp = max(1, int(self.cap.max()))
         self.pending = np.zeros((G, maxp))
@@ -177,6 +179,7 @@ class Simulator:
         self.out = core.BatchOut()
         self._init_allocations()
         self.maxblocks[:] = self.cap - self.pinned.sum(1)
+        self._managed_per_block = self.managed.reshape(-1, PAGES_PER_BLOCK).sum(1).astype(np.int32)
 
         self.emit = set(controller.subscribes)
         if recorder is not None:
@@ -184,7 +187,8 @@ class Simulator:
         self._stop_each_batch = bool(self.emit & {Kind.FAULT, Kind.REPLAY, Kind.MIGRATION, Kind.EVICTION})
         self._pending_events = EventBatch(names=workload.names)
         ctx = ControllerContext(n_gpus=G, gpu_mem=list(workload.gpu_mem), workload=workload,
-                                residency=self._residency, block_addr=self.space.block_addr())
+                                residency=self._residency, block_addr=self.space.block_addr(),
+                                belady=self._belady)
         ctx.options["page_space"] = self.space
         ctx.options["calibration"] = calib
         controller.attach(ctx)
@@ -211,8 +215,25 @@ class Simulator:
             if self.used[g] > self.cap[g]:
                 raise ValueError(f"device allocations need {self.used[g]} chunks but GPU {g} has {self.cap[g]}")
 
-    def _residency(self, g: int) -> tuple[np.ndarray, int]:
-        return self.has_chunk[g], int(self.cap[g] - self.used[g] + self.npending[g])
+    def _belady(self, next_access: np.ndarray) -> np.ndarray:
+        """Replay only: evict by Belady's MIN instead of LRU. ``next_access[i]`` is the
+        position (in the workload's access arrays) of the next access to access i's block by
+        the same GPU (int64 max: never). The core keeps each block's key at minus its next
+        access as the kernels walk the stream; the smallest key is evicted first. Returns the
+        (GPUs x blocks) key array, which the caller initialises (first access of each block)
+        and may read."""
+        if len(next_access) != len(self.acc):
+            raise ValueError("next_access must give one position per access")
+        self._next_access = np.ascontiguousarray(next_access, dtype=np.int64)
+        self._evict_key = np.full_like(self.lru, -np.inf)
+        self.cs.evict_key = core.ptr(self._evict_key)
+        return self._evict_key
+
+    def _residency(self, g: int) -> tuple[np.ndarray, np.ndarray, int]:
+        """(blocks holding a chunk on g, blocks with every managed page on g, free chunks
+        counting those being written back)."""
+        complete = self.has_chunk[g] & (self.rescount[g] >= self._managed_per_block)
+        return self.has_chunk[g], complete, int(self.cap[g] - self.used[g] + self.npending[g])
 
     # ------------------------------------------------------------------ transfers
     def _new_entry(self, done: float, g: int | None = None, now: float = 0.0) -> int:
@@ -285,8 +306,10 @@ class Simulator:
         pos = 0
         stop = 1 if self._stop_each_batch else 0
         pp, wp = core.ptr(pages), core.ptr(writes)
+        nx = core.ptr(self._next_access[lo:hi]) if self._next_access is not None else None
         while pos < n:
-            pos = self.lib.sim_kernel(self.csp, g, pp, wp, n, pos, start, compute, C.byref(stall), stop, C.byref(self.out))
+            pos = self.lib.sim_kernel(self.csp, g, pp, wp, nx, n, pos, start, compute, C.byref(stall), stop,
+                                      C.byref(self.out))
             if pos < 0:
                 raise UmctlError(f"GPU {g} has no memory left for managed data ({self.cap[g]} chunks of "
                                  f"2 MiB, all held by device allocations); raise --gpu-mem")
@@ -482,44 +505,44 @@ class Simulator:
             self._migration(start, done, CPU, g, b, n_cpu * PAGE_SIZE, Cause.USER, exec_id=exec_id)
 
     def _preevict(self, lo: int, hi: int, dst: int, t: float) -> None:
-        """Evict a whole block ahead of need: to the host (write-back on the GPU->host link)
-        or into a neighbour GPU's memory over NVLink (memHarvester's victim cache)."""
+        """Migrate pages [lo, hi) of one block away from every GPU but dst, ahead of need: to
+        the host (write-back on the GPU->host link) or into a neighbour GPU's memory over
+        NVLink (memHarvester's victim cache). A chunk left empty is free once the copy ends."""
         b = lo >> PAGE_TO_BLOCK_SHIFT
-        if hi - lo != PAGES_PER_BLOCK:
-            return  # the driver evicts whole chunks; partial pre-evictions are not modelled
         for g in range(self.n_gpus):
             if g == dst or not self.has_chunk[g, b] or self.pinned[g, b]:
                 continue
-            if 0 <= dst < self.n_gpus:
-                bit = np.uint8(1 << g)
-                pages = np.arange(lo, hi)[(self.gmask[lo:hi] & bit) != 0]
-                ready = self._take_chunk(dst, b, t) if not self.has_chunk[dst, b] else t
+            bit = np.uint8(1 << g)
+            pages = np.arange(lo, hi)[(self.gmask[lo:hi] & bit) != 0]
+            if len(pages) == 0:
+                continue
+            to_gpu = 0 <= dst < self.n_gpus
+            ready = t
+            if to_gpu and not self.has_chunk[dst, b]:
+                ready = self._take_chunk(dst, b, t)
                 if ready < 0:
                     continue
-                self.lib.sim_drop_block(self.csp, g, b, 1)
-                start = max(ready, self.d2h_tail[g])
-                done = start + self.c.transfer_latency_ns + _ns(len(pages) * PAGE_SIZE, self.c.nvlink_Bps)
-                self.d2h_tail[g] = done
+            written = int(self.lib.sim_drop_range(self.csp, g, lo, hi, 1 if to_gpu else 0))
+            nbytes = (len(pages) if to_gpu else written) * PAGE_SIZE
+            start = max(ready, self.d2h_tail[g])
+            done = start + self.c.transfer_latency_ns + _ns(nbytes, self.c.nvlink_Bps if to_gpu else self.c.d2h_Bps)
+            self.d2h_tail[g] = done
+            if self.rescount[g, b] == 0:
+                self.lib.sim_release_chunk(self.csp, g, b, done)
+            self.stats[core.ST["preevictions"]] += 1
+            if to_gpu:
                 dbit = np.uint8(1 << dst)
                 new = pages[(self.gmask[pages] & dbit) == 0]
                 self.gmask[new] |= dbit
                 self.rescount[dst, b] += len(new)
                 self.lru[dst, b] = done
-                self.pf_entry[pages] = self._new_entry(done)
-                self.stats[core.ST["bytes_p2p"]] += len(pages) * PAGE_SIZE
-                self.lib.sim_release_chunk(self.csp, g, b, done)
-                self.stats[core.ST["preevictions"]] += 1
-                continue
-            written = int(self.lib.sim_drop_block(self.csp, g, b, 0))
-            start = max(t, self.d2h_tail[g])
-            done = start + self.c.transfer_latency_ns + _ns(written * PAGE_SIZE, self.c.d2h_Bps)
-            self.d2h_tail[g] = done
-            self.lib.sim_release_chunk(self.csp, g, b, done)
-            self.stats[core.ST["preevictions"]] += 1
-            self.stats[core.ST["preevicted_bytes"]] += written * PAGE_SIZE
-            self.stats[core.ST["bytes_d2h"]] += written * PAGE_SIZE
-            if Kind.MIGRATION in self.emit and written:
-                self._migration(start, done, g, CPU, b, written * PAGE_SIZE, Cause.USER)
+                self.pf_entry[new] = self._new_entry(done)
+                self.stats[core.ST["bytes_p2p"]] += nbytes
+            else:
+                self.stats[core.ST["preevicted_bytes"]] += nbytes
+                self.stats[core.ST["bytes_d2h"]] += nbytes
+                if Kind.MIGRATION in self.emit and nbytes:
+                    self._migration(start, done, g, CPU, b, nbytes, Cause.USER)
 
     def _invalidate(self, lo: int, hi: int, count: bool = True) -> None:
         """UVM_DISCARD: drop the range everywhere without write-back; its next touch

@@ -1,0 +1,47 @@
+"""Replays of every scenario under the modes, and the orderings they must keep."""
+
+import pytest
+
+from umctl.sim.replay import parse_modes, result_rows, run_modes
+from umctl.sources.scenario import list_scenarios, load_scenario
+
+SMALL = {"gpu_mem": "128MiB", "iterations": "2"}
+
+
+def _small(name: str) -> dict:
+    params = {p.name for p in next(s for s in list_scenarios() if s.name == name).params}
+    return {k: v for k, v in SMALL.items() if k in params}
+
+
+@pytest.mark.parametrize("name", [s.name for s in list_scenarios()])
+def test_oracle_never_slower_than_none(name):
+    w = load_scenario(name, _small(name))
+    none, oracle = run_modes(w, ["none", "oracle"])
+    assert oracle.time_ns <= none.time_ns * 1.001, (name, none.time_s, oracle.time_s)
+    assert oracle.faults <= none.faults
+    assert none.kernels == oracle.kernels == len(w.kernels)
+
+
+@pytest.mark.parametrize("name", ["gpt2-xl", "bert-large"])
+def test_dnn_at_2x_oracle_far_faster(name):
+    w = load_scenario(name, {"oversub": "2", "gpu_mem": "256MiB"})
+    rows = result_rows(run_modes(w, ["none", "oracle"]))
+    none, oracle = rows
+    assert none["faults"] > 50_000 and none["evictions"] > 100
+    assert oracle["speedup"] > 2.0
+    assert oracle["faults"] < none["faults"] / 3
+    assert oracle["prefetch_accuracy"] > 0.8
+
+
+def test_more_oversubscription_costs_more():
+    t = []
+    for ratio in ("1.5", "2", "3"):
+        (r,) = run_modes(load_scenario("gpt2-l", {"oversub": ratio, "gpu_mem": "128MiB", "iterations": "2"}), ["none"])
+        t.append(r.time_ns / r.compute_ns)
+    assert t[0] < t[1] < t[2]
+
+
+def test_parse_modes_puts_none_first():
+    assert parse_modes("oracle,none") == ["none", "oracle"]
+    assert parse_modes("oracle") == ["none", "oracle"]
+    assert "oracle" in parse_modes("all")

@@ -1,0 +1,55 @@
+"""Several jobs sharing one multi-GPU server (memHarvester / HUVM, ATC'22 §2.1, §6.1 Table 2).
+
+Tenant 0 (pid 0, GPU 0) is the harvester: a job oversubscribing its GPU (``oversub x
+gpu_mem``). Tenants 1.. (pid t, GPU t) run smaller jobs that leave a ``spare`` fraction of
+their GPU idle, the memory memHarvester lends the harvester as a victim cache. Jobs are named
+by scenario (``harvester``, ``neighbours``, cycled over the neighbour GPUs) and built by that
+scenario's own generator with its default shape, so a tenant runs exactly what the
+one-GPU scenario runs. Their operations are interleaved by estimated compute time, as if the
+jobs started together; a replay's per-GPU clocks decide the real overlap.
+"""
+
+from __future__ import annotations
+
+import heapq
+from typing import Iterator
+
+from ..workload import Workload, WorkloadBuilder
+from .common import Params, Tick, check, check_common
+
+
+def generate(params: dict) -> Workload:
+    """The ``tenants`` family: one harvester and ``tenants - 1`` neighbours, one GPU each."""
+    from ..scenario import (  # the registry imports this module
+        find_scenario,
+        resolve_params,
+    )
+    from . import JOBS
+
+    check_common(params)
+    n = params["tenants"]
+    check(2 <= n <= 8, f"tenants must be between 2 and 8 (got {n})")
+    check(0 <= params["spare"] < 1, f"spare must be in [0, 1) (got {params['spare']})")
+    check(len(params["neighbours"]) >= 1, "neighbours must name at least one scenario")
+    check(params["neighbour_iterations"] >= 1, "neighbour_iterations must be at least 1")
+    b = WorkloadBuilder("scenario", n_gpus=n, gpu_mem=params["gpu_mem"])
+    jobs: list[Iterator[Tick]] = []
+    tenants: list[dict] = []
+    for t in range(n):
+        name = params["harvester"] if t == 0 else params["neighbours"][(t - 1) % len(params["neighbours"])]
+        info = find_scenario(name)
+        check(info.generator in JOBS, f"{name} cannot run as a tenant (only {', '.join(JOBS)} scenarios can)")
+        sub = Params(resolve_params(info, {}))
+        sub.update(seed=params["seed"] + t,
+                   iterations=params["iterations"] if t == 0 else params["neighbour_iterations"])
+        footprint = params["oversub"] * params["gpu_mem"] if t == 0 else (1 - params["spare"]) * params["gpu_mem"]
+        meta = {"scenario": name, "pid": t, "gpu": t}
+        jobs.append(JOBS[info.generator](b, sub, footprint=int(footprint), pid=t, gpu=t, meta=meta))
+        tenants.append(meta)
+    clock = [(0, t) for t in range(n)]
+    while clock:
+        now, t = heapq.heappop(clock)
+        ns = next(jobs[t], None)
+        if ns is not None:
+            heapq.heappush(clock, (now + ns, t))
+    return b.build(meta={"tenants": tenants})
