@@ -157,8 +157,7 @@ def demo(
     png: Optional[str] = typer.Option(None, help="Also write the comparison figure to this PNG."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON instead of the table."),
 ) -> None:
-    """Replay a built-in DNN training scenario (GPT-2 XL-shaped, 2× oversubscribed) under every
-    available mode. No GPU needed.
+    """Replay a built-in DNN training loop (GPT-2 XL-shaped, 2× oversubscribed) under every mode. No GPU needed.
 
     Example: [bold]umctl demo --png demo.png[/bold]
     """

@@ -174,7 +174,7 @@ int64_t sim_drop_block(SimState *s, int g, int64_t b, int discard) {
 }
 
 /* Chunk for a command's transfer into block b (off the fault path). Returns when it is
- * usable, or -1 if the GPU has no evictable chunk. *victim/*written report an eviction. */
+ * usable, or -1 if the GPU has no evictable chunk. `victim` and `written` report an eviction. */
 double sim_take_chunk_async(SimState *s, int g, int64_t b, double t, int64_t *victim, int64_t *written) {
     *victim = -1;
     *written = 0;
@@ -509,6 +509,10 @@ int64_t sim_state_size(void) { return (int64_t)sizeof(SimState); }
 
 /* A minimal Python module so the build system can build, install and locate this file like
  * any extension; the functions above are called through ctypes (umctl/sim/core.py). */
-static struct PyModuleDef simcore_module = {PyModuleDef_HEAD_INIT, "_simcore",
-    "umctl simulator core (C functions called through ctypes)", -1, NULL};
+static struct PyModuleDef simcore_module = {
+    .m_base = PyModuleDef_HEAD_INIT,
+    .m_name = "_simcore",
+    .m_doc = "umctl simulator core (C functions called through ctypes)",
+    .m_size = -1,
+};
 PyMODINIT_FUNC PyInit__simcore(void) { return PyModule_Create(&simcore_module); }

@@ -16,9 +16,17 @@ What is modelled, and why at this grain:
   * Evicting a page writes it back unless another valid copy exists; invalidated pages are
     dropped without write-back and their next touch zero-fills without a transfer.
 
+  * Advice: read-mostly duplicates on read faults (writes collapse the copies); preferred
+    location is recorded but has no effect yet.
+
 Invariants (tests/test_sim_invariants.py): chunks in use never exceed capacity, every faulting
 access completes, bytes are conserved (each migrated byte is counted once per move), the same
 seed gives the same result.
+
+The walk over the access stream and fault servicing are C (``_simcore.c``, through
+``core.py``); this module owns the state arrays and does everything per command or per
+operation. Replay-only controllers (the oracle) may replace LRU by Belady through
+``ControllerContext.belady``.
 """
 
 from __future__ import annotations
@@ -91,10 +99,6 @@ class SimResult:
         total = self.prefetch_used + self.faults
         return self.prefetch_used / total if self.prefetch_pages and total else None
 
-    @property
-    def sim_faults_per_s(self) -> float:
-        return self.faults / self.wall_s if self.wall_s > 0 else 0.0
-
     def summary(self) -> dict:
         d = {k: v for k, v in asdict(self).items() if not isinstance(v, np.ndarray) and v is not None}
         d["time_s"] = self.time_s
@@ -114,6 +118,7 @@ class Simulator:
     def __init__(self, workload: Workload, controller: Controller, *, calib: Calibration = DEFAULT,
                  seed: int = 0, recorder=None, progress: Callable[[int, int], None] | None = None,
                  controller_delay_ns: int = 20_000):
+        t_init = _time.perf_counter()
         self.w = workload
         self.c = calib
         self.ctl = controller
@@ -124,9 +129,13 @@ class Simulator:
         if not 1 <= G <= 8:
             raise ValueError("the simulator models 1 to 8 GPUs")
         a = workload.allocations
-        self.space = PageSpace(a["addr"], a["bytes"], workload.acc_page)
+        try:
+            self.space = PageSpace(a["addr"], a["bytes"])
+            self.acc = self.space.to_local_pages(workload.acc_page)
+        except ValueError:  # accesses outside every allocation: map their blocks too
+            self.space = PageSpace(a["addr"], a["bytes"], workload.acc_page)
+            self.acc = self.space.to_local_pages(workload.acc_page)
         npg, nbl = self.space.npages, self.space.nblocks
-        self.acc = self.space.to_local_pages(workload.acc_page) if len(workload.acc_page) else np.zeros(0, np.int64)
         self.acc_write = np.ascontiguousarray(workload.acc_write, dtype=np.bool_)
 
         # per-page state (shared with the C core)
@@ -192,6 +201,7 @@ class Simulator:
         ctx.options["page_space"] = self.space
         ctx.options["calibration"] = calib
         controller.attach(ctx)
+        self._init_s = _time.perf_counter() - t_init  # counted in wall_s: set-up is part of a replay
 
     # ------------------------------------------------------------------ set-up
     def _init_allocations(self) -> None:
@@ -618,7 +628,7 @@ class Simulator:
         r.kernel_end_ns = self._kend[kmask].astype(np.int64)
         r.kernel_faults = self._kfaults[kmask]
         r.controller = self.ctl.stats()
-        r.wall_s = _time.perf_counter() - t0
+        r.wall_s = self._init_s + _time.perf_counter() - t0
         return r
 
     def _check_capacity(self) -> None:

@@ -24,14 +24,33 @@ class PageSpace:
         self.global_blocks = np.unique(np.concatenate(parts)) if parts else np.zeros(0, np.int64)
         self.nblocks = int(len(self.global_blocks))
         self.npages = self.nblocks * PAGES_PER_BLOCK
+        # a dense lookup table when the address space is not too sparse (one gather per page
+        # instead of a binary search: replays convert tens of millions of accesses)
+        self._lut = None
+        if self.nblocks:
+            self._b0 = int(self.global_blocks[0])
+            span = int(self.global_blocks[-1]) - self._b0 + 1
+            if span <= (1 << 24):
+                self._lut = np.full(span, -1, np.int64)
+                self._lut[self.global_blocks - self._b0] = np.arange(self.nblocks)
 
     def to_local_pages(self, pages: np.ndarray) -> np.ndarray:
         """Compact page numbers of global page numbers (which must be mapped)."""
         pages = np.asarray(pages, dtype=np.int64)
         gb = pages >> PAGE_TO_BLOCK_SHIFT
-        cb = np.searchsorted(self.global_blocks, gb)
-        if len(cb) and ((cb >= self.nblocks).any() or (self.global_blocks[np.minimum(cb, self.nblocks - 1)] != gb).any()):
-            raise ValueError("page outside the simulated address space")
+        if len(gb) == 0:
+            return gb
+        if self._lut is not None:
+            rel = gb - self._b0
+            if rel.min() < 0 or rel.max() >= len(self._lut):
+                raise ValueError("page outside the simulated address space")
+            cb = self._lut[rel]
+            if cb.min() < 0:
+                raise ValueError("page outside the simulated address space")
+        else:
+            cb = np.searchsorted(self.global_blocks, gb)
+            if (cb >= self.nblocks).any() or (self.global_blocks[np.minimum(cb, self.nblocks - 1)] != gb).any():
+                raise ValueError("page outside the simulated address space")
         return (cb << PAGE_TO_BLOCK_SHIFT) | (pages & (PAGES_PER_BLOCK - 1))
 
     def to_global_pages(self, local: np.ndarray) -> np.ndarray:
