@@ -1,0 +1,527 @@
+"""``umctl attach / record / run / top``: live observation of real processes through the UVM
+tools API (umctl.sources.uvmtools) plus, when it loads, the BPF launch probe
+(umctl.sources.uprobes).
+
+One loop serves attach, record and run (:func:`_observe`): every ``--interval`` it drains the
+source (and the launch probe), folds the batch into :class:`~umctl.tui.top.LiveStats`, writes
+it to the trace if one is open and refreshes the display. It ends on ``--duration``, Ctrl-C,
+SIGTERM or the target's exit; in every case it stops the source with a final flush and drain,
+closes the trace (so it is complete and renamed) and prints the summary.
+"""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import time
+from typing import List, Optional
+
+import typer
+from rich.console import Console
+
+from .. import UmctlError
+from ..events.schema import EventBatch, Kind
+from ..sources.uvmtools import (
+    LiveError, NoUvm, TargetExited, UvmToolsSource, kinds_label, list_uvm_processes, parse_kinds,
+)
+from ..sources.uvmtools.process import comm_of, cmdline_of, process_alive, uvm_fds
+from ..tui.top import KeyReader, LiveStats, render_top, summary_line
+
+out = Console()
+err = Console(stderr=True)
+
+KINDS_HELP = ("Event kinds: 'default' (faults,replays,cpu_faults,thrashing: cheap), 'all' (adds migrations: "
+              "~1.8x slower fault service), a list such as faults,migrations, or +migrations.")
+
+
+# -- launch probe (optional) ----------------------------------------------------------------
+
+def _start_launch_probe(pid: int, enabled: bool):
+    """The BPF launch probe for ``pid``, or None (said once on stderr): it needs libbpf, root
+    and the uprobes module, none of which may be present."""
+    if not enabled:
+        return None
+    try:
+        from ..sources.uprobes import LaunchProbe  # type: ignore[import-not-found]
+    except Exception as e:  # noqa: BLE001 - missing module or a broken import: same outcome
+        err.print(f"umctl: no kernel-launch events (launch probe unavailable: {type(e).__name__}: "
+                  f"{str(e).splitlines()[0] if str(e) else ''}); continuing without them", highlight=False)
+        return None
+    try:
+        probe = LaunchProbe(pid)
+        probe.start()
+        return probe
+    except Exception as e:  # noqa: BLE001 - UmctlError or anything the loader raises
+        err.print(f"umctl: no kernel-launch events ({str(e).splitlines()[0] if str(e) else type(e).__name__}); "
+                  "continuing without them", highlight=False)
+        return None
+
+
+def _merge(batch: EventBatch, probe) -> EventBatch:
+    if probe is None:
+        return batch
+    try:
+        lb = probe.drain()
+    except Exception as e:  # noqa: BLE001 - a probe failure must not end the recording
+        err.print(f"umctl: launch probe stopped ({e}); continuing without launch events", highlight=False)
+        return batch
+    if Kind.LAUNCH in lb:
+        batch.add(Kind.LAUNCH, lb[Kind.LAUNCH])
+    if lb.names:
+        batch.names = lb.names
+    return batch
+
+
+# -- the observation loop -------------------------------------------------------------------
+
+class _Stop:
+    """Turns SIGTERM into a clean stop (the summary and the trace must survive `kill`)."""
+
+    def __init__(self) -> None:
+        self.reason = ""
+        self._old = None
+
+    def __enter__(self) -> "_Stop":
+        try:
+            self._old = signal.signal(signal.SIGTERM, self._handler)
+        except ValueError:  # not the main thread
+            self._old = None
+        return self
+
+    def _handler(self, signum, frame) -> None:
+        self.reason = "SIGTERM"
+
+    def __exit__(self, *exc: object) -> None:
+        if self._old is not None:
+            signal.signal(signal.SIGTERM, self._old)
+
+
+def _trace_meta(src: UvmToolsSource, command: str, extra: dict) -> dict:
+    from ..events.trace import collect_host_meta
+
+    host = collect_host_meta()
+    gpu_mem = [g.get("memory_bytes") for g in src.gpus]
+    if not gpu_mem or not all(isinstance(v, int) and v > 0 for v in gpu_mem):
+        smi = host.get("gpu")
+        gpu_mem = [g.get("memory_bytes") for g in smi] if isinstance(smi, list) else []
+    meta = {"source": f"umctl {command}", "pid": src.pid, "target_comm": comm_of(src.pid),
+            "target_cmdline": cmdline_of(src.pid), "kinds": kinds_label(src.kinds),
+            "uvm_gpus": src.gpus, "clock": "CLOCK_MONOTONIC", **extra}
+    if gpu_mem and all(isinstance(v, int) and v > 0 for v in gpu_mem):
+        meta["gpu_mem"] = gpu_mem
+    return meta
+
+
+def _observe(src: UvmToolsSource, *, command: str, duration: float | None, output: str | None,
+             interval: float, launches: bool, live: bool, child: subprocess.Popen | None = None,
+             extra_meta: dict | None = None) -> tuple[LiveStats, dict, str]:
+    """Run the loop until the end condition; returns (stats, source stats, end reason)."""
+    from rich.live import Live
+
+    probe = _start_launch_probe(src.pid, launches)
+    stats = LiveStats(pid=src.pid, comm=comm_of(src.pid))
+    writer = None
+    if output:
+        from ..events.trace import TraceWriter
+
+        writer = TraceWriter(output, _trace_meta(src, command, extra_meta or {}))
+    t0 = time.monotonic()
+    reason = ""
+    tty = err.is_terminal and live
+    last_print = t0
+
+    def step() -> None:
+        batch = _merge(src.drain(), probe)
+        stats.counters = src.counters()
+        stats.update(batch)
+        if writer is not None and len(batch):
+            writer.write(batch)
+
+    def line() -> str:
+        return summary_line(stats, time.monotonic() - t0, _lag_p99(src))
+
+    error: BaseException | None = None
+    display = Live(console=err, refresh_per_second=4, transient=True) if tty else None
+    try:
+        with _Stop() as stopper:
+            if display is not None:
+                display.start()
+            try:
+                while True:
+                    time.sleep(min(interval, 0.05))
+                    step()
+                    now = time.monotonic()
+                    if now - last_print >= interval:
+                        stats.tick()
+                        last_print = now
+                        if display is not None:
+                            display.update(line())
+                        elif live:
+                            err.print(line(), highlight=False, soft_wrap=True)
+                    if stopper.reason:
+                        reason = stopper.reason
+                        break
+                    if duration is not None and now - t0 >= duration:
+                        reason = f"duration {duration:g} s reached"
+                        break
+                    if (child is not None and child.poll() is not None) or src.exited():
+                        reason = "target exited"
+                        break
+            except KeyboardInterrupt:
+                reason = "interrupted"
+            finally:
+                if display is not None:
+                    display.stop()
+    except BaseException as e:  # noqa: BLE001 - closed below, re-raised after
+        error = e
+    finally:
+        src.stop()
+        try:
+            step()
+        except Exception as e:  # noqa: BLE001
+            error = error or e
+        stats.tick()
+        if probe is not None:
+            try:
+                probe.close()
+            except Exception:  # noqa: BLE001
+                pass
+        st = src.stats()
+        src.close()
+        if writer is not None:
+            if src.gpus:  # the UUID table may have filled in after attach
+                writer.meta["uvm_gpus"] = src.gpus
+            writer.meta.update({"attach": {k: v for k, v in st.items() if k != "gpus"},
+                                "duration_s": round(time.monotonic() - t0, 3), "end": reason,
+                                "launch_events": probe is not None})
+            writer.close(error=error if isinstance(error, Exception) else None)
+    if error is not None:
+        raise error
+    st["elapsed_s"] = round(time.monotonic() - t0, 3)
+    st["trace"] = output
+    st["trace_events"] = sum(writer.counts.values()) if writer is not None else None
+    return stats, st, reason
+
+
+def _lag_p99(src: UvmToolsSource) -> float | None:
+    v = src.lag_ring.percentile(99)
+    return None if v is None else v / 1e6
+
+
+def _fmt_bytes(n: float) -> str:
+    from ..units import format_bytes
+
+    return format_bytes(int(n))
+
+
+def _print_summary(command: str, stats: LiveStats, st: dict, reason: str) -> None:
+    el = max(st.get("elapsed_s", 0.0), 1e-9)
+    lines = [f"umctl {command}: pid {stats.pid} ({stats.comm}) observed {el:.1f} s, detached ({reason})",
+             f"  GPU faults   {stats.faults:,} in {stats.batches:,} batches ({stats.faults / el:,.0f}/s)",
+             f"  CPU faults   {stats.cpu_faults:,}"]
+    if stats.have_migrations:
+        def causes(d: dict) -> str:
+            return ", ".join(f"{k} {_fmt_bytes(v)}" for k, v in d.items() if v)
+        lines.append(f"  H2D          {_fmt_bytes(stats.h2d_total())} ({causes(stats.h2d) or '-'})")
+        lines.append(f"  D2H          {_fmt_bytes(stats.d2h_total())} ({causes(stats.d2h) or '-'})")
+    elif stats.counters:
+        c = stats.counters
+        lines.append(f"  H2D          {_fmt_bytes(c.get('bytes_htd', 0))} (prefetch {_fmt_bytes(c.get('prefetch_bytes_htd', 0))};"
+                     " --kinds +migrations splits by cause)")
+        lines.append(f"  D2H          {_fmt_bytes(c.get('bytes_dth', 0))}")
+    lines.append(f"  thrashing    {stats.thrashing:,}")
+    if stats.launches:
+        ks = ", ".join(f"{n} {c:,}" for n, c in stats.top_kernels())
+        lines.append(f"  launches     {stats.launches:,}; top kernels by faults: {ks}")
+    lines.append(f"  dropped      {stats.dropped:,} events")
+    lr, ld = st.get("lag_ring_ms", {}), st.get("lag_delivery_ms", {})
+    if lr.get("p50") is not None:
+        lines.append(f"  lag          event -> drained p50 {lr['p50']:.2f} ms, p99 {lr['p99']:.2f} ms; "
+                     f"-> delivered p50 {ld['p50']:.2f} ms, p99 {ld['p99']:.2f} ms")
+    lm = st.get("lag_migration_ms", {})
+    if lm.get("n"):
+        lines.append(f"  lag (migr.)  end -> drained p50 {lm['p50']:.2f} ms, p99 {lm['p99']:.2f} ms")
+    lines.append(f"  attach       {st.get('attach_ms', 0):.1f} ms, kinds {st.get('kinds')}, ring {st.get('ring_entries'):,} "
+                 f"entries (max fill {100 * (st.get('ring_max_fill') or 0):.1f} %), flush every {st.get('flush_ms'):g} ms")
+    if st.get("trace"):
+        lines.append(f"  trace        {st['trace']} ({st.get('trace_events') or 0:,} events)")
+    for ln in lines:
+        out.print(ln, highlight=False, soft_wrap=True)
+
+
+def _attach(pid: int, kinds: str, ring_entries: int, flush_ms: float) -> UvmToolsSource:
+    return UvmToolsSource(pid, parse_kinds(kinds), ring_entries=ring_entries, flush_ms=flush_ms).start()
+
+
+# -- commands -------------------------------------------------------------------------------
+
+def attach_command(
+    pid: int = typer.Option(..., "--pid", "-p", help="Process to observe (needs ptrace rights: sudo)."),
+    duration: Optional[float] = typer.Option(None, "--duration", "-d", help="Stop after this many seconds."),
+    output: Optional[str] = typer.Option(None, "--output", "-o", help="Also record the events to this trace file."),
+    kinds: str = typer.Option("default", "--kinds", "-k", help=KINDS_HELP),
+    interval: float = typer.Option(1.0, "--interval", "-i", help="Seconds between live updates."),
+    ring_entries: int = typer.Option(2 ** 18, "--ring-entries", help="Event ring size (a power of two)."),
+    flush_ms: float = typer.Option(5.0, "--flush-ms", help="Force the driver to deliver pending events this often (0: never)."),
+    launches: bool = typer.Option(True, "--launches/--no-launches", help="Kernel launches through the BPF probe."),
+    as_json: bool = typer.Option(False, "--json", help="Print the final summary as JSON."),
+) -> None:
+    """Observe a running process's Unified Memory: live fault/migration rates, then a summary.
+
+    Attaches to an unmodified process through the UVM tools API (no restart, no LD_PRELOAD);
+    Ctrl-C or the target's exit detaches cleanly.
+
+    Examples:
+
+      [bold]sudo umctl attach --pid 4242[/bold]
+
+      [bold]sudo umctl attach --pid 4242 --duration 30 -o run.parquet --kinds all[/bold]
+    """
+    src = _attach(pid, kinds, ring_entries, flush_ms)
+    stats, st, reason = _observe(src, command="attach", duration=duration, output=output, interval=interval,
+                                 launches=launches, live=not as_json)
+    if as_json:
+        import json
+        print(json.dumps({"summary": _summary_dict(stats), "source": st, "end": reason}, indent=1, default=str))
+    else:
+        _print_summary("attach", stats, st, reason)
+
+
+def _summary_dict(s: LiveStats) -> dict:
+    return {"pid": s.pid, "comm": s.comm, "faults": s.faults, "batches": s.batches, "cpu_faults": s.cpu_faults,
+            "thrashing": s.thrashing, "dropped": s.dropped, "launches": s.launches, "h2d": s.h2d, "d2h": s.d2h,
+            "counters": s.counters, "top_kernels": s.top_kernels(5),
+            "top_blocks": [(f"0x{b << 21:x}", c) for b, c in s.top_blocks(5)]}
+
+
+def record_command(
+    pid: int = typer.Option(..., "--pid", "-p", help="Process to record (needs ptrace rights: sudo)."),
+    output: str = typer.Option(..., "--output", "-o", help="Trace file to write (.parquet)."),
+    duration: Optional[float] = typer.Option(None, "--duration", "-d", help="Stop after this many seconds."),
+    kinds: str = typer.Option("default", "--kinds", "-k", help=KINDS_HELP),
+    ring_entries: int = typer.Option(2 ** 18, "--ring-entries", help="Event ring size (a power of two)."),
+    flush_ms: float = typer.Option(5.0, "--flush-ms", help="Force event delivery this often (0: never)."),
+    launches: bool = typer.Option(True, "--launches/--no-launches", help="Kernel launches through the BPF probe."),
+) -> None:
+    """Record a running process's UVM events to a trace file that [bold]umctl replay[/bold] can replay.
+
+    Examples:
+
+      [bold]sudo umctl record --pid 4242 -o run.parquet --duration 60[/bold]
+
+      [bold]umctl replay run.parquet --mode none,oracle[/bold]
+    """
+    src = _attach(pid, kinds, ring_entries, flush_ms)
+    stats, st, reason = _observe(src, command="record", duration=duration, output=output, interval=1.0,
+                                 launches=launches, live=True)
+    _print_summary("record", stats, st, reason)
+
+
+def _wait_for_cuda(child: subprocess.Popen, timeout: float | None) -> None:
+    """Poll the child's fd table until /dev/nvidia-uvm appears (its first CUDA use) or it exits."""
+    t0 = time.monotonic()
+    while True:
+        if child.poll() is not None:
+            raise NoUvm(f"{child.args[0] if isinstance(child.args, list) else child.args} exited (status "
+                        f"{child.returncode}) without using CUDA Unified Memory; nothing recorded")
+        try:
+            if uvm_fds(child.pid):
+                return
+        except LiveError:
+            pass
+        if timeout is not None and time.monotonic() - t0 > timeout:
+            raise NoUvm(f"process {child.pid} did not open /dev/nvidia-uvm within {timeout:g} s")
+        time.sleep(0.001)
+
+
+def run_command(
+    cmd: List[str] = typer.Argument(..., help="The program and its arguments (after --)."),
+    output: str = typer.Option(..., "--output", "-o", help="Trace file to write (.parquet)."),
+    kinds: str = typer.Option("default", "--kinds", "-k", help=KINDS_HELP),
+    duration: Optional[float] = typer.Option(None, "--duration", "-d", help="Stop recording after this many seconds (the program keeps running)."),
+    wait_cuda: Optional[float] = typer.Option(None, "--wait-cuda", help="Give up if the program has not used CUDA after this many seconds."),
+    launches: bool = typer.Option(True, "--launches/--no-launches", help="Kernel launches through the BPF probe."),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="No live status line."),
+) -> None:
+    """Start a program and record its UVM events from its first CUDA use; exits with its status.
+
+    As the program's parent umctl may duplicate its fds without sudo (Yama ptrace_scope <= 1).
+
+    Examples:
+
+      [bold]umctl run -o train.parquet -- python3 train.py --epochs 1[/bold]
+
+      [bold]umctl run -o sweep.parquet --kinds all -- ./sweep 1GiB[/bold]
+    """
+    if not cmd:
+        raise UmctlError("no program given (umctl run -o trace.parquet -- CMD ...)")
+    try:
+        child = subprocess.Popen(cmd)
+    except OSError as e:
+        raise UmctlError(f"cannot start {cmd[0]}: {e.strerror or e}") from e
+    rc: int | None = None
+    try:
+        _wait_for_cuda(child, wait_cuda)
+        src = None
+        deadline = time.monotonic() + 5.0
+        while src is None:  # the fd exists a moment before CUDA has set up its va_space
+            try:
+                src = _attach(child.pid, kinds, 2 ** 18, 5.0)
+            except NoUvm:
+                if child.poll() is not None or time.monotonic() > deadline:
+                    raise
+                time.sleep(0.002)
+        stats, st, reason = _observe(src, command="run", duration=duration, output=output, interval=1.0,
+                                     launches=launches, live=not quiet, child=child,
+                                     extra_meta={"command": cmd})
+        _print_summary("run", stats, st, reason)
+        rc = child.wait()
+    except TargetExited:
+        rc = child.wait()
+        raise
+    finally:
+        if rc is None and child.poll() is None:
+            child.terminate()
+            try:
+                child.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                child.kill()
+    if rc:
+        raise typer.Exit(rc if rc > 0 else 128 - rc)
+
+
+def top_command(
+    pid: Optional[int] = typer.Option(None, "--pid", "-p", help="Only this process (default: every process using UVM)."),
+    once: bool = typer.Option(False, "--once", help="Print one snapshot (sampled over --interval) and exit."),
+    interval: float = typer.Option(1.0, "--interval", "-i", help="Seconds between refreshes (and the --once sample)."),
+    kinds: str = typer.Option("default", "--kinds", "-k", help=KINDS_HELP),
+    sort: str = typer.Option("faults", "--sort", "-s", help="Sort by faults, batches, h2d, d2h, thrashing, cpu_faults or pid."),
+    launches: bool = typer.Option(True, "--launches/--no-launches", help="Kernel launches (top kernels) through the BPF probe."),
+) -> None:
+    """Live per-process view of every process using CUDA Unified Memory (like htop / nvtop).
+
+    Keys: f/b/h/d/t/c/p sort by faults, batches, H2D, D2H, thrashing, CPU faults, pid;
+    m toggles migration events (bytes by cause; slows fault service); q quits.
+
+    Examples:
+
+      [bold]sudo umctl top[/bold]
+
+      [bold]sudo umctl top --once --interval 2[/bold]
+    """
+    from rich.live import Live
+
+    from ..tui.top import SORT_KEYS
+
+    if sort not in SORT_KEYS.values():
+        raise UmctlError(f"unknown sort key {sort!r} (choose from {', '.join(SORT_KEYS.values())})")
+    kind_set = parse_kinds(kinds)
+    sessions: dict[int, tuple[UvmToolsSource | None, object, LiveStats]] = {}
+    hidden = 0
+
+    def scan() -> None:
+        nonlocal hidden
+        if pid is not None:
+            pids = [pid]
+            hidden = 0
+        else:
+            procs, hidden = list_uvm_processes()
+            pids = [p.pid for p in procs]
+        for p in pids:
+            if p in sessions:
+                continue
+            stats = LiveStats(pid=p, comm=comm_of(p))
+            try:
+                src = UvmToolsSource(p, kind_set).start()
+                probe = _start_launch_probe(p, launches)
+                stats.status = ""
+            except LiveError as e:
+                if pid is not None:
+                    raise
+                src, probe = None, None
+                stats.status = str(e)[:60]
+            sessions[p] = (src, probe, stats)
+        for p in list(sessions):
+            src, probe, stats = sessions[p]
+            if (src is not None and src.exited()) or (src is None and not process_alive(p)):
+                close(p)
+
+    def close(p: int) -> None:
+        src, probe, _ = sessions.pop(p)
+        if probe is not None:
+            try:
+                probe.close()
+            except Exception:  # noqa: BLE001
+                pass
+        if src is not None:
+            src.close()
+
+    def sample() -> None:
+        for p, (src, probe, stats) in list(sessions.items()):
+            if src is None:
+                continue
+            try:
+                stats.counters = src.counters()
+                stats.update(_merge(src.drain(), probe))
+            except UmctlError as e:
+                stats.status = str(e)[:60]
+
+    def note() -> str:
+        if not sessions:
+            msg = "no process has /dev/nvidia-uvm open"
+            return msg + (f" that this user can see ({hidden} hidden: run as root)" if hidden else "")
+        return f"({hidden} processes hidden: run as root to see them)" if hidden else ""
+
+    try:
+        scan()
+        if once:
+            time.sleep(interval)
+            sample()
+            for _, _, s in sessions.values():
+                s.tick()
+            print(render_top([s for _, _, s in sessions.values()], sort, note=note(), plain=True))
+            return
+        tty = out.is_terminal
+        last_scan = time.monotonic()
+        with KeyReader() as keys:
+            live = Live(console=out, refresh_per_second=4, screen=False, auto_refresh=False) if tty else None
+            if live is not None:
+                live.start()
+            try:
+                next_tick = time.monotonic() + interval
+                while True:
+                    key = keys.read(0.1)
+                    if key in ("q", "Q", "\x1b"):
+                        break
+                    if key in SORT_KEYS:
+                        sort = SORT_KEYS[key]
+                    if key == "m":
+                        from ..events.schema import Kind as _K
+                        kind_set = kind_set - {_K.MIGRATION} if _K.MIGRATION in kind_set else kind_set | {_K.MIGRATION}
+                        for p in list(sessions):
+                            close(p)
+                        scan()
+                    sample()
+                    now = time.monotonic()
+                    if now - last_scan > 2.0:
+                        scan()
+                        last_scan = now
+                    if now >= next_tick or key:
+                        if now >= next_tick:
+                            for _, _, s in sessions.values():
+                                s.tick()
+                            next_tick = now + interval
+                        view = render_top([s for _, _, s in sessions.values()], sort, note=note(), plain=live is None)
+                        if live is not None:
+                            live.update(view, refresh=True)
+                        else:
+                            print(view, flush=True)
+            finally:
+                if live is not None:
+                    live.stop()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        for p in list(sessions):
+            close(p)
+

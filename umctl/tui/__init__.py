@@ -1,0 +1,1 @@
+"""Terminal views of live sessions (``umctl top``, the ``attach`` status line)."""

@@ -1,0 +1,268 @@
+"""What ``umctl top`` and ``umctl attach`` show: per-process live statistics and their
+rendering (rich renderables for a terminal, plain lines otherwise), plus the small keyboard
+reader top needs.
+
+The statistics are kept as running totals plus the totals at the previous refresh, so a rate
+is a difference over the refresh interval: no per-event history is kept however long top runs.
+Per-block and per-kernel fault counts are folded in with numpy (np.unique per batch) into
+dicts keyed by 2 MiB block / kernel name id, whose size is bounded by the program's footprint
+and kernel count, not by the number of events.
+"""
+
+from __future__ import annotations
+
+import os
+import select
+import sys
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..events.schema import Cause, EventBatch, Kind
+from ..units import BLOCK_SHIFT, CPU
+
+GB = 1e9
+
+#: Causes shown as columns of bytes moved (the rest are summed into "other").
+CAUSE_COLUMNS = (("demand", Cause.DEMAND), ("prefetch", Cause.DRIVER_PREFETCH), ("evict", Cause.EVICTION),
+                 ("user", Cause.USER))
+
+
+def _si(x: float) -> str:
+    for unit, div in (("G", 1e9), ("M", 1e6), ("K", 1e3)):
+        if abs(x) >= div:
+            return f"{x / div:.1f}{unit}"
+    return f"{x:.0f}"
+
+
+@dataclass
+class LiveStats:
+    """Running totals of one observed process."""
+
+    pid: int
+    comm: str = ""
+    faults: int = 0
+    batches: int = 0
+    cpu_faults: int = 0
+    thrashing: int = 0
+    dropped: int = 0
+    launches: int = 0
+    h2d: dict[str, int] = field(default_factory=lambda: {n: 0 for n, _ in CAUSE_COLUMNS} | {"other": 0})
+    d2h: dict[str, int] = field(default_factory=lambda: {n: 0 for n, _ in CAUSE_COLUMNS} | {"other": 0})
+    block_faults: dict[int, int] = field(default_factory=dict)
+    kernel_faults: dict[int, int] = field(default_factory=dict)
+    names: list[str] = field(default_factory=list)
+    counters: dict[str, int] = field(default_factory=dict)
+    have_migrations: bool = False
+    status: str = ""
+    t0: float = field(default_factory=time.monotonic)
+    _prev: dict[str, float] = field(default_factory=dict)
+    _prev_t: float = 0.0
+    rates: dict[str, float] = field(default_factory=dict)
+    _launch_t: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64))
+    _launch_name: np.ndarray = field(default_factory=lambda: np.empty(0, np.int32))
+    _batch_ids: set = field(default_factory=set)
+
+    def update(self, batch: EventBatch) -> None:
+        f = batch[Kind.FAULT]
+        self.faults += len(f)
+        if Kind.REPLAY in batch:
+            self.batches += len(batch[Kind.REPLAY])
+        elif len(f):  # replays disabled: count distinct batch ids instead
+            new = set(np.unique((f["gpu"].astype(np.int64) << 32) | f["batch_id"]).tolist()) - self._batch_ids
+            self.batches += len(new)
+            self._batch_ids = (self._batch_ids | new) if len(self._batch_ids) < 100_000 else new
+        self.cpu_faults += len(batch[Kind.CPU_FAULT])
+        self.thrashing += len(batch[Kind.THRASHING])
+        if Kind.DROPS in batch:
+            self.dropped += int(batch[Kind.DROPS]["count"].sum())
+        m = batch[Kind.MIGRATION]
+        if len(m):
+            self.have_migrations = True
+            known = np.zeros(len(m), dtype=bool)
+            for name, cause in CAUSE_COLUMNS:
+                sel = m["cause"] == cause
+                known |= sel
+                self.h2d[name] += int(m["bytes"][sel & (m["src"] == CPU)].sum())
+                self.d2h[name] += int(m["bytes"][sel & (m["dst"] == CPU)].sum())
+            self.h2d["other"] += int(m["bytes"][~known & (m["src"] == CPU)].sum())
+            self.d2h["other"] += int(m["bytes"][~known & (m["dst"] == CPU)].sum())
+        if len(f):
+            blocks, n = np.unique((f["addr"] >> np.uint64(BLOCK_SHIFT)).astype(np.int64), return_counts=True)
+            bf = self.block_faults
+            for b, c in zip(blocks.tolist(), n.tolist()):
+                bf[b] = bf.get(b, 0) + c
+        la = batch[Kind.LAUNCH]
+        if len(batch.names) > len(self.names):
+            self.names = list(batch.names)
+        if len(la):
+            self.launches += len(la)
+            order = np.argsort(la["t_ns"], kind="stable")
+            self._launch_t = np.concatenate([self._launch_t, la["t_ns"][order]])[-4096:]
+            self._launch_name = np.concatenate([self._launch_name, la["name_id"][order]])[-4096:]
+        if len(f) and len(self._launch_t):
+            pos = np.searchsorted(self._launch_t, f["t_ns"], side="right") - 1
+            ids, n = np.unique(np.where(pos >= 0, self._launch_name[np.maximum(pos, 0)], -2), return_counts=True)
+            kf = self.kernel_faults
+            for i, c in zip(ids.tolist(), n.tolist()):
+                kf[i] = kf.get(i, 0) + c
+
+    def h2d_total(self) -> int:
+        if self.have_migrations:
+            return sum(self.h2d.values())
+        return self.counters.get("bytes_htd", 0)
+
+    def d2h_total(self) -> int:
+        if self.have_migrations:
+            return sum(self.d2h.values())
+        return self.counters.get("bytes_dth", 0)
+
+    def tick(self) -> None:
+        """Recompute rates over the time since the last tick."""
+        now = time.monotonic()
+        cur = {"faults": self.faults, "batches": self.batches, "cpu_faults": self.cpu_faults,
+               "thrashing": self.thrashing, "dropped": self.dropped, "h2d": self.h2d_total(),
+               "d2h": self.d2h_total(), "launches": self.launches}
+        for name, _ in CAUSE_COLUMNS + (("other", None),):
+            cur[f"h2d_{name}"] = self.h2d[name]
+            cur[f"d2h_{name}"] = self.d2h[name]
+        if self._prev:
+            dt = max(now - self._prev_t, 1e-6)
+            self.rates = {k: (v - self._prev.get(k, 0)) / dt for k, v in cur.items()}
+        else:
+            dt = max(now - self.t0, 1e-6)
+            self.rates = {k: v / dt for k, v in cur.items()}
+        self._prev, self._prev_t = cur, now
+
+    def top_blocks(self, n: int = 3) -> list[tuple[int, int]]:
+        items = self.block_faults.items()
+        return sorted(items, key=lambda kv: -kv[1])[:n]
+
+    def top_kernels(self, n: int = 3) -> list[tuple[str, int]]:
+        out = []
+        for i, c in sorted(self.kernel_faults.items(), key=lambda kv: -kv[1])[:n]:
+            name = self.names[i] if 0 <= i < len(self.names) else ("<before first launch>" if i == -2 else f"#{i}")
+            out.append((name, c))
+        return out
+
+
+def summary_line(s: LiveStats, elapsed: float, lag_p99_ms: float | None = None) -> str:
+    """One status line (attach's live view, and the plain output when not a TTY)."""
+    r = s.rates
+    parts = [f"{elapsed:6.1f}s pid {s.pid}", f"faults {_si(s.faults)} ({_si(r.get('faults', 0))}/s)",
+             f"batches {_si(s.batches)} ({_si(r.get('batches', 0))}/s)",
+             f"H2D {r.get('h2d', 0) / GB:.2f} GB/s", f"D2H {r.get('d2h', 0) / GB:.2f} GB/s",
+             f"cpu-faults {_si(s.cpu_faults)}", f"thrash {s.thrashing}", f"dropped {s.dropped}"]
+    if s.launches:
+        parts.append(f"launches {_si(s.launches)}")
+    if lag_p99_ms is not None:
+        parts.append(f"lag p99 {lag_p99_ms:.1f} ms")
+    return "  ".join(parts)
+
+
+SORT_KEYS = {"f": "faults", "b": "batches", "h": "h2d", "d": "d2h", "t": "thrashing", "c": "cpu_faults",
+             "p": "pid"}
+
+
+def _sort_value(s: LiveStats, key: str) -> float:
+    if key == "pid":
+        return -s.pid
+    return s.rates.get(key, 0.0)
+
+
+def _fmt_block(b: int) -> str:
+    return f"0x{b << BLOCK_SHIFT:x}"
+
+
+def render_top(stats: list[LiveStats], sort: str = "faults", *, note: str = "", plain: bool = False):
+    """The top view: a table of processes, then per process its top kernels and blocks.
+    ``plain`` gives a str (for --once and non-terminals), else a rich renderable."""
+    from rich.console import Group
+    from rich.table import Table
+    from rich.text import Text
+
+    rows = sorted(stats, key=lambda s: -_sort_value(s, sort))
+    t = Table(title=None, box=None if plain else None, header_style="bold", pad_edge=False)
+    cols = ["PID", "COMMAND", "faults/s", "batches/s", "H2D GB/s", "(dem/pf/evict/user)", "D2H GB/s",
+            "(dem/pf/evict/user)", "cpu-flt/s", "thrash", "dropped", "status"]
+    for c in cols:
+        t.add_column(c, justify="left" if c in ("COMMAND", "status") else "right", no_wrap=True)
+    for s in rows:
+        r = s.rates
+
+        def split(prefix: str) -> str:
+            if not s.have_migrations:
+                return "-"
+            return "/".join(f"{r.get(f'{prefix}_{n}', 0) / GB:.2f}" for n, _ in CAUSE_COLUMNS)
+
+        t.add_row(str(s.pid), (s.comm or "?")[:20], _si(r.get("faults", 0)), _si(r.get("batches", 0)),
+                  f"{r.get('h2d', 0) / GB:.2f}", split("h2d"), f"{r.get('d2h', 0) / GB:.2f}", split("d2h"),
+                  _si(r.get("cpu_faults", 0)), str(s.thrashing), str(s.dropped), s.status)
+    details = []
+    for s in rows:
+        if s.status and not s.faults:
+            continue
+        ks = s.top_kernels()
+        bs = s.top_blocks()
+        line = f"pid {s.pid}: top kernels by faults: " + (
+            ", ".join(f"{n[:40]} {_si(c)}" for n, c in ks) if ks else "(no launch events)")
+        line += "   top 2 MiB blocks: " + (", ".join(f"{_fmt_block(b)} {_si(c)}" for b, c in bs) if bs else "-")
+        details.append(line)
+    header = f"umctl top — {len(rows)} process(es) using UVM — sort: {sort}"
+    keys = "keys: f faults  b batches  h H2D  d D2H  t thrashing  c cpu faults  p pid  m migrations on/off  q quit"
+    if plain:
+        from rich.console import Console
+        import io
+        buf = io.StringIO()
+        Console(file=buf, width=200, no_color=True, highlight=False).print(t)
+        out = [header, buf.getvalue().rstrip()] + details
+        if note:
+            out.append(note)
+        return "\n".join(out)
+    parts = [Text(header, style="bold"), t] + [Text(d) for d in details]
+    if note:
+        parts.append(Text(note, style="yellow"))
+    parts.append(Text(keys, style="dim"))
+    return Group(*parts)
+
+
+class KeyReader:
+    """Non-blocking single-key reader: puts the terminal in cbreak mode (keys arrive without
+    Enter, output processing untouched so rich still renders) and restores it on exit. Works
+    over ssh in any terminal; a no-op when stdin is not a TTY."""
+
+    def __init__(self, stream=None):
+        self.stream = stream or sys.stdin
+        self._saved = None
+        try:
+            self.fd = self.stream.fileno()
+            self.active = os.isatty(self.fd)
+        except (AttributeError, OSError, ValueError):
+            self.fd, self.active = -1, False
+
+    def __enter__(self) -> "KeyReader":
+        if self.active:
+            import termios
+            import tty
+            self._saved = termios.tcgetattr(self.fd)
+            tty.setcbreak(self.fd)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._saved is not None:
+            import termios
+            termios.tcsetattr(self.fd, termios.TCSADRAIN, self._saved)
+            self._saved = None
+
+    def read(self, timeout: float = 0.0) -> str | None:
+        """One key if one is waiting within ``timeout`` seconds, else None."""
+        if not self.active:
+            if timeout:
+                time.sleep(timeout)
+            return None
+        r, _, _ = select.select([self.fd], [], [], timeout)
+        if not r:
+            return None
+        data = os.read(self.fd, 32)
+        return data[:1].decode("ascii", "ignore") or None
