@@ -30,9 +30,16 @@ err = Console(stderr=True)
 
 
 def _mount_subcommands() -> None:
+    from .live_cmd import attach_command, record_command, run_command, top_command
     from .scenarios_cmd import scenarios_command
+    from .sweep_cmd import sweep_command
     from .trace_cmd import app as trace_app
 
+    app.command("attach")(attach_command)
+    app.command("top")(top_command)
+    app.command("record")(record_command)
+    app.command("run", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})(run_command)
+    app.command("sweep")(sweep_command)
     app.command("scenarios", help="List the built-in scenarios and their parameters.\n\n"
                 "Example: [bold]umctl scenarios --family dnn[/bold]")(scenarios_command)
     app.add_typer(trace_app, name="trace", help="Inspect and export trace files.")
@@ -57,12 +64,16 @@ def _overrides(oversub, gpu_mem, iters, seed, params) -> dict[str, str]:
 
 
 def _run_replay(target: str, modes: str, overrides: dict[str, str], seed: int, png: Optional[str],
-                as_json: bool, record: Optional[str]) -> None:
+                as_json: bool, record: Optional[str], mode_opts: Optional[List[str]] = None,
+                drain_us: Optional[float] = None) -> None:
     from ..report.table import replay_table
     from ..sim.calibration import DEFAULT as DEFAULT_CALIBRATION
-    from ..sim.replay import parse_modes, resolve_target, result_rows, run_modes
+    from ..sim.replay import parse_mode_options, parse_modes, resolve_target, result_rows, run_modes
 
     mode_list = parse_modes(modes)
+    options = parse_mode_options(mode_opts, mode_list)
+    if drain_us is not None and drain_us <= 0:
+        raise UmctlError("--drain-us must be positive")
     workload = resolve_target(target, overrides)
     recorder_for = None
     if record:
@@ -84,12 +95,14 @@ def _run_replay(target: str, modes: str, overrides: dict[str, str], seed: int, p
         def progress(mode: str, done: int, total: int) -> None:
             prog.update(tasks[mode], completed=done)
 
-        results = run_modes(workload, mode_list, seed=seed, progress=progress, recorder_for=recorder_for)
+        results = run_modes(workload, mode_list, seed=seed, progress=progress, recorder_for=recorder_for,
+                            mode_options=options, drain_ns=None if drain_us is None else int(drain_us * 1000))
     rows = result_rows(results)
     if as_json:
         keys = ("mode", "time_s", "speedup", "faults", "fault_batches", "bytes_h2d", "bytes_d2h",
                 "evictions", "prefetch_accuracy", "prefetch_coverage")
-        extra = ("time_ns", "workload", "demand_bytes", "driver_prefetch_bytes", "user_prefetch_bytes",
+        extra = ("time_ns", "steady_time_ns", "steady_speedup", "steady_faults_per_iter", "iteration_faults",
+                 "workload", "demand_bytes", "driver_prefetch_bytes", "user_prefetch_bytes",
                  "bytes_p2p", "preevictions", "invalidated_bytes", "prefetch_pages", "stall_ns",
                  "compute_ns", "kernels", "accesses", "commands", "wall_s", "controller")
         print(json.dumps([{k: r.get(k) for k in keys + extra} for r in rows], indent=2))
@@ -137,6 +150,11 @@ def replay(
     as_json: bool = typer.Option(False, "--json", help="Print a JSON list (one object per mode) instead of the table."),
     record: Optional[str] = typer.Option(None, help="Write each mode's simulated events to a trace "
                                          "(out.parquet, or out.MODE.parquet for several modes)."),
+    mode_opt: Optional[List[str]] = typer.Option(None, "--mode-opt", "-O",
+                                                 help="Controller option MODE.KEY=VALUE or KEY=VALUE "
+                                                      "(e.g. deepum.degree=8, deepum.num_rows=512); repeatable."),
+    drain_us: Optional[float] = typer.Option(None, "--drain-us", help="How often (simulated µs) events reach the "
+                                             "controller, as a live source drains its ring (default 500)."),
 ) -> None:
     """Replay a scenario or a recorded trace under controller modes, side by side.
 
@@ -146,10 +164,14 @@ def replay(
 
       [bold]umctl replay dlrm -m all --json[/bold]
 
+      [bold]umctl replay gpt2-xl -m deepum-prefetch,deepum-preevict,deepum,oracle[/bold]  (DeepUM ablation)
+
+      [bold]umctl replay bert-large -m deepum -O deepum.degree=8 -O deepum.num_rows=512[/bold]
+
       [bold]umctl replay trace.parquet --mode none,oracle --oversub 1.5 --png report.png[/bold]
     """
     ov = _overrides(oversub, gpu_mem, iters, seed if seed else None, param)
-    _run_replay(target, mode, ov, seed, png, as_json, record)
+    _run_replay(target, mode, ov, seed, png, as_json, record, mode_opt, drain_us)
 
 
 @app.command()

@@ -25,6 +25,9 @@ class ControllerContext:
 
     n_gpus: int
     gpu_mem: list[int]
+    #: ``free_memory(gpu) -> bytes`` the driver could hand out now without evicting (replay:
+    #: the simulator's count; live: the GPU's free memory or what is left of a budget).
+    free_memory: Callable[[int], int] | None = None
     #: Replay only: the whole workload (the future), for oracle-style upper bounds.
     workload: object | None = None
     #: Replay only: ``residency(gpu) -> (holds_chunk, complete, free_chunks)``: per block of
@@ -92,4 +95,4 @@ def make_controller(mode: str, **options) -> Controller:
 
 def _load_builtin() -> None:
     # Importing the modules registers them; done lazily so importing the interface is cheap.
-    from . import none, oracle  # noqa: F401
+    from . import deepum, none, oracle  # noqa: F401

@@ -24,7 +24,7 @@ import numpy as np
 
 from ..events.schema import AllocOp, EventBatch, Kind, Op, commands
 from ..sources.workload import OpType
-from ..units import BLOCK_SIZE, PAGE_SIZE, PAGE_TO_BLOCK_SHIFT, PAGES_PER_BLOCK
+from ..units import BLOCK_SIZE, CPU, PAGE_SIZE, PAGE_TO_BLOCK_SHIFT, PAGES_PER_BLOCK
 from .base import Controller, ControllerContext, register
 
 _NEVER = np.iinfo(np.int64).max
@@ -33,14 +33,18 @@ _NEVER = np.iinfo(np.int64).max
 @register
 class OracleController(Controller):
     name = "oracle"
-    subscribes = frozenset({Kind.LAUNCH, Kind.ALLOC, Kind.FAULT})
+    subscribes = frozenset({Kind.LAUNCH, Kind.ALLOC, Kind.FAULT, Kind.EVICTION})
     replay_only = True
 
-    def __init__(self, lookahead: int = 64, replan_uses: int = 8, **options):
+    def __init__(self, lookahead: int = 64, replan_uses: int = 8, reserve_frac: float = 0.125,
+                 prefetch_blocks: int = 32, **options):
         super().__init__(**options)
+        self.prefetch_blocks = int(prefetch_blocks)
+        self.reserve_frac = float(reserve_frac)  # of GPU memory kept free for prefetches
         self.lookahead = int(lookahead)      # kernels ahead considered at most
         self.replan_uses = int(replan_uses)  # re-plan inside a kernel every this many uses
         self.n_prefetch = 0
+        self.n_preevict = 0
         self.n_invalidate = 0
         self.n_plans = 0
 
@@ -133,6 +137,9 @@ class OracleController(Controller):
                 out.append(commands(Op.INVALIDATE, dead["addr"], dead["bytes"]))
                 self.n_invalidate += len(dead)
                 dropped = self._blocks_of(dead["addr"], dead["bytes"])
+        if Kind.EVICTION in batch:
+            # the driver made room (by our Belady order): those blocks' uses need a prefetch again
+            self._forget(self._blocks_of(batch[Kind.EVICTION]["addr"], np.full(len(batch[Kind.EVICTION]), 1)))
         g = None
         if Kind.LAUNCH in batch:
             for ev in batch[Kind.LAUNCH]:
@@ -192,36 +199,38 @@ class OracleController(Controller):
         sel = (self.kernel_gpu[self.use_k[idx]] == g) & self.movable[bb]
         idx, bb = idx[sel], bb[sel]
         ub, first = np.unique(bb, return_index=True)
-        order = np.argsort(first)[: self.cap_blocks[g]]
+        # plan as far ahead as memory allows, less a reserve kept free so that prefetches
+        # never wait for the write-back of the chunk they take
+        reserve = max(2, int(self.cap_blocks[g] * self.reserve_frac))
+        order = np.argsort(first)[: max(1, self.cap_blocks[g] - reserve)]
         ub, uu = ub[order], idx[first[order]]
         missing = ~complete[ub] & ~self.issued[uu]
-        mb, mu = ub[missing], uu[missing]
-        if len(mb) == 0:
-            return None
-        # blocks already holding a chunk need no room; each other one needs a free chunk or
-        # a resident block used later than it (the driver then evicts by our key)
-        needs_chunk = ~holds[mb]
-        nfree = max(0, int(free))
-        take = len(mb)
-        if int(needs_chunk.sum()) > nfree:
+        # write-backs (the slow direction) are started for the whole window, prefetches only
+        # for its first blocks: a long host->GPU queue would make near uses wait behind far ones
+        near = np.arange(len(ub)) < self.prefetch_blocks
+        mb, mu = ub[missing & near], uu[missing & near]
+        needs_chunk = ~holds[ub[missing]]
+        # make room ahead of need: pre-evict the resident blocks used farthest in the future
+        # (Belady), all of them used after every block of the window
+        n_evict = int(needs_chunk.sum()) + reserve - max(0, int(free))
+        out = []
+        if n_evict > 0:
             cand = np.flatnonzero(holds & self.movable)
             cand = cand[~np.isin(cand, ub)]
-            later = np.sort(-self.key[g, cand])[::-1]
-            want = self.use_pos[mu[needs_chunk][nfree:]]
-            n = min(len(want), len(later))
-            ok = later[:n] > want[:n]
-            n_ok = n if ok.all() else int(np.argmin(ok))
-            served = np.cumsum(needs_chunk) <= nfree + n_ok
-            take = len(mb) if served.all() else int(np.argmin(served))
-        if take == 0:
-            return None
-        self.issued[mu[:take]] = True
-        # whole block, or page runs: judged on all of the block's uses in the window
-        nb = len(holds)
-        runs = np.bincount(bb, weights=self.use_runs[idx], minlength=nb)[mb[:take]]
-        npages = np.minimum(PAGES_PER_BLOCK, np.bincount(bb, weights=self.use_npages[idx], minlength=nb)[mb[:take]])
-        sparse = runs * self.cmd_ns + npages * self.page_ns < self.cmd_ns + PAGES_PER_BLOCK * self.page_ns
-        return self._prefetch_cmds(mb[:take], mu[:take], sparse, g)
+            victims = cand[np.argsort(self.key[g, cand], kind="stable")][:n_evict]
+            if len(victims):
+                out.append(commands(Op.PREEVICT, self.block_addr[victims], BLOCK_SIZE, dst=CPU))
+                self.n_preevict += len(victims)
+                self._forget(victims)
+        if len(mb):
+            self.issued[mu] = True
+            # whole block, or page runs: judged on all of the block's uses in the window
+            nb = len(holds)
+            runs = np.bincount(bb, weights=self.use_runs[idx], minlength=nb)[mb]
+            npages = np.minimum(PAGES_PER_BLOCK, np.bincount(bb, weights=self.use_npages[idx], minlength=nb)[mb])
+            sparse = runs * self.cmd_ns + npages * self.page_ns < self.cmd_ns + PAGES_PER_BLOCK * self.page_ns
+            out.append(self._prefetch_cmds(mb, mu, sparse, g))
+        return np.concatenate(out) if out else None
 
     def _forget(self, blocks: np.ndarray) -> None:
         """Blocks leave the GPU: their future uses must be prefetched again."""
@@ -250,4 +259,5 @@ class OracleController(Controller):
         return res
 
     def stats(self) -> dict:
-        return {"prefetch_cmds": self.n_prefetch, "invalidate_cmds": self.n_invalidate, "plans": self.n_plans}
+        return {"prefetch_cmds": self.n_prefetch, "preevict_cmds": self.n_preevict,
+                "invalidate_cmds": self.n_invalidate, "plans": self.n_plans}

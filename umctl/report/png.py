@@ -60,3 +60,26 @@ def replay_png(results: list[SimResult], rows: list[dict], path: str, title: str
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def sweep_png(sweeps: dict[str, list[dict]], path: str, title: str) -> None:
+    """One bar panel per sweep: speedup of each point over the paper's reference point."""
+    fig, axes = plt.subplots(1, len(sweeps), figsize=(6.5 * len(sweeps), 4.2), squeeze=False)
+    refs = {"table": "speedup over Config0 (DeepUM table 6 / figure 12)",
+            "degree": "speedup over N = 8 (DeepUM figure 11)"}
+    for a, (what, rows) in zip(axes[0], sweeps.items()):
+        labels = [r["point"] for r in rows]
+        vals = [r["speedup"] for r in rows]
+        best = int(np.argmax(vals))
+        colors = ["#dd8452" if i == best else "#4c72b0" for i in range(len(vals))]
+        a.bar(labels, vals, color=colors)
+        a.axhline(1.0, color="grey", lw=0.8)
+        lo = min(vals)
+        a.set_ylim(max(0.0, lo - (max(vals) - lo) * 0.5 - 0.02), max(vals) * 1.02 + 0.01)
+        a.set_ylabel(refs.get(what, "speedup"))
+        a.tick_params(axis="x", rotation=45)
+        a.set_title(what)
+    fig.suptitle(title, fontsize=11)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

@@ -42,6 +42,8 @@ typedef struct {
     /* bandwidths in bytes per ns (the clock is in ns) */
     double batch_ns, fault_ns, fault_h2d_Bpns, nvlink_Bpns, d2h_Bpns, evict_chunk_ns;
     double density_threshold, window_jitter, transfer_latency_ns;
+    double prefetch_Bpns, hbm_Bpns;
+    int64_t n_entries, max_entries;  /* transfer entries used / allocated (entry 0: none) */
     int64_t window_pages, batch_max;
     uint64_t rng;
     int64_t *stats;
@@ -51,24 +53,26 @@ typedef struct {
 enum {
     ST_FAULTS, ST_BATCHES, ST_BYTES_H2D, ST_BYTES_D2H, ST_BYTES_P2P, ST_DEMAND, ST_DRIVER_PF,
     ST_EVICTIONS, ST_EVICTED_BYTES, ST_PREEVICTIONS, ST_PREEVICTED_BYTES, ST_PF_USED,
-    ST_PF_WASTED, ST_EPOCH, ST_BATCH_ID, ST_N
+    ST_PF_WASTED, ST_EPOCH, ST_BATCH_ID, ST_USER_PF_BYTES, ST_PF_PAGES, ST_N
 };
 
+/* Events of the batches serviced since the caller last emptied it (one "drain"). */
+#define OUT_F 65536
+#define OUT_B 4096
+#define OUT_E 4096
+#define OUT_M 8192
 typedef struct {
-    int64_t nf;
-    int64_t pages[MAXB];
-    uint8_t writes[MAXB];
-    double t, end;
-    int64_t nev;
-    int64_t ev_block[MAXB];
-    int64_t ev_written[MAXB];
-    double ev_t[MAXB];
-    uint8_t ev_critical[MAXB];
-    int64_t nmig;
-    int64_t mig_block[MAXB];
-    int64_t mig_bytes[MAXB];       /* host->GPU bytes the faults asked for */
-    int64_t mig_pf_bytes[MAXB];    /* host->GPU bytes the density prefetcher added */
-} BatchOut;
+    int64_t collect;               /* 0: count only; 1: record events */
+    int64_t nf, nb, ne, nm;
+    int64_t f_page[OUT_F];
+    uint8_t f_write[OUT_F];
+    int64_t f_batch[OUT_F];        /* index into the b_ arrays */
+    int64_t b_id[OUT_B], b_nf[OUT_B];
+    double b_t[OUT_B], b_end[OUT_B];
+    int64_t e_block[OUT_E], e_written[OUT_E];
+    double e_t[OUT_E];
+    int64_t m_batch[OUT_M], m_block[OUT_M], m_bytes[OUT_M], m_pf_bytes[OUT_M];
+} EventOut;
 
 static inline double rng_unit(SimState *s) {
     /* splitmix64: tiny, and the same sequence on every platform */
@@ -218,6 +222,114 @@ static void preempt(SimState *s, int g, double t, double d) {
     if (s->h2d_tail[g] > t) s->h2d_tail[g] += d;
 }
 
+/* ------------------------------------------------------------------ commands */
+
+static int64_t new_entry(SimState *s, double done) {
+    if (s->n_entries >= s->max_entries) return 0;  /* caller keeps room; 0 = untracked */
+    int64_t e = s->n_entries++;
+    s->entry_done[e] = done;
+    return e;
+}
+
+static void drop_remote(SimState *s, int64_t p, uint8_t others);
+
+/*
+ * UVM_MIGRATE of pages [lo, hi) (one block) to GPU g at time t: queued behind earlier
+ * prefetches on g's host->GPU copy engine; never-populated pages are zeroed on the GPU
+ * without using the link. `first`: this block starts a command (pays the start-up).
+ * Returns the completion time; -2 if nothing to move; -1 if g has no evictable chunk.
+ * out[0..4] = start, pages moved from the host, from other GPUs, pages prefetched,
+ * victim block evicted to make room (-1: none), and out[5] its written pages.
+ */
+double sim_prefetch(SimState *s, int g, int64_t lo, int64_t hi, double t, int first, double *out) {
+    uint8_t bit = (uint8_t)(1u << g);
+    int64_t b = lo >> PB_SHIFT, ix = GB(s, g, b), npages = 0, n_cpu = 0, n_gpu = 0;
+    for (int64_t p = lo; p < hi; p++) {
+        if (!s->managed[p] || (s->gmask[p] & bit)) continue;
+        npages++;
+        if (s->cpu_valid[p]) n_cpu++;
+        else if (s->gmask[p]) n_gpu++;
+    }
+    out[4] = -1;
+    out[5] = 0;
+    if (!npages) return -2.0;
+    double ready = t;
+    if (!s->has_chunk[ix]) {
+        int64_t victim, written;
+        ready = sim_take_chunk_async(s, g, b, t, &victim, &written);
+        out[4] = (double)victim;
+        out[5] = (double)written;
+        if (ready < 0) return -1.0;
+    }
+    double latency = first ? s->transfer_latency_ns : 0.0, start, done;
+    int64_t e;
+    if (n_cpu || n_gpu) {
+        start = ready > s->h2d_tail[g] ? ready : s->h2d_tail[g];
+        done = start + latency + (double)n_cpu * PAGE / s->prefetch_Bpns + (double)n_gpu * PAGE / s->nvlink_Bpns;
+        s->h2d_tail[g] = done;
+        e = new_entry(s, done);
+        if (e && s->nactive[g] < s->max_active) s->active[(int64_t)g * s->max_active + s->nactive[g]++] = e;
+    } else {  /* never-populated pages are zeroed in GPU memory: nothing crosses the link */
+        start = ready;
+        done = start + latency + (double)npages * PAGE / s->hbm_Bpns;
+        e = new_entry(s, done);
+    }
+    int rm = s->any_read_mostly && s->read_mostly[b];
+    for (int64_t p = lo; p < hi; p++) {
+        uint8_t m = s->gmask[p];
+        if (!s->managed[p] || (m & bit)) continue;
+        if (!rm) {
+            if (!s->cpu_valid[p] && m) drop_remote(s, p, m);
+            s->cpu_valid[p] = 0;
+        }
+        s->gmask[p] |= bit;
+        s->pf_entry[p] = (int32_t)e;
+        s->pf_tag[p] = 1;
+    }
+    s->rescount[ix] += (int32_t)npages;
+    s->lru[ix] = done;
+    s->stats[ST_PF_PAGES] += npages;
+    s->stats[ST_USER_PF_BYTES] += n_cpu * 4096;
+    s->stats[ST_BYTES_H2D] += n_cpu * 4096;
+    s->stats[ST_BYTES_P2P] += n_gpu * 4096;
+    out[0] = start;
+    out[1] = (double)n_cpu;
+    out[2] = (double)n_gpu;
+    out[3] = (double)npages;
+    return done;
+}
+
+/* UVM_DISCARD of pages [lo, hi) (one block): dropped everywhere without write-back; the
+ * next touch zero-fills without a transfer. Returns the populated pages dropped. */
+int64_t sim_invalidate(SimState *s, int64_t lo, int64_t hi) {
+    int64_t b = lo >> PB_SHIFT, populated = 0;
+    int32_t on[8] = {0};
+    for (int64_t p = lo; p < hi; p++) {
+        if (!s->managed[p]) continue;
+        uint8_t m = s->gmask[p];
+        if (m || s->cpu_valid[p]) populated++;
+        for (int g = 0; g < s->ngpu; g++) if (m & (1u << g)) on[g]++;
+        if (s->pf_tag[p]) {
+            s->pf_tag[p] = 0;
+            s->stats[ST_PF_WASTED]++;
+        }
+        s->gmask[p] = 0;
+        s->cpu_valid[p] = 0;
+        s->pf_entry[p] = 0;
+    }
+    for (int g = 0; g < s->ngpu; g++) {
+        int64_t ix = GB(s, g, b);
+        if (!on[g] || s->pinned[ix]) continue;
+        s->rescount[ix] -= on[g];
+        if (s->rescount[ix] <= 0) {
+            s->rescount[ix] = 0;
+            if (s->has_chunk[ix]) sim_release_chunk(s, g, b, -1.0);
+        }
+    }
+    s->stats[ST_EPOCH]++;
+    return populated;
+}
+
 /* ------------------------------------------------------------------ fault batches */
 
 static int cmp_i64(const void *a, const void *b) {
@@ -285,7 +397,7 @@ static void drop_remote(SimState *s, int64_t p, uint8_t others) {
 }
 
 /* Service one fault batch (distinct pages fp[0..nf)) on GPU g at time t; returns duration. */
-static double service(SimState *s, int g, const int64_t *fp, const uint8_t *fw, int64_t nf, double t, BatchOut *out) {
+static double service(SimState *s, int g, const int64_t *fp, const uint8_t *fw, int64_t nf, double t, EventOut *out) {
     uint8_t bit = (uint8_t)(1u << g);
     static int64_t need[MAXB], blocks[MAXB], move[MAXB * PPB], offs[MAXB];
     double wait_until = t;
@@ -306,8 +418,6 @@ static double service(SimState *s, int g, const int64_t *fp, const uint8_t *fw, 
         }
     }
     double stall = s->batch_ns + s->fault_ns * (double)nf;
-    out->nev = 0;
-    out->nmig = 0;
     if (nn) {
         qsort(need, (size_t)nn, sizeof(int64_t), cmp_i64);
         for (int64_t i = 0; i < nn; i++) s->seen[need[i]] = 1;
@@ -342,12 +452,11 @@ static double service(SimState *s, int g, const int64_t *fp, const uint8_t *fw, 
                     s->stats[ST_EVICTIONS]++;
                     s->stats[ST_EVICTED_BYTES] += w * 4096;
                     s->stats[ST_BYTES_D2H] += w * 4096;
-                    if (out->nev < MAXB) {
-                        out->ev_block[out->nev] = v;
-                        out->ev_written[out->nev] = w;
-                        out->ev_t[out->nev] = t + stall;
-                        out->ev_critical[out->nev] = 1;
-                        out->nev++;
+                    if (out->collect && out->ne < OUT_E) {
+                        out->e_block[out->ne] = v;
+                        out->e_written[out->ne] = w;
+                        out->e_t[out->ne] = t + stall;
+                        out->ne++;
                     }
                 } else {
                     for (int64_t q = 0; q < nmove; q++) s->seen[move[q]] = 0;
@@ -357,11 +466,15 @@ static double service(SimState *s, int g, const int64_t *fp, const uint8_t *fw, 
             s->has_chunk[ix] = 1;
         }
         /* the moves (per-block host->GPU bytes by cause, for migration events) */
-        out->nmig = nb;
-        for (int64_t i = 0; i < nb; i++) {
-            out->mig_block[i] = blocks[i];
-            out->mig_bytes[i] = 0;
-            out->mig_pf_bytes[i] = 0;
+        int64_t m0 = out->nm, rec = out->collect && out->nm + nb <= OUT_M;
+        if (rec) {
+            for (int64_t i = 0; i < nb; i++) {
+                out->m_batch[m0 + i] = out->nb;
+                out->m_block[m0 + i] = blocks[i];
+                out->m_bytes[m0 + i] = 0;
+                out->m_pf_bytes[m0 + i] = 0;
+            }
+            out->nm += nb;
         }
         int64_t n_cpu = 0, n_gpu = 0, n_dem = 0;
         for (int64_t q = 0; q < nmove; q++) {
@@ -378,9 +491,9 @@ static double service(SimState *s, int g, const int64_t *fp, const uint8_t *fw, 
                 n_cpu++;
                 if (s->seen[p] == 1) {
                     n_dem++;
-                    out->mig_bytes[lo] += 4096;
-                } else {
-                    out->mig_pf_bytes[lo] += 4096;
+                    if (rec) out->m_bytes[m0 + lo] += 4096;
+                } else if (rec) {
+                    out->m_pf_bytes[m0 + lo] += 4096;
                 }
             } else if (others) {
                 n_gpu++;
@@ -426,20 +539,22 @@ static double service(SimState *s, int g, const int64_t *fp, const uint8_t *fw, 
 /*
  * Run kernel accesses pages[pos..n) on GPU g. t(pos) = start + compute*pos/n + *stall.
  * `next` (or NULL) gives, per access, the position of the next access to its block on g.
- * With stop != 0 it returns right after servicing one batch (out describes it) so the
- * caller can deliver events to a controller; otherwise it runs to the end. Returns the
- * position reached; -1 if a batch cannot fit in GPU memory at all.
+ * With out->collect the events of each batch are appended to `out`, and it returns after
+ * the first batch that ends at or after `deadline` (or when a buffer is nearly full) so the
+ * caller can deliver them; otherwise it runs to the end. Returns the position reached;
+ * -1 if the GPU has no chunk for managed data at all.
  */
 int64_t sim_kernel(SimState *s, int g, const int64_t *pages, const uint8_t *writes, const int64_t *next,
-                   int64_t n, int64_t pos, double start, double compute, double *stall, int stop, BatchOut *out) {
+                   int64_t n, int64_t pos, double start, double compute, double *stall, double deadline,
+                   EventOut *out) {
     uint8_t bit = (uint8_t)(1u << g);
     /* replay-only Belady order: as access i passes, its block's key becomes minus the
      * position of the block's next access on this GPU (farthest next use evicted first) */
     double *key = next ? s->evict_key + GB(s, g, 0) : NULL;
     double rate = n > 0 ? compute / (double)n : 0.0;
     int64_t bmax = s->batch_max < MAXB ? s->batch_max : MAXB;
-    static int64_t bk[MAXB];
-    out->nf = 0;
+    static int64_t bk[MAXB], fp[MAXB];
+    static uint8_t fw[MAXB];
     if (s->maxblocks[g] < 1) return -1;
     while (pos < n) {
         double t = start + rate * (double)pos + *stall;
@@ -477,17 +592,14 @@ int64_t sim_kernel(SimState *s, int g, const int64_t *pages, const uint8_t *writ
                 lastb = b;
             }
             s->seen[p] = 1;
-            out->pages[nf] = p;
-            out->writes[nf] = writes[q];
+            fp[nf] = p;
+            fw[nf] = writes[q];
             nf++;
         }
         wend = q;
-        for (int64_t i = 0; i < nf; i++) s->seen[out->pages[i]] = 0;
-        out->nf = nf;
-        out->t = t;
-        double d = service(s, g, out->pages, out->writes, nf, t, out);
+        for (int64_t i = 0; i < nf; i++) s->seen[fp[i]] = 0;
+        double d = service(s, g, fp, fw, nf, t, out);
         if (d < 0) return -1;
-        out->end = t + d;
         *stall += d;
         for (int64_t i = pos; i < wend; i++) {   /* other accesses of the window go through */
             int64_t p = pages[i];
@@ -498,13 +610,29 @@ int64_t sim_kernel(SimState *s, int g, const int64_t *pages, const uint8_t *writ
             }
         }
         pos = wend;
-        if (stop) return pos;
+        if (out->collect) {
+            int64_t b = out->nb++;
+            out->b_id[b] = s->stats[ST_BATCH_ID];
+            out->b_nf[b] = nf;
+            out->b_t[b] = t;
+            out->b_end[b] = t + d;
+            for (int64_t i = 0; i < nf; i++) {
+                out->f_page[out->nf + i] = fp[i];
+                out->f_write[out->nf + i] = fw[i];
+                out->f_batch[out->nf + i] = b;
+            }
+            out->nf += nf;
+            /* hand the drain back at the deadline, or before a buffer could overflow */
+            if (t + d >= deadline || out->nb >= OUT_B - 1 || out->nf > OUT_F - MAXB ||
+                out->ne > OUT_E - MAXB || out->nm > OUT_M - MAXB)
+                return pos;
+        }
     }
     return pos;
 }
 
 int64_t sim_abi_version(void) { return 1; }
-int64_t sim_batchout_size(void) { return (int64_t)sizeof(BatchOut); }
+int64_t sim_eventout_size(void) { return (int64_t)sizeof(EventOut); }
 int64_t sim_state_size(void) { return (int64_t)sizeof(SimState); }
 
 /* A minimal Python module so the build system can build, install and locate this file like

@@ -15,9 +15,9 @@ from .. import UmctlError
 
 ST_NAMES = ("faults", "fault_batches", "bytes_h2d", "bytes_d2h", "bytes_p2p", "demand_bytes",
             "driver_prefetch_bytes", "evictions", "evicted_bytes", "preevictions", "preevicted_bytes",
-            "prefetch_used", "prefetch_wasted", "epoch", "batch_id")
+            "prefetch_used", "prefetch_wasted", "epoch", "batch_id", "user_prefetch_bytes", "prefetch_pages")
 ST = {n: i for i, n in enumerate(ST_NAMES)}
-MAXB = 1024
+MAXB = 1024  # most faults in one batch the core supports
 
 P = C.c_void_p
 i64 = C.c_int64
@@ -34,26 +34,36 @@ class SimState(C.Structure):
         ("h2d_tail", P), ("d2h_tail", P),
         ("batch_ns", f64), ("fault_ns", f64), ("fault_h2d_Bpns", f64), ("nvlink_Bpns", f64),
         ("d2h_Bpns", f64), ("evict_chunk_ns", f64), ("density_threshold", f64), ("window_jitter", f64),
-        ("transfer_latency_ns", f64), ("window_pages", i64), ("batch_max", i64),
+        ("transfer_latency_ns", f64), ("prefetch_Bpns", f64), ("hbm_Bpns", f64), ("n_entries", i64),
+        ("max_entries", i64), ("window_pages", i64), ("batch_max", i64),
         ("rng", C.c_uint64), ("stats", P), ("seen", P),
     ]
 
 
-class BatchOut(C.Structure):
+OUT_F, OUT_B, OUT_E, OUT_M = 65536, 4096, 4096, 8192
+
+
+class EventOut(C.Structure):
+    """Events of the fault batches serviced since the engine last emptied it."""
+
     _fields_ = [
-        ("nf", i64), ("pages", i64 * MAXB), ("writes", C.c_uint8 * MAXB), ("t", f64), ("end", f64),
-        ("nev", i64), ("ev_block", i64 * MAXB), ("ev_written", i64 * MAXB), ("ev_t", f64 * MAXB),
-        ("ev_critical", C.c_uint8 * MAXB),
-        ("nmig", i64), ("mig_block", i64 * MAXB), ("mig_bytes", i64 * MAXB), ("mig_pf_bytes", i64 * MAXB),
+        ("collect", i64), ("nf", i64), ("nb", i64), ("ne", i64), ("nm", i64),
+        ("f_page", i64 * OUT_F), ("f_write", C.c_uint8 * OUT_F), ("f_batch", i64 * OUT_F),
+        ("b_id", i64 * OUT_B), ("b_nf", i64 * OUT_B), ("b_t", f64 * OUT_B), ("b_end", f64 * OUT_B),
+        ("e_block", i64 * OUT_E), ("e_written", i64 * OUT_E), ("e_t", f64 * OUT_E),
+        ("m_batch", i64 * OUT_M), ("m_block", i64 * OUT_M), ("m_bytes", i64 * OUT_M), ("m_pf_bytes", i64 * OUT_M),
     ]
 
-    def arrays(self):
-        """numpy views of the last batch (no copies)."""
-        nf, nev, nmig = self.nf, self.nev, self.nmig
-        return (np.ctypeslib.as_array(self.pages)[:nf], np.ctypeslib.as_array(self.writes)[:nf],
-                np.ctypeslib.as_array(self.ev_block)[:nev], np.ctypeslib.as_array(self.ev_written)[:nev],
-                np.ctypeslib.as_array(self.ev_t)[:nev], np.ctypeslib.as_array(self.mig_block)[:nmig],
-                np.ctypeslib.as_array(self.mig_bytes)[:nmig], np.ctypeslib.as_array(self.mig_pf_bytes)[:nmig])
+    def view(self, name: str) -> np.ndarray:
+        """numpy view (no copy) of the filled part of one buffer."""
+        views = self.__dict__.get("_views")
+        if views is None:
+            views = self.__dict__["_views"] = {f: np.ctypeslib.as_array(getattr(self, f))
+                                                for f, _ in self._fields_ if f[1] == "_"}
+        return views[name][: getattr(self, "n" + name[0])]
+
+    def clear(self) -> None:
+        self.nf = self.nb = self.ne = self.nm = 0
 
 
 def _load() -> C.CDLL:
@@ -64,7 +74,7 @@ def _load() -> C.CDLL:
                          "on a machine with a C compiler (gcc)") from None
     lib = C.CDLL(_simcore.__file__)
     PS = C.POINTER(SimState)
-    lib.sim_kernel.argtypes = [PS, C.c_int, P, P, P, i64, i64, f64, f64, C.POINTER(f64), C.c_int, C.POINTER(BatchOut)]
+    lib.sim_kernel.argtypes = [PS, C.c_int, P, P, P, i64, i64, f64, f64, C.POINTER(f64), f64, C.POINTER(EventOut)]
     lib.sim_kernel.restype = i64
     lib.sim_reclaim.argtypes = [PS, C.c_int, f64]
     lib.sim_reclaim.restype = None
@@ -78,9 +88,13 @@ def _load() -> C.CDLL:
     lib.sim_drop_range.restype = i64
     lib.sim_take_chunk_async.argtypes = [PS, C.c_int, i64, f64, C.POINTER(i64), C.POINTER(i64)]
     lib.sim_take_chunk_async.restype = f64
+    lib.sim_prefetch.argtypes = [PS, C.c_int, i64, i64, f64, C.c_int, C.POINTER(f64)]
+    lib.sim_prefetch.restype = f64
+    lib.sim_invalidate.argtypes = [PS, i64, i64]
+    lib.sim_invalidate.restype = i64
     lib.sim_state_size.restype = i64
-    lib.sim_batchout_size.restype = i64
-    if lib.sim_state_size() != C.sizeof(SimState) or lib.sim_batchout_size() != C.sizeof(BatchOut):
+    lib.sim_eventout_size.restype = i64
+    if lib.sim_state_size() != C.sizeof(SimState) or lib.sim_eventout_size() != C.sizeof(EventOut):
         raise UmctlError("the simulator core does not match this umctl version; reinstall umctl")
     return lib
 

@@ -83,10 +83,25 @@ class SimResult:
     kernel_start_ns: np.ndarray | None = None
     kernel_end_ns: np.ndarray | None = None
     kernel_faults: np.ndarray | None = None
+    #: when each iteration of the workload (ops' ``iteration``) ended, and its faults
+    iteration_end_ns: np.ndarray | None = None
+    iteration_faults: np.ndarray | None = None
 
     @property
     def time_s(self) -> float:
         return self.time_ns / 1e9
+
+    @property
+    def steady_time_ns(self) -> int | None:
+        """Time of the iterations after the first (warm-up: tables empty, caches cold), as
+        the papers measure training throughput; None for single-iteration workloads."""
+        e = self.iteration_end_ns
+        return int(e[-1] - e[0]) if e is not None and len(e) > 1 else None
+
+    @property
+    def steady_faults_per_iter(self) -> float | None:
+        f = self.iteration_faults
+        return float(f[1:].mean()) if f is not None and len(f) > 1 else None
 
     @property
     def prefetch_accuracy(self) -> float | None:
@@ -104,6 +119,9 @@ class SimResult:
         d["time_s"] = self.time_s
         d["prefetch_accuracy"] = self.prefetch_accuracy
         d["prefetch_coverage"] = self.prefetch_coverage
+        d["steady_time_ns"] = self.steady_time_ns
+        d["steady_faults_per_iter"] = self.steady_faults_per_iter
+        d["iteration_faults"] = self.iteration_faults.tolist() if self.iteration_faults is not None else None
         return d
 
 
@@ -117,7 +135,7 @@ class Simulator:
 
     def __init__(self, workload: Workload, controller: Controller, *, calib: Calibration = DEFAULT,
                  seed: int = 0, recorder=None, progress: Callable[[int, int], None] | None = None,
-                 controller_delay_ns: int = 20_000):
+                 controller_delay_ns: int = 20_000, drain_ns: int = 1_000_000):
         t_init = _time.perf_counter()
         self.w = workload
         self.c = calib
@@ -125,6 +143,7 @@ class Simulator:
         self.recorder = recorder
         self.progress = progress
         self.delay = float(controller_delay_ns)
+        self.drain = float(drain_ns)
         self.n_gpus = G = workload.n_gpus
         if not 1 <= G <= 8:
             raise ValueError("the simulator models 1 to 8 GPUs")
@@ -146,7 +165,6 @@ class Simulator:
         self.pf_tag = np.zeros(npg, np.bool_)         # prefetched by a command, not yet used
         self.seen = np.zeros(npg, np.uint8)           # scratch of the core
         self.entry_done = np.full(1024, -np.inf)      # entry 0: "nothing in flight"
-        self._n_entries = 1
         self.read_mostly = np.zeros(nbl, np.bool_)
         self.preferred = np.full(nbl, -2, np.int16)   # advice recorded, no effect modelled yet
         # per-GPU chunk state
@@ -179,13 +197,16 @@ class Simulator:
             evict_chunk_ns=calib.evict_chunk_ns, density_threshold=calib.density_threshold,
             window_jitter=calib.window_jitter, transfer_latency_ns=calib.transfer_latency_ns,
             window_pages=calib.fault_window_pages, batch_max=min(calib.batch_max_faults, core.MAXB),
+            prefetch_Bpns=calib.prefetch_h2d_Bps / 1e9, hbm_Bpns=calib.hbm_Bps / 1e9,
+            n_entries=1, max_entries=len(self.entry_done),
             rng=(seed * 0x9E3779B97F4A7C15 + 1) & 0xFFFFFFFFFFFFFFFF)
         for name in ("gmask", "cpu_valid", "managed", "pf_tag", "pf_entry", "entry_done", "read_mostly",
                      "has_chunk", "pinned", "lru", "rescount", "used", "cap", "maxblocks", "pending", "npending",
                      "active", "nactive", "h2d_tail", "d2h_tail", "stats", "seen"):
             setattr(self.cs, name, core.ptr(getattr(self, name)))
         self.csp = C.byref(self.cs)
-        self.out = core.BatchOut()
+        self.out = core.EventOut()
+        self._pf_out = (C.c_double * 6)()
         self._init_allocations()
         self.maxblocks[:] = self.cap - self.pinned.sum(1)
         self._managed_per_block = self.managed.reshape(-1, PAGES_PER_BLOCK).sum(1).astype(np.int32)
@@ -193,9 +214,17 @@ class Simulator:
         self.emit = set(controller.subscribes)
         if recorder is not None:
             self.emit |= set(Kind)
-        self._stop_each_batch = bool(self.emit & {Kind.FAULT, Kind.REPLAY, Kind.MIGRATION, Kind.EVICTION})
-        self._pending_events = EventBatch(names=workload.names)
-        ctx = ControllerContext(n_gpus=G, gpu_mem=list(workload.gpu_mem), workload=workload,
+        self.out.collect = int(bool(self.emit & {Kind.FAULT, Kind.REPLAY, Kind.MIGRATION, Kind.EVICTION}))
+        # fault-path events reach the controller in drains, as on the live path (ring drained
+        # every few ms); a controller that needs none of them lets the core run freely
+        self._timed = bool(controller.subscribes & {Kind.FAULT, Kind.REPLAY, Kind.MIGRATION, Kind.EVICTION})
+        self._next_drain = 0.0
+        self._pending: dict[Kind, list[np.ndarray]] = {}
+        self._launch_idx: list[int] = []   # kernels launched since the last delivery
+        self._alloc_idx: list[int] = []    # allocator events since the last delivery
+        self._prebuild_records()
+        ctx = ControllerContext(n_gpus=G, gpu_mem=list(workload.gpu_mem), free_memory=self._free_memory,
+                                workload=workload,
                                 residency=self._residency, block_addr=self.space.block_addr(),
                                 belady=self._belady)
         ctx.options["page_space"] = self.space
@@ -239,6 +268,11 @@ class Simulator:
         self.cs.evict_key = core.ptr(self._evict_key)
         return self._evict_key
 
+    def _free_memory(self, g: int) -> int:
+        """Bytes the driver can hand out without evicting: free chunks and chunks whose
+        write-back is under way (as the driver's free list would count them soon)."""
+        return int(self.cap[g] - self.used[g] + self.npending[g]) * PAGES_PER_BLOCK * PAGE_SIZE
+
     def _residency(self, g: int) -> tuple[np.ndarray, np.ndarray, int]:
         """(blocks holding a chunk on g, blocks with every managed page on g, free chunks
         counting those being written back)."""
@@ -246,38 +280,32 @@ class Simulator:
         return self.has_chunk[g], complete, int(self.cap[g] - self.used[g] + self.npending[g])
 
     # ------------------------------------------------------------------ transfers
-    def _new_entry(self, done: float, g: int | None = None, now: float = 0.0) -> int:
-        """A transfer in flight; on GPU g's host->GPU link it is pre-empted by demand."""
-        if self._n_entries == len(self.entry_done):
-            self.entry_done = np.concatenate([self.entry_done, np.full(len(self.entry_done), -np.inf)])
-            self.cs.entry_done = core.ptr(self.entry_done)
-        e = self._n_entries
+    def _new_entry(self, done: float) -> int:
+        """A transfer in flight, completing at ``done`` (the core allocates most of them)."""
+        self._ensure_entries(1)
+        e = int(self.cs.n_entries)
         self.entry_done[e] = done
-        self._n_entries += 1
-        if g is not None:
-            n = int(self.nactive[g])
-            if n == self.max_active:  # forget finished ones
-                ids = self.active[g, :n]
-                live = ids[np.isfinite(self.entry_done[ids]) & (self.entry_done[ids] > now)]
-                n = len(live)
-                self.active[g, :n] = live
-            if n < self.max_active:
-                self.active[g, n] = e
-                self.nactive[g] = n + 1
+        self.cs.n_entries = e + 1
         return e
+
+    def _ensure_entries(self, k: int) -> None:
+        if self.cs.n_entries + k > self.cs.max_entries:
+            self.entry_done = np.concatenate([self.entry_done, np.full(len(self.entry_done) + k, -np.inf)])
+            self.cs.entry_done = core.ptr(self.entry_done)
+            self.cs.max_entries = len(self.entry_done)
 
     def _migration(self, t0, t1, src, dst, b, nbytes, cause, exec_id=-1):
         m = empty(Kind.MIGRATION, 1)
         m["t_ns"], m["t_end_ns"], m["src"], m["dst"] = int(t0), int(t1), src, dst
         m["addr"], m["bytes"], m["cause"], m["exec_id"] = int(self.space.global_blocks[b]) << 21, nbytes, int(cause), exec_id
-        self._pending_events.add(Kind.MIGRATION, m)
+        self._emit(Kind.MIGRATION, m)
 
     def _eviction_event(self, g, b, written, t, critical) -> None:
         if Kind.EVICTION in self.emit:
             ev = empty(Kind.EVICTION, 1)
             ev["t_ns"], ev["gpu"], ev["addr"] = int(t), g, int(self.space.global_blocks[b]) << 21
             ev["bytes_written"], ev["pages"], ev["critical"] = written * PAGE_SIZE, written, critical
-            self._pending_events.add(Kind.EVICTION, ev)
+            self._emit(Kind.EVICTION, ev)
         if written and Kind.MIGRATION in self.emit:
             self._migration(t, t, g, CPU, b, written * PAGE_SIZE, Cause.EVICTION)
 
@@ -307,25 +335,28 @@ class Simulator:
         self.r.compute_ns += int(compute)
         self.r.accesses += hi - lo
         self._launch_event(i, op, g, pid, start)
-        self._deliver(start)
+        self._deliver(start, force=False)
         pages = self.acc[lo:hi]
         writes = self.acc_write[lo:hi]
         n = hi - lo
         stall = C.c_double(0.0)
         faults0 = int(self.stats[core.ST["faults"]])
         pos = 0
-        stop = 1 if self._stop_each_batch else 0
         pp, wp = core.ptr(pages), core.ptr(writes)
         nx = core.ptr(self._next_access[lo:hi]) if self._next_access is not None else None
+        out = self.out
         while pos < n:
-            pos = self.lib.sim_kernel(self.csp, g, pp, wp, nx, n, pos, start, compute, C.byref(stall), stop,
-                                      C.byref(self.out))
+            deadline = max(self._next_drain, start) if self._timed else np.inf
+            pos = self.lib.sim_kernel(self.csp, g, pp, wp, nx, n, pos, start, compute, C.byref(stall), deadline,
+                                      C.byref(out))
             if pos < 0:
                 raise UmctlError(f"GPU {g} has no memory left for managed data ({self.cap[g]} chunks of "
                                  f"2 MiB, all held by device allocations); raise --gpu-mem")
-            if stop and self.out.nf:
+            if out.nb:
+                t_last = float(out.view("b_end")[-1])
                 self._batch_events(g, pid)
-                self._deliver(self.out.end)
+                if t_last >= deadline:
+                    self._deliver(t_last)
         end = start + compute + stall.value
         self.r.stall_ns += int(stall.value)
         self.stream[g] = end
@@ -333,38 +364,60 @@ class Simulator:
         self._kfaults[i] = int(self.stats[core.ST["faults"]]) - faults0
 
     def _batch_events(self, g: int, pid: int) -> None:
+        """Turn the core's drain buffers into event records (vectorised) and empty them."""
         o = self.out
-        fp, fw, evb, evw, evt, mb, mbytes, mpf = o.arrays()
-        t, end = o.t, o.end
-        bid = int(self.stats[core.ST["batch_id"]])
-        for j in range(len(evb)):
-            self._eviction_event(g, int(evb[j]), int(evw[j]), float(evt[j]), True)
+        b_id, b_nf, b_t, b_end = o.view("b_id"), o.view("b_nf"), o.view("b_t"), o.view("b_end")
+        if Kind.EVICTION in self.emit or Kind.MIGRATION in self.emit:
+            for blk, w, t in zip(o.view("e_block").tolist(), o.view("e_written").tolist(), o.view("e_t").tolist()):
+                self._eviction_event(g, blk, w, t, True)
         if Kind.FAULT in self.emit:
-            f = empty(Kind.FAULT, len(fp))
-            f["t_ns"], f["gpu"], f["pid"], f["batch_id"] = int(t), g, pid, bid
-            f["addr"] = self.space.to_global_pages(fp) << 12
-            f["access"] = np.where(fw != 0, Access.WRITE, Access.READ)
-            self._pending_events.add(Kind.FAULT, f)
+            fb = o.view("f_batch")
+            f = empty(Kind.FAULT, len(fb))
+            f["t_ns"], f["gpu"], f["pid"], f["batch_id"] = b_t[fb].astype(np.int64), g, pid, b_id[fb]
+            f["addr"] = self.space.to_global_pages(o.view("f_page")) << 12
+            f["access"] = np.where(o.view("f_write") != 0, Access.WRITE, Access.READ)
+            self._emit(Kind.FAULT, f)
         if Kind.REPLAY in self.emit:
-            rp = empty(Kind.REPLAY, 1)
-            rp["t_ns"], rp["gpu"], rp["batch_id"], rp["nfaults"], rp["t_start_ns"] = int(end), g, bid, len(fp), int(t)
-            self._pending_events.add(Kind.REPLAY, rp)
-        if Kind.MIGRATION in self.emit:
-            for j in range(len(mb)):
-                if mbytes[j]:
-                    self._migration(t, end, CPU, g, int(mb[j]), int(mbytes[j]), Cause.DEMAND)
-                if mpf[j]:
-                    self._migration(t, end, CPU, g, int(mb[j]), int(mpf[j]), Cause.DRIVER_PREFETCH)
+            rp = empty(Kind.REPLAY, len(b_id))
+            rp["t_ns"], rp["gpu"], rp["batch_id"] = b_end.astype(np.int64), g, b_id
+            rp["nfaults"], rp["t_start_ns"] = b_nf, b_t.astype(np.int64)
+            self._emit(Kind.REPLAY, rp)
+        if Kind.MIGRATION in self.emit and o.nm:
+            mbatch, mblock = o.view("m_batch"), o.view("m_block")
+            for cause, nbytes in ((Cause.DEMAND, o.view("m_bytes")), (Cause.DRIVER_PREFETCH, o.view("m_pf_bytes"))):
+                sel = nbytes > 0
+                m = empty(Kind.MIGRATION, int(sel.sum()))
+                m["t_ns"], m["t_end_ns"] = b_t[mbatch[sel]].astype(np.int64), b_end[mbatch[sel]].astype(np.int64)
+                m["src"], m["dst"], m["cause"], m["exec_id"] = CPU, g, int(cause), -1
+                m["addr"] = self.space.global_blocks[mblock[sel]] << 21
+                m["bytes"] = nbytes[sel]
+                self._emit(Kind.MIGRATION, m)
+        o.clear()
+
+    def _prebuild_records(self) -> None:
+        """LAUNCH and ALLOC records for every operation, built once (vectorised); at run
+        time only their timestamps are filled in."""
+        ops = self.w.ops
+        self._launch_all = empty(Kind.LAUNCH, len(ops))
+        if Kind.LAUNCH in self.emit:
+            la = self._launch_all
+            la["gpu"], la["pid"] = ops["gpu"], ops["pid"]
+            la["func"] = ops["exec_hash"] & np.uint64(0xFFFFFFFFFFFF)
+            la["exec_hash"], la["name_id"], la["seq"] = ops["exec_hash"], ops["name_id"], np.arange(len(ops))
+            la["grid"], la["block"] = ops["grid"], ops["block"]
+        self._alloc_all = empty(Kind.ALLOC, len(ops))
+        if Kind.ALLOC in self.emit:
+            al = self._alloc_all
+            al["pid"], al["op"], al["addr"], al["bytes"] = ops["pid"], ops["mem_op"], ops["addr"], ops["bytes"]
+            al["alloc_id"], al["managed"] = ops["alloc_id"], True
+
+    def _emit(self, kind: Kind, records: np.ndarray) -> None:
+        self._pending.setdefault(kind, []).append(records)
 
     def _launch_event(self, i, op, g, pid, t) -> None:
-        if Kind.LAUNCH not in self.emit:
-            return
-        ev = empty(Kind.LAUNCH, 1)
-        ev["t_ns"], ev["gpu"], ev["pid"] = int(t), g, pid
-        ev["func"] = int(op["exec_hash"]) & 0xFFFFFFFFFFFF
-        ev["exec_hash"], ev["name_id"], ev["seq"] = op["exec_hash"], op["name_id"], i
-        ev["grid"], ev["block"] = op["grid"], op["block"]
-        self._pending_events.add(Kind.LAUNCH, ev)
+        if Kind.LAUNCH in self.emit:
+            self._launch_all["t_ns"][i] = int(t)
+            self._launch_idx.append(i)
 
     # ------------------------------------------------------------------ other ops
     def _host_write(self, op) -> None:
@@ -414,34 +467,43 @@ class Simulator:
             ev["t_ns"], ev["t_end_ns"], ev["gpu"], ev["pid"] = int(start), int(end), g, int(op["pid"])
             ev["kind"], ev["src_addr"], ev["dst_addr"] = op["copy_kind"], op["addr"], op["dst_addr"]
             ev["bytes"], ev["is_async"] = nbytes, asynchronous
-            self._pending_events.add(Kind.COPY, ev)
+            self._emit(Kind.COPY, ev)
 
-    def _mem(self, op) -> None:
+    def _mem(self, i: int, op) -> None:
         t = max([self.host] + self.stream)
         if int(op["mem_op"]) == AllocOp.FREE:
             for lo, hi in self.space.local_range(int(op["addr"]), int(op["bytes"])):
                 self._invalidate(lo, hi, count=False)
         if Kind.ALLOC in self.emit:
-            ev = empty(Kind.ALLOC, 1)
-            ev["t_ns"], ev["pid"], ev["op"] = int(t), op["pid"], op["mem_op"]
-            ev["addr"], ev["bytes"], ev["alloc_id"], ev["managed"] = op["addr"], op["bytes"], op["alloc_id"], True
-            self._pending_events.add(Kind.ALLOC, ev)
+            self._alloc_all["t_ns"][i] = int(t)
+            self._alloc_idx.append(i)
 
     # ------------------------------------------------------------------ controller loop
-    def _deliver(self, t: float) -> None:
-        """Hand pending events to the controller (and recorder); apply its commands."""
-        ev = self._pending_events
-        if len(ev) == 0:
+    def _deliver(self, t: float, force: bool = True) -> None:
+        """Hand pending events to the controller (and recorder) and apply its commands.
+        Unless forced, only once the drain interval has passed: the live sources also hand
+        events over in drains, and one delivery per event would dominate a replay's cost."""
+        if not force and t < self._next_drain:
             return
-        ev.now_ns = int(t)
-        self._pending_events = EventBatch(names=self.w.names)
+        if self._launch_idx:
+            self._emit(Kind.LAUNCH, self._launch_all[self._launch_idx])
+            self._launch_idx = []
+        if self._alloc_idx:
+            self._emit(Kind.ALLOC, self._alloc_all[self._alloc_idx])
+            self._alloc_idx = []
+        if not self._pending:
+            return
+        self._next_drain = t + self.drain
+        arrays = {k: (v[0] if len(v) == 1 else np.concatenate(v)) for k, v in self._pending.items()}
+        self._pending = {}
+        ev = EventBatch(now_ns=int(t), arrays=arrays, names=self.w.names)
         if self.recorder is not None:
             self.recorder.write(ev)
         sub = self.ctl.subscribes
         if not any(k in ev for k in sub):
             return
-        if not set(ev.arrays) <= sub:
-            ev = EventBatch(now_ns=ev.now_ns, arrays={k: a for k, a in ev.arrays.items() if k in sub}, names=ev.names)
+        if not set(arrays) <= sub:
+            ev = EventBatch(now_ns=ev.now_ns, arrays={k: a for k, a in arrays.items() if k in sub}, names=ev.names)
         cmds = self.ctl.on_events(ev)
         if cmds is not None and len(cmds):
             self.apply_commands(cmds, t + self.delay)
@@ -470,49 +532,17 @@ class Simulator:
                     self._advise(lo, hi, int(cmd["advice"]), int(cmd["dst"]))
 
     def _prefetch(self, lo: int, hi: int, g: int, t: float, exec_id: int, first: bool = True) -> None:
-        """UVM_MIGRATE to GPU g: queued behind earlier prefetches on g's copy engine."""
+        """UVM_MIGRATE of one block's pages to GPU g (executed by the core)."""
         if not 0 <= g < self.n_gpus:
             return
-        bit = np.uint8(1 << g)
-        need = self.managed[lo:hi] & ((self.gmask[lo:hi] & bit) == 0)
-        if not need.any():
-            return
-        b = lo >> PAGE_TO_BLOCK_SHIFT
-        ready = t
-        if not self.has_chunk[g, b]:
-            ready = self._take_chunk(g, b, t)
-            if ready < 0:
-                return
-        pages = np.arange(lo, hi)[need]
-        from_cpu = self.cpu_valid[pages]
-        others = self.gmask[pages] & ~bit
-        from_gpu = (others != 0) & ~from_cpu
-        n_cpu, n_gpu = int(from_cpu.sum()), int(from_gpu.sum())
-        start = max(ready, self.h2d_tail[g])
-        done = start + (self.c.transfer_latency_ns if first else 0.0) + _ns(n_cpu * PAGE_SIZE, self.c.prefetch_h2d_Bps) \
-            + _ns(n_gpu * PAGE_SIZE, self.c.nvlink_Bps)
-        self.h2d_tail[g] = done
-        e = self._new_entry(done, g, t)
-        rm = bool(self.read_mostly[b])
-        if n_gpu and not rm:
-            for h in range(self.n_gpus):
-                sel = pages[from_gpu & ((others & np.uint8(1 << h)) != 0)]
-                if len(sel):
-                    self.gmask[sel] &= ~np.uint8(1 << h)
-                    self._release_block(h, b, len(sel))
-        if not rm:
-            self.cpu_valid[pages] = False
-        self.gmask[pages] |= bit
-        self.pf_entry[pages] = e
-        self.pf_tag[pages] = True
-        self.rescount[g, b] += len(pages)
-        self.lru[g, b] = done
-        self.r.prefetch_pages += len(pages)
-        self.r.user_prefetch_bytes += n_cpu * PAGE_SIZE
-        self.stats[core.ST["bytes_h2d"]] += n_cpu * PAGE_SIZE
-        self.stats[core.ST["bytes_p2p"]] += n_gpu * PAGE_SIZE
-        if Kind.MIGRATION in self.emit and n_cpu:
-            self._migration(start, done, CPU, g, b, n_cpu * PAGE_SIZE, Cause.USER, exec_id=exec_id)
+        self._ensure_entries(1)
+        out = self._pf_out
+        done = self.lib.sim_prefetch(self.csp, g, lo, hi, t, int(first), out)
+        if out[4] >= 0:
+            self._eviction_event(g, int(out[4]), int(out[5]), t, False)
+        if done >= 0 and out[1] and Kind.MIGRATION in self.emit:
+            self._migration(out[0], done, CPU, g, lo >> PAGE_TO_BLOCK_SHIFT, int(out[1]) * PAGE_SIZE, Cause.USER,
+                            exec_id=exec_id)
 
     def _preevict(self, lo: int, hi: int, dst: int, t: float) -> None:
         """Migrate pages [lo, hi) of one block away from every GPU but dst, ahead of need: to
@@ -555,26 +585,10 @@ class Simulator:
                     self._migration(start, done, g, CPU, b, nbytes, Cause.USER)
 
     def _invalidate(self, lo: int, hi: int, count: bool = True) -> None:
-        """UVM_DISCARD: drop the range everywhere without write-back; its next touch
-        zero-fills without a transfer."""
-        m = self.managed[lo:hi]
-        if not m.any():
-            return
-        b = lo >> PAGE_TO_BLOCK_SHIFT
-        gm = self.gmask[lo:hi]
+        """UVM_DISCARD of one block's pages (executed by the core)."""
+        dropped = int(self.lib.sim_invalidate(self.csp, lo, hi))
         if count:
-            self.r.invalidated_bytes += int((m & ((gm != 0) | self.cpu_valid[lo:hi])).sum()) * PAGE_SIZE
-        for g in range(self.n_gpus):
-            n_on = int((((gm & np.uint8(1 << g)) != 0) & m).sum())
-            if n_on and not self.pinned[g, b]:
-                self._release_block(g, b, n_on)
-        tags = self.pf_tag[lo:hi]
-        self.stats[core.ST["prefetch_wasted"]] += int((tags & m).sum())
-        tags[m] = False
-        gm[m] = 0
-        self.cpu_valid[lo:hi][m] = False
-        self.pf_entry[lo:hi][m] = 0
-        self.stats[core.ST["epoch"]] += 1
+            self.r.invalidated_bytes += dropped * PAGE_SIZE
 
     def _advise(self, lo: int, hi: int, advice: int, dst: int) -> None:
         b = lo >> PAGE_TO_BLOCK_SHIFT
@@ -597,6 +611,9 @@ class Simulator:
         self._kend = np.zeros(nk)
         self._kfaults = np.zeros(nk, np.int64)
         every = max(1, nk // 200)
+        iters = ops["iteration"]
+        n_it = int(iters.max()) + 1 if nk else 0
+        it_end = np.zeros(max(n_it, 1))
         for i in range(nk):
             op = ops[i]
             typ = int(op["type"])
@@ -612,9 +629,11 @@ class Simulator:
                 g = int(op["gpu"])
                 self.host = max([self.host] + (self.stream if g < 0 else [self.stream[g]]))
             elif typ == OpType.MEM:
-                self._mem(op)
+                self._mem(i, op)
             if self.progress is not None and (i % every == 0 or i == nk - 1):
                 self.progress(i + 1, nk)
+            if i == nk - 1 or iters[i + 1] != iters[i]:
+                it_end[iters[i]] = max([self.host] + self.stream)
         end = max([self.host] + self.stream)
         self._deliver(end)
         self._check_capacity()
@@ -627,6 +646,9 @@ class Simulator:
         r.kernel_start_ns = self._kstart[kmask].astype(np.int64)
         r.kernel_end_ns = self._kend[kmask].astype(np.int64)
         r.kernel_faults = self._kfaults[kmask]
+        if n_it:
+            r.iteration_end_ns = np.maximum.accumulate(it_end[:n_it]).astype(np.int64)
+            r.iteration_faults = np.bincount(iters[kmask], weights=r.kernel_faults, minlength=n_it).astype(np.int64)
         r.controller = self.ctl.stats()
         r.wall_s = self._init_s + _time.perf_counter() - t0
         return r

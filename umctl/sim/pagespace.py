@@ -69,6 +69,13 @@ class PageSpace:
         first_page = addr >> 12
         last_page = (addr + nbytes - 1) >> 12
         b0, b1 = first_page >> PAGE_TO_BLOCK_SHIFT, last_page >> PAGE_TO_BLOCK_SHIFT
+        if b0 == b1 and self._lut is not None:  # the common case: a command on one block
+            rel = b0 - self._b0
+            cb = int(self._lut[rel]) if 0 <= rel < len(self._lut) else -1
+            if cb < 0:
+                return []
+            base = cb << PAGE_TO_BLOCK_SHIFT
+            return [(base + (first_page & (PAGES_PER_BLOCK - 1)), base + (last_page & (PAGES_PER_BLOCK - 1)) + 1)]
         i0 = int(np.searchsorted(self.global_blocks, b0))
         i1 = int(np.searchsorted(self.global_blocks, b1, side="right"))
         out = []

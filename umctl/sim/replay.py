@@ -74,18 +74,55 @@ class ModeRun:
     result: SimResult
 
 
+def parse_mode_options(items: list[str] | None, modes: list[str]) -> dict[str, dict]:
+    """``deepum.degree=8`` (one mode) or ``degree=8`` (every mode that takes it) -> per-mode
+    keyword arguments, values parsed as int, float or bool where they look like one."""
+    import inspect
+
+    from ..controller.base import _REGISTRY
+
+    out: dict[str, dict] = {m: {} for m in modes}
+    for item in items or []:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise UmctlError(f"bad mode option {item!r}: use MODE.KEY=VALUE or KEY=VALUE (e.g. deepum.degree=8)")
+        mode, _, name = key.rpartition(".")
+        targets = [mode] if mode else modes
+        parsed: object = value
+        for conv in (int, float):
+            try:
+                parsed = conv(value)
+                break
+            except ValueError:
+                continue
+        if value.lower() in ("true", "false"):
+            parsed = value.lower() == "true"
+        taken = False
+        for m in targets:
+            if m not in out:
+                raise UmctlError(f"mode option {item!r} names mode {m!r}, which is not being run")
+            params = inspect.signature(_REGISTRY[m].__init__).parameters
+            if name in params:
+                out[m][name] = parsed
+                taken = True
+        if not taken:
+            raise UmctlError(f"no mode among {', '.join(targets)} takes option {name!r}")
+    return out
+
+
 def run_modes(workload: Workload, modes: list[str], *, seed: int = 0, calib: Calibration = DEFAULT,
               progress: Callable[[str, int, int], None] | None = None,
               mode_options: dict[str, dict] | None = None, recorder_for: Callable[[str], object] | None = None,
-              ) -> list[SimResult]:
+              drain_ns: int | None = None) -> list[SimResult]:
     """Simulate the workload once per mode (same seed)."""
     results = []
+    extra = {} if drain_ns is None else {"drain_ns": int(drain_ns)}
     for mode in modes:
         ctl = make_controller(mode, **(mode_options or {}).get(mode, {}))
         cb = (lambda done, total, m=mode: progress(m, done, total)) if progress else None
         rec = recorder_for(mode) if recorder_for else None
         try:
-            sim = Simulator(workload, ctl, calib=calib, seed=seed, progress=cb, recorder=rec)
+            sim = Simulator(workload, ctl, calib=calib, seed=seed, progress=cb, recorder=rec, **extra)
             results.append(sim.run())
         finally:
             if rec is not None:
@@ -100,6 +137,8 @@ def result_rows(results: list[SimResult]) -> list[dict]:
     for r in results:
         d = r.summary()
         d["speedup"] = base.time_ns / r.time_ns if r.time_ns else None
+        d["steady_speedup"] = (base.steady_time_ns / r.steady_time_ns
+                               if r.steady_time_ns and base.steady_time_ns else None)
         d["workload"] = r.workload
         rows.append(d)
     return rows

@@ -1,0 +1,83 @@
+"""DeepUM on replays: the orderings and findings of the paper (§6), on scaled scenarios."""
+
+import numpy as np
+import pytest
+
+from umctl.controller import make_controller
+from umctl.events.schema import Kind, Op
+from umctl.sim.engine import Simulator
+from umctl.sim.replay import result_rows, run_modes
+from umctl.sim.sweep import sweep
+from umctl.sources.scenario import load_scenario
+
+SMALL = {"gpu_mem": "256MiB", "iterations": "4"}
+
+
+@pytest.fixture(scope="module")
+def gpt2():
+    w = load_scenario("gpt2-l", {**SMALL, "oversub": "2"})
+    return {r["mode"]: r for r in result_rows(run_modes(w, ["none", "deepum-prefetch", "deepum-preevict",
+                                                                "deepum", "oracle"]))}
+
+
+def test_deepum_learns_the_training_loop(gpt2):
+    none, d = gpt2["none"], gpt2["deepum"]
+    # first iteration: tables empty, DeepUM faults like plain UM; then most faults are gone
+    assert d["iteration_faults"][0] >= 0.9 * none["iteration_faults"][0]
+    assert d["steady_faults_per_iter"] < 0.25 * none["steady_faults_per_iter"]
+    assert d["steady_speedup"] > 2.5
+    assert d["controller"]["prediction_accuracy"] == 1.0  # DNN kernel sequences repeat exactly
+
+
+def test_deepum_close_to_oracle_in_steady_state(gpt2):
+    d, o = gpt2["deepum"], gpt2["oracle"]
+    assert (d["steady_speedup"] - 1) >= 0.75 * (o["steady_speedup"] - 1)
+    assert d["time_s"] >= o["time_s"]  # with the cold first iteration, the oracle stays ahead
+
+
+def test_ablation_order(gpt2):
+    """DeepUM figure 10: prefetching < + pre-eviction < + invalidation."""
+    t = {m: gpt2[m]["time_s"] for m in ("none", "deepum-prefetch", "deepum-preevict", "deepum")}
+    assert t["none"] > t["deepum-prefetch"] > t["deepum-preevict"] > t["deepum"]
+    assert gpt2["deepum"]["invalidated_bytes"] > 0 and gpt2["deepum-preevict"]["invalidated_bytes"] == 0
+    assert gpt2["deepum-prefetch"]["controller"]["preevict_blocks"] == 0
+    assert gpt2["deepum-preevict"]["controller"]["preevict_blocks"] > 0
+
+
+def test_dlrm_gains_less_than_dnns(gpt2):
+    """DeepUM §6: DLRM's irregular embedding lookups defeat correlation prefetching."""
+    w = load_scenario("dlrm", {**SMALL, "oversub": "2"})
+    rows = {r["mode"]: r for r in result_rows(run_modes(w, ["none", "deepum"]))}
+    removed_dlrm = 1 - rows["deepum"]["steady_faults_per_iter"] / rows["none"]["steady_faults_per_iter"]
+    removed_gpt2 = 1 - gpt2["deepum"]["steady_faults_per_iter"] / gpt2["none"]["steady_faults_per_iter"]
+    assert removed_dlrm < removed_gpt2
+
+
+def test_prefetches_carry_the_predicted_execution_id():
+    w = load_scenario("bert-large", {"gpu_mem": "128MiB", "iterations": "2"})
+    ctl = make_controller("deepum")
+    seen = []
+    inner = ctl.on_events
+
+    def spy(batch):
+        cmds = inner(batch)
+        if cmds is not None:
+            seen.append(cmds)
+        return cmds
+
+    ctl.on_events = spy
+    Simulator(w, ctl).run()
+    cmds = np.concatenate(seen)
+    pf = cmds[cmds["op"] == Op.PREFETCH]
+    assert len(pf) and (pf["exec_id"] >= 0).all() and (pf["exec_id"] < len(ctl.exec_ids)).all()
+    assert Kind.LAUNCH in ctl.subscribes and Kind.FAULT in ctl.subscribes
+
+
+def test_sweeps_have_the_papers_reference_points():
+    w = load_scenario("resnet152", {"gpu_mem": "128MiB", "iterations": "3"})
+    deg = {r["point"]: r["speedup"] for r in sweep(w, "degree")}
+    assert deg["N=8"] == 1.0 and deg["N=1"] < 1.0
+    tab = {r["point"]: r for r in sweep(w, "table")}
+    assert tab["Config0"]["speedup"] == 1.0
+    assert tab["Config12"]["speedup"] >= tab["Config0"]["speedup"]
+    assert tab["Config12"]["num_rows"] > tab["Config0"]["num_rows"]

@@ -1,0 +1,69 @@
+"""``umctl sweep``: a controller's parameters swept on one workload."""
+
+from __future__ import annotations
+
+import json
+from typing import List, Optional
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from .. import UmctlError
+
+
+def sweep_command(
+    target: str = typer.Argument(..., help="Scenario name, scenario file or trace file."),
+    what: str = typer.Option("table,degree", help="Sweeps to run: table (DeepUM table 6), degree (figure 11)."),
+    mode: str = typer.Option("deepum", "--mode", "-m", help="Controller mode to sweep."),
+    oversub: Optional[float] = typer.Option(None, help="Oversubscription ratio."),
+    gpu_mem: Optional[str] = typer.Option(None, "--gpu-mem", help="Simulated GPU memory."),
+    iters: Optional[int] = typer.Option(None, "--iters", help="Training iterations."),
+    param: Optional[List[str]] = typer.Option(None, "--param", "-p", help="Scenario parameter key=value."),
+    png: Optional[str] = typer.Option(None, help="Write the sweep figure to this PNG."),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON instead of tables."),
+) -> None:
+    """Sweep DeepUM's table configuration (Assoc, NumSuccs, NumRows of table 6) and degree of
+    prefetching N (figure 11) on one workload; speedups over Config0 and N = 8.
+
+    Example: [bold]umctl sweep resnet152 --iters 4 --png sweep.png[/bold]
+    """
+    from ..report.png import sweep_png
+    from ..sim.replay import resolve_target
+    from ..sim.sweep import sweep
+    from .main import _describe, _overrides
+
+    kinds = [w.strip() for w in what.split(",") if w.strip()]
+    bad = [k for k in kinds if k not in ("table", "degree")]
+    if bad or not kinds:
+        raise UmctlError(f"unknown sweep {bad[0] if bad else what!r}: use table, degree or table,degree")
+    workload = resolve_target(target, _overrides(oversub, gpu_mem, iters, None, param))
+    err = Console(stderr=True)
+    out = Console(width=140)
+    results: dict[str, list[dict]] = {}
+    with Progress(TextColumn("[bold]{task.description:>8}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  console=err, transient=as_json, disable=not err.is_terminal) as prog:
+        for k in kinds:
+            task = prog.add_task(k, total=1)
+            try:
+                results[k] = sweep(workload, k, mode=mode, progress=lambda d, n, t=task: prog.update(t, completed=d, total=n))
+            except TypeError as e:
+                raise UmctlError(f"mode {mode!r} has no parameter for the {k} sweep ({e})") from None
+    if as_json:
+        print(json.dumps(results, indent=2, default=float))
+    else:
+        for k, rows in results.items():
+            t = Table(title=f"{mode} {k} sweep — {_describe(workload)}", title_justify="left")
+            for col in ("point", "sim time", "steady time", "speedup", "GPU faults", "table size", "pf accuracy"):
+                t.add_column(col, justify="right")
+            for r in rows:
+                t.add_row(r["point"], f"{r['time_ns'] / 1e9:.3f} s",
+                          f"{r['steady_time_ns'] / 1e9:.3f} s" if r["steady_time_ns"] else "—",
+                          f"{r['speedup']:.3f}×", f"{r['faults']:,}",
+                          f"{r['table_bytes'] / 2**20:.0f} MiB" if r.get("table_bytes") else "—",
+                          f"{100 * r['prefetch_accuracy']:.1f} %" if r["prefetch_accuracy"] is not None else "—")
+            out.print(t)
+    if png:
+        sweep_png(results, png, f"{mode} sweeps — {workload.name}")
+        err.print(f"wrote {png}")

@@ -1,0 +1,394 @@
+"""Mode ``deepum``: DeepUM's correlation prefetching, pre-eviction and invalidation
+(Jung et al., ASPLOS'23, §3-§5; thesis ch. 5), driven by umctl's event stream.
+
+Tables (``tables.py``):
+  * execution-ID table: kernel name + arguments hash -> execution ID;
+  * execution-ID correlation table: per ID, records (three previous IDs -> next ID);
+  * one UM-block correlation table per execution ID (NumRows 2048, Assoc 2, NumSuccs 4,
+    one level, MRU), with the *start* block (first fault after the execution-ID transition)
+    and the *end* block (last fault before the next transition).
+
+Prefetching with chaining (§4.2): on a fault, prefetch the successors of the faulted block
+in the current kernel's table and keep walking; at the end block, predict the next kernel
+and continue from its start block; stop at a new fault (which restarts the walk) or a failed
+prediction; pause once the next ``degree`` kernels are covered and resume when the current
+kernel finishes (its successor's launch). Where the walk has nowhere left to go before the
+end block, it moves on to the next kernel (a table trained on one iteration always reaches
+its end; one trained on a partial iteration may not).
+
+Pre-eviction (§5.1): before prefetches would need memory the GPU no longer has, evict blocks
+that are least recently migrated AND not in the tables of the current and next ``degree``
+predicted kernels. Invalidation (§5.2): a victim inside allocator blocks marked inactive is
+dropped without write-back.
+
+Deviations from the paper, because umctl runs beside the driver instead of inside it: the
+fault queue's priority over the prefetch queue is the driver's (demand traffic pre-empts our
+migrations); we see faults in drains rather than per interrupt; "free GPU memory" comes from
+the context (the driver's count in replay, the device's free memory or budget live).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..events.schema import AllocOp, EventBatch, Kind, Op, commands
+from ..units import BLOCK_SHIFT, BLOCK_SIZE, CPU
+from .base import Controller, ControllerContext, register
+from .tables import ExecCorrelationTable, ExecIdTable, PairCorrelationTable
+
+
+class BlockTable(PairCorrelationTable):
+    """A UM-block correlation table of one execution ID, with its chaining pointers."""
+
+    __slots__ = ("start", "end")
+
+    def __init__(self, num_rows: int, assoc: int, num_succs: int):
+        super().__init__(num_rows, assoc, num_succs, num_levels=1)
+        self.start: int | None = None
+        self.end: int | None = None
+
+
+@dataclass
+class Chain:
+    """The prefetching thread's position: walking ``exec_id``'s table at ``block``."""
+
+    exec_id: int
+    hist: tuple[int, int, int]          # the three kernels before exec_id
+    block: int | None                   # None: begin at the table's start block
+    path: list[int] = field(default_factory=list)  # predicted kernels after the current one
+    visited: set[int] = field(default_factory=set)
+    paused: bool = False
+
+
+@register
+class DeepUMController(Controller):
+    name = "deepum"
+    subscribes = frozenset({Kind.LAUNCH, Kind.FAULT, Kind.ALLOC, Kind.EVICTION})
+    #: the three DeepUM techniques; the ablation modes switch them off one by one
+    features = ("prefetch", "preevict", "invalidate")
+
+    def __init__(self, num_rows: int = 2048, assoc: int = 2, num_succs: int = 4, degree: int = 32,
+                 exec_fallback: bool = True, watermark_blocks: int = 4, max_blocks_per_step: int = 256,
+                 **options):
+        super().__init__(**options)
+        self.num_rows, self.assoc, self.num_succs = int(num_rows), int(assoc), int(num_succs)
+        self.degree = int(degree)
+        self.watermark = int(watermark_blocks)       # free chunks kept in reserve for faults
+        self.max_blocks = int(max_blocks_per_step)   # prefetch commands per event batch at most
+        self.exec_ids = ExecIdTable()
+        self.exec_table = ExecCorrelationTable(fallback=exec_fallback)
+        self.tables: dict[int, BlockTable] = {}
+        self.history: list[int] = []      # execution IDs in launch order (last 4 kept)
+        self.cur: int | None = None
+        self.gpu = 0
+        self.first_fault = False          # next fault is the current kernel's start block
+        self.last_block: int | None = None
+        self.chain: Chain | None = None
+        self.resident: dict[int, float] = {}   # block -> when it migrated in (oldest first)
+        self.inactive: dict[int, int] = {}     # inactive allocator blocks: addr -> bytes
+        self._inactive_sorted: tuple[np.ndarray, np.ndarray] | None = None
+        self.predicted_next: int | None = None
+        self._expected_cache: set[int] | None = None
+        self.stats_ = {k: 0 for k in ("launches", "predictions", "predicted_right", "chains", "faulted_blocks",
+                                       "prefetch_blocks", "preevict_blocks", "invalidate_blocks",
+                                       "paused", "prediction_failures")}
+
+    # ------------------------------------------------------------------ set-up
+    def attach(self, ctx: ControllerContext) -> None:
+        super().attach(ctx)
+        self.capacity = [int(m) // BLOCK_SIZE for m in ctx.gpu_mem]
+
+    def enabled(self, feature: str) -> bool:
+        return feature in self.features
+
+    # ------------------------------------------------------------------ events
+    def on_events(self, batch: EventBatch) -> np.ndarray | None:
+        if Kind.ALLOC in batch:
+            self._allocator(batch[Kind.ALLOC])
+        if Kind.EVICTION in batch:
+            for a in batch[Kind.EVICTION]["addr"].tolist():
+                self.resident.pop(a >> BLOCK_SHIFT, None)
+        # launches and faults in time order: a drain may span a kernel boundary
+        launches = batch[Kind.LAUNCH]
+        seq_t, seq_b = self._fault_blocks(batch[Kind.FAULT])
+        li = 0
+        restart = None
+        for t, b in zip(seq_t.tolist(), seq_b.tolist()):
+            while li < len(launches) and int(launches["t_ns"][li]) <= t:
+                self._launch(launches[li])
+                restart = None
+                li += 1
+            if self._fault(b, t):
+                restart = b
+        while li < len(launches):
+            self._launch(launches[li])
+            restart = None
+            li += 1
+        if restart is not None and self.cur is not None:
+            # a new fault ends the old walk and starts one at the faulted block
+            self.chain = Chain(self.cur, self._hist3(), restart)
+            self.stats_["chains"] += 1
+        if not self.enabled("prefetch") or self.chain is None:
+            return None
+        return self._step(batch.now_ns)
+
+    @staticmethod
+    def _fault_blocks(f: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The fault handler's view: per batch the distinct UM blocks in fault order, then
+        without repeats across consecutive batches (vectorised: drains hold many faults)."""
+        if len(f) == 0:
+            return np.zeros(0, np.int64), np.zeros(0, np.int64)
+        blocks = f["addr"].astype(np.int64) >> BLOCK_SHIFT
+        key = (f["batch_id"].astype(np.int64) << 28) ^ (blocks & ((1 << 28) - 1))
+        _, first = np.unique(key, return_index=True)
+        first.sort()
+        b, t = blocks[first], f["t_ns"][first]
+        keep = np.ones(len(b), np.bool_)
+        keep[1:] = b[1:] != b[:-1]
+        return t[keep], b[keep]
+
+    def _allocator(self, a: np.ndarray) -> None:
+        for op, addr, nbytes in zip(a["op"].tolist(), a["addr"].tolist(), a["bytes"].tolist()):
+            if op == AllocOp.BLOCK_INACTIVE:
+                self.inactive[addr] = nbytes
+            elif self.inactive.pop(addr, None) is None:
+                continue
+            self._inactive_sorted = None
+            if op == AllocOp.FREE:
+                for b in range(addr >> BLOCK_SHIFT, ((addr + max(nbytes, 1) - 1) >> BLOCK_SHIFT) + 1):
+                    self.resident.pop(b, None)
+
+    def _hist3(self) -> tuple[int, int, int]:
+        h = self.history[-4:-1]
+        return tuple([-1] * (3 - len(h)) + h)  # type: ignore[return-value]
+
+    def _table(self, exec_id: int) -> BlockTable:
+        t = self.tables.get(exec_id)
+        if t is None:
+            t = self.tables[exec_id] = BlockTable(self.num_rows, self.assoc, self.num_succs)
+        return t
+
+    def _launch(self, ev) -> None:
+        """Execution-ID transition: close the previous kernel's table (end block), record
+        the execution history, follow or correct the walk."""
+        self.stats_["launches"] += 1
+        self._expected_cache = None
+        x = self.exec_ids.get(int(ev["exec_hash"]))
+        self.gpu = int(ev["gpu"])
+        if self.cur is not None and self.last_block is not None:
+            self._table(self.cur).end = self.last_block
+        if self.predicted_next is not None:
+            self.stats_["predictions"] += 1
+            self.stats_["predicted_right"] += int(self.predicted_next == x)
+        if self.cur is not None:
+            self.exec_table.record(self._hist3(), self.cur, x)
+        self.history.append(x)
+        del self.history[:-4]
+        self.cur = x
+        self.first_fault = True
+        self.last_block = None
+        self.predicted_next = self.exec_table.predict(self._hist3(), x)
+        c = self.chain
+        if c is not None:
+            if c.path and c.path[0] == x:
+                c.path.pop(0)
+                c.paused = False      # the current kernel finished: resume
+            elif c.exec_id != x:
+                # the walk was on a path the program did not take: start over at this kernel
+                self.stats_["prediction_failures"] += 1
+                self.chain = Chain(x, self._hist3(), None)
+
+    def _fault(self, b: int, t: int) -> bool:
+        """A faulted UM block of the current kernel: train its table. True if it may
+        restart the walk."""
+        if self.cur is None:
+            return False
+        self.stats_["faulted_blocks"] += 1
+        table = self._table(self.cur)
+        if self.first_fault:
+            table.start = b
+            table.last.clear()  # pairs do not cross execution-ID transitions
+            self.first_fault = False
+        table.record(b)
+        self.last_block = b
+        self.resident.pop(b, None)
+        self.resident[b] = t
+        return True
+
+    # ------------------------------------------------------------------ chaining
+    def _walk(self, limit: int) -> list[tuple[int, int]]:
+        """Advance the walk; returns (block, execution ID it is predicted for)."""
+        out: list[tuple[int, int]] = []
+        c = self.chain
+        resident = self.resident
+        seen: set[int] = set()  # emitted in this step (resident ones are skipped too)
+        while c is not None and not c.paused and len(out) < limit:
+            t = self.tables.get(c.exec_id)
+            if t is None or (c.block is None and t.start is None):
+                c = self._next_kernel(c)
+                continue
+            if c.block is None:
+                c.block = t.start
+                c.visited.add(c.block)
+                if c.block not in seen and c.block not in resident:
+                    out.append((c.block, c.exec_id))
+                    seen.add(c.block)
+            if c.block == t.end:
+                c = self._next_kernel(c)
+                continue
+            succ = t.successors(c.block, 0)
+            for s in succ:
+                if s not in seen and s not in resident:
+                    out.append((s, c.exec_id))
+                    seen.add(s)
+            if t.end is not None and t.end in succ:
+                c = self._next_kernel(c)  # met the end block: this kernel is covered
+                continue
+            nxt = next((s for s in succ if s not in c.visited), None)
+            if nxt is None:
+                c = self._next_kernel(c)
+                continue
+            c.visited.add(nxt)
+            c.block = nxt
+        self.chain = c
+        return out
+
+    def _next_kernel(self, c: Chain) -> Chain | None:
+        """Chaining across kernels: predict the kernel after ``c.exec_id``."""
+        if len(c.path) >= self.degree:
+            c.paused = True
+            self.stats_["paused"] += 1
+            return c
+        n = self.exec_table.predict(c.hist, c.exec_id)
+        if n is None:
+            return None  # cannot predict: the walk ends until the next fault
+        c.hist = (c.hist[1], c.hist[2], c.exec_id)
+        c.exec_id = n
+        c.block = None
+        c.visited = set()
+        c.path.append(n)
+        return c
+
+    def _expected(self) -> set[int]:
+        """Blocks the current kernel and the next ``degree`` predicted ones may touch
+        (cached until the next launch: the tables of those kernels change little meanwhile)."""
+        if self._expected_cache is not None:
+            return self._expected_cache
+        ids = [self.cur] if self.cur is not None else []
+        if self.chain is not None:
+            ids += self.chain.path
+        hist, cur = self._hist3(), self.cur
+        while cur is not None and len(ids) < self.degree + 1:
+            nxt = self.exec_table.predict(hist, cur)
+            if nxt is None or nxt in ids:
+                break
+            ids.append(nxt)
+            hist, cur = (hist[1], hist[2], cur), nxt
+        out: set[int] = set()
+        for i in ids:
+            t = self.tables.get(i)
+            if t is not None:
+                out.update(t.keys())
+        self._expected_cache = out
+        return out
+
+    # ------------------------------------------------------------------ commands
+    def _step(self, now: int) -> np.ndarray | None:
+        g = self.gpu
+        want = self._walk(self.max_blocks)
+        if not want:
+            return None
+        out = []
+        if self.enabled("preevict"):
+            free = (self.ctx.free_memory(g) // BLOCK_SIZE if self.ctx.free_memory is not None
+                    else self.capacity[g] - len(self.resident))
+            short = len(want) + self.watermark - int(free)
+            if short > 0:
+                evict, keep = self._victims(short)
+                out += evict
+                if keep < short:  # no more victims the next kernels can spare: prefetch less
+                    want = want[: max(0, len(want) - (short - keep))]
+        if want:
+            blocks = np.array([b for b, _ in want], np.int64)
+            execs = np.array([e for _, e in want], np.int64)
+            out.append(commands(Op.PREFETCH, blocks << BLOCK_SHIFT, BLOCK_SIZE, dst=g, exec_id=execs, priority=1))
+            for b in blocks.tolist():
+                self.resident[b] = now
+            self.stats_["prefetch_blocks"] += len(blocks)
+        return np.concatenate(out) if out else None
+
+    def _victims(self, n: int) -> tuple[list[np.ndarray], int]:
+        """Up to n least recently migrated blocks that the next kernels do not expect:
+        pre-evicted to the host, or invalidated where they hold inactive allocator blocks."""
+        expected = self._expected()
+        victims = []
+        for b in self.resident:
+            if b not in expected:
+                victims.append(b)
+                if len(victims) == n:
+                    break
+        if not victims:
+            return [], 0
+        out = []
+        pre = []
+        for b in victims:
+            del self.resident[b]
+            dead = self._inactive_parts(b) if self.enabled("invalidate") else []
+            if dead:
+                out.append(commands(Op.INVALIDATE, [a for a, _ in dead], [n_ for _, n_ in dead]))
+                self.stats_["invalidate_blocks"] += 1
+                if sum(n_ for _, n_ in dead) >= BLOCK_SIZE:
+                    continue
+            pre.append(b)
+        if pre:
+            out.append(commands(Op.PREEVICT, np.array(pre, np.int64) << BLOCK_SHIFT, BLOCK_SIZE, dst=CPU))
+            self.stats_["preevict_blocks"] += len(pre)
+        return out, len(victims)
+
+    def _inactive_parts(self, b: int) -> list[tuple[int, int]]:
+        """The byte ranges of block b that lie in inactive allocator blocks."""
+        if not self.inactive:
+            return []
+        if self._inactive_sorted is None:
+            addr = np.array(sorted(self.inactive), np.int64)
+            self._inactive_sorted = (addr, np.array([self.inactive[a] for a in addr.tolist()], np.int64))
+        addr, size = self._inactive_sorted
+        lo, hi = b << BLOCK_SHIFT, (b + 1) << BLOCK_SHIFT
+        i = int(np.searchsorted(addr, lo, side="right")) - 1
+        parts = []
+        i = max(i, 0)
+        while i < len(addr) and addr[i] < hi:
+            s, e = max(int(addr[i]), lo), min(int(addr[i] + size[i]), hi)
+            if e > s:
+                parts.append((s, e - s))
+            i += 1
+        return parts
+
+    # ------------------------------------------------------------------ report
+    def stats(self) -> dict:
+        s = dict(self.stats_)
+        s["exec_ids"] = len(self.exec_ids)
+        s["exec_records"] = len(self.exec_table)
+        s["block_tables"] = len(self.tables)
+        s["table_entries"] = sum(t.n_entries for t in self.tables.values())
+        s["table_bytes"] = sum(t.nbytes() for t in self.tables.values())
+        s["prediction_accuracy"] = s["predicted_right"] / s["predictions"] if s["predictions"] else None
+        return s
+
+
+@register
+class DeepUMPrefetchOnly(DeepUMController):
+    """Ablation: correlation prefetching only (DeepUM figure 10, "Prefetching")."""
+
+    name = "deepum-prefetch"
+    features = ("prefetch",)
+
+
+@register
+class DeepUMPreevict(DeepUMController):
+    """Ablation: prefetching + pre-eviction, no invalidation ("Prefetching+Preeviction")."""
+
+    name = "deepum-preevict"
+    features = ("prefetch", "preevict")
