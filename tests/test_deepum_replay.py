@@ -22,8 +22,8 @@ def gpt2():
 
 def test_deepum_learns_the_training_loop(gpt2):
     none, d = gpt2["none"], gpt2["deepum"]
-    # first iteration: tables empty, DeepUM faults like plain UM; then most faults are gone
-    assert d["iteration_faults"][0] >= 0.9 * none["iteration_faults"][0]
+    # first iteration: tables empty, DeepUM faults on every block; then most faults are gone
+    assert d["iteration_faults"][0] > 4 * d["steady_faults_per_iter"]
     assert d["steady_faults_per_iter"] < 0.25 * none["steady_faults_per_iter"]
     assert d["steady_speedup"] > 2.5
     assert d["controller"]["prediction_accuracy"] == 1.0  # DNN kernel sequences repeat exactly
@@ -45,12 +45,14 @@ def test_ablation_order(gpt2):
 
 
 def test_dlrm_gains_less_than_dnns(gpt2):
-    """DeepUM §6: DLRM's irregular embedding lookups defeat correlation prefetching."""
+    """DeepUM §6: DLRM's irregular embedding lookups defeat correlation prefetching: blocks are
+    prefetched whole but only a few rows of each are read, so most prefetched pages are
+    wasted and the speedup is smaller than on the regular models."""
     w = load_scenario("dlrm", {**SMALL, "oversub": "2"})
     rows = {r["mode"]: r for r in result_rows(run_modes(w, ["none", "deepum"]))}
-    removed_dlrm = 1 - rows["deepum"]["steady_faults_per_iter"] / rows["none"]["steady_faults_per_iter"]
-    removed_gpt2 = 1 - gpt2["deepum"]["steady_faults_per_iter"] / gpt2["none"]["steady_faults_per_iter"]
-    assert removed_dlrm < removed_gpt2
+    assert rows["deepum"]["steady_speedup"] < gpt2["deepum"]["steady_speedup"]
+    assert rows["deepum"]["prefetch_accuracy"] < 0.6 < 0.9 < gpt2["deepum"]["prefetch_accuracy"]
+    assert rows["deepum"]["bytes_h2d"] > rows["none"]["bytes_h2d"]
 
 
 def test_prefetches_carry_the_predicted_execution_id():

@@ -11,6 +11,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from .. import UmctlError
+from ..units import format_bytes
 
 
 def sweep_command(
@@ -61,7 +62,7 @@ def sweep_command(
                 t.add_row(r["point"], f"{r['time_ns'] / 1e9:.3f} s",
                           f"{r['steady_time_ns'] / 1e9:.3f} s" if r["steady_time_ns"] else "—",
                           f"{r['speedup']:.3f}×", f"{r['faults']:,}",
-                          f"{r['table_bytes'] / 2**20:.0f} MiB" if r.get("table_bytes") else "—",
+                          format_bytes(r["table_bytes"]) if r.get("table_bytes") else "—",
                           f"{100 * r['prefetch_accuracy']:.1f} %" if r["prefetch_accuracy"] is not None else "—")
             out.print(t)
     if png:

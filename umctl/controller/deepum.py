@@ -71,12 +71,13 @@ class DeepUMController(Controller):
 
     def __init__(self, num_rows: int = 2048, assoc: int = 2, num_succs: int = 4, degree: int = 32,
                  exec_fallback: bool = True, watermark_blocks: int = 4, max_blocks_per_step: int = 256,
-                 **options):
+                 whole_fault_blocks: bool = True, **options):
         super().__init__(**options)
         self.num_rows, self.assoc, self.num_succs = int(num_rows), int(assoc), int(num_succs)
         self.degree = int(degree)
         self.watermark = int(watermark_blocks)       # free chunks kept in reserve for faults
         self.max_blocks = int(max_blocks_per_step)   # prefetch commands per event batch at most
+        self.whole_fault_blocks = bool(whole_fault_blocks)  # migrate a faulted block whole
         self.exec_ids = ExecIdTable()
         self.exec_table = ExecCorrelationTable(fallback=exec_fallback)
         self.tables: dict[int, BlockTable] = {}
@@ -91,6 +92,7 @@ class DeepUMController(Controller):
         self._inactive_sorted: tuple[np.ndarray, np.ndarray] | None = None
         self.predicted_next: int | None = None
         self._expected_cache: set[int] | None = None
+        self.fault_queue: dict[int, None] = {}   # faulted blocks to complete, served first
         self.stats_ = {k: 0 for k in ("launches", "predictions", "predicted_right", "chains", "faulted_blocks",
                                        "prefetch_blocks", "preevict_blocks", "invalidate_blocks",
                                        "paused", "prediction_failures")}
@@ -130,7 +132,7 @@ class DeepUMController(Controller):
             # a new fault ends the old walk and starts one at the faulted block
             self.chain = Chain(self.cur, self._hist3(), restart)
             self.stats_["chains"] += 1
-        if not self.enabled("prefetch") or self.chain is None:
+        if not self.enabled("prefetch") or (self.chain is None and not self.fault_queue):
             return None
         return self._step(batch.now_ns)
 
@@ -215,6 +217,8 @@ class DeepUMController(Controller):
         self.last_block = b
         self.resident.pop(b, None)
         self.resident[b] = t
+        if self.whole_fault_blocks:
+            self.fault_queue[b] = None  # DeepUM's fault queue holds UM blocks: the whole block comes
         return True
 
     # ------------------------------------------------------------------ chaining
@@ -297,10 +301,17 @@ class DeepUMController(Controller):
     # ------------------------------------------------------------------ commands
     def _step(self, now: int) -> np.ndarray | None:
         g = self.gpu
-        want = self._walk(self.max_blocks)
-        if not want:
-            return None
         out = []
+        if self.fault_queue:
+            # the fault queue before the prefetch queue: complete the faulted blocks (already
+            # holding their chunks, so no room is needed)
+            fq = np.fromiter(self.fault_queue, np.int64, len(self.fault_queue))
+            self.fault_queue.clear()
+            cur = self.cur if self.cur is not None else -1
+            out.append(commands(Op.PREFETCH, fq << BLOCK_SHIFT, BLOCK_SIZE, dst=g, exec_id=cur, priority=0))
+        want = self._walk(self.max_blocks) if self.chain is not None else []
+        if not want:
+            return np.concatenate(out) if out else None
         if self.enabled("preevict"):
             free = (self.ctx.free_memory(g) // BLOCK_SIZE if self.ctx.free_memory is not None
                     else self.capacity[g] - len(self.resident))
