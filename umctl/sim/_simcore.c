@@ -87,7 +87,7 @@ static inline double rng_unit(SimState *s) {
 
 /* ------------------------------------------------------------------ chunks */
 
-void sim_reclaim(SimState *s, int g, double t) {
+static void sim_reclaim(SimState *s, int g, double t) {
     double *p = s->pending + (int64_t)g * s->max_pending;
     int64_t n = s->npending[g], k = 0;
     for (int64_t i = 0; i < n; i++) {
@@ -129,7 +129,7 @@ void sim_release_chunk(SimState *s, int g, int64_t b, double done) {
 
 /* Least recently migrated-into block holding a chunk on g, not pinned, not excluded (or
  * the smallest evict_key when a replay-only controller supplies one). */
-int64_t sim_lru_victim(SimState *s, int g, const int64_t *exclude, int64_t nex) {
+static int64_t sim_lru_victim(SimState *s, int g, const int64_t *exclude, int64_t nex) {
     const uint8_t *hc = s->has_chunk + GB(s, g, 0), *pin = s->pinned + GB(s, g, 0);
     const double *lru = (s->evict_key ? s->evict_key : s->lru) + GB(s, g, 0);
     int64_t best = -1;
@@ -173,7 +173,7 @@ int64_t sim_drop_range(SimState *s, int g, int64_t lo, int64_t hi, int discard) 
     return written;
 }
 
-int64_t sim_drop_block(SimState *s, int g, int64_t b, int discard) {
+static int64_t sim_drop_block(SimState *s, int g, int64_t b, int discard) {
     return sim_drop_range(s, g, b * PPB, (b + 1) * PPB, discard);
 }
 
@@ -631,7 +631,6 @@ int64_t sim_kernel(SimState *s, int g, const int64_t *pages, const uint8_t *writ
     return pos;
 }
 
-int64_t sim_abi_version(void) { return 1; }
 int64_t sim_eventout_size(void) { return (int64_t)sizeof(EventOut); }
 int64_t sim_state_size(void) { return (int64_t)sizeof(SimState); }
 

@@ -76,14 +76,8 @@ def _load() -> C.CDLL:
     PS = C.POINTER(SimState)
     lib.sim_kernel.argtypes = [PS, C.c_int, P, P, P, i64, i64, f64, f64, C.POINTER(f64), f64, C.POINTER(EventOut)]
     lib.sim_kernel.restype = i64
-    lib.sim_reclaim.argtypes = [PS, C.c_int, f64]
-    lib.sim_reclaim.restype = None
     lib.sim_release_chunk.argtypes = [PS, C.c_int, i64, f64]
     lib.sim_release_chunk.restype = None
-    lib.sim_lru_victim.argtypes = [PS, C.c_int, P, i64]
-    lib.sim_lru_victim.restype = i64
-    lib.sim_drop_block.argtypes = [PS, C.c_int, i64, C.c_int]
-    lib.sim_drop_block.restype = i64
     lib.sim_drop_range.argtypes = [PS, C.c_int, i64, i64, C.c_int]
     lib.sim_drop_range.restype = i64
     lib.sim_take_chunk_async.argtypes = [PS, C.c_int, i64, f64, C.POINTER(i64), C.POINTER(i64)]

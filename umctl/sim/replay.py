@@ -7,7 +7,6 @@ differences between rows come from the policies alone.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
 from typing import Callable
 
 from .. import UmctlError
@@ -66,12 +65,6 @@ def resolve_target(target: str, overrides: dict[str, str] | None = None) -> Work
     from ..sources.scenario import load_scenario
 
     return load_scenario(target, overrides)
-
-
-@dataclass
-class ModeRun:
-    mode: str
-    result: SimResult
 
 
 def parse_mode_options(items: list[str] | None, modes: list[str]) -> dict[str, dict]:
