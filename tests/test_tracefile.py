@@ -213,3 +213,35 @@ def test_many_faults_is_fast(tmp_path: Path) -> None:
     assert len(w.kernels) == 1000
     assert len(w.acc_page) == len(np.unique(np.stack([np.searchsorted(np.arange(0, 10**9, 10**6), f["t_ns"], "right"),
                                                       f["addr"].astype(np.int64)]), axis=1)[0])
+
+
+def test_recorded_fault_stalls_are_taken_out_of_kernel_time(tmp_path):
+    """A recorded kernel's duration includes its fault batches; the replay models those
+    itself, so compute is the duration less the batches serviced during the kernel."""
+    import numpy as np
+
+    from umctl.events.schema import DTYPES, EventBatch, Kind
+    from umctl.events.trace import TraceWriter, read_trace
+    from umctl.sources.tracefile import workload_from_trace
+
+    la = np.zeros(2, DTYPES[Kind.LAUNCH])
+    la["t_ns"] = [1_000_000, 11_000_000]
+    la["exec_hash"] = [1, 2]
+    la["seq"] = [0, 1]
+    f = np.zeros(3, DTYPES[Kind.FAULT])
+    f["t_ns"] = [2_000_000, 3_000_000, 12_000_000]
+    f["addr"] = [0x7F0000000000, 0x7F0000001000, 0x7F0000200000]
+    f["batch_id"] = [1, 2, 3]
+    rp = np.zeros(3, DTYPES[Kind.REPLAY])
+    rp["t_start_ns"] = [2_000_000, 3_000_000, 12_000_000]
+    rp["t_ns"] = [2_500_000, 4_000_000, 12_250_000]
+    rp["batch_id"] = [1, 2, 3]
+    b = EventBatch(arrays={Kind.LAUNCH: la, Kind.FAULT: f, Kind.REPLAY: rp})
+    path = tmp_path / "t.parquet"
+    with TraceWriter(path, {"gpu_mem": 64 << 20}) as tw:
+        tw.write(b)
+    w = workload_from_trace(read_trace(path))
+    k = w.kernels
+    # first kernel: 10 ms until the next launch, 1.5 ms of it servicing two batches
+    assert int(k["compute_ns"][0]) == 10_000_000 - 1_500_000
+    assert int(k["compute_ns"][1]) == 1_250_000 - 250_000  # ends with the trace: last event at 12.25 ms

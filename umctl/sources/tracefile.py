@@ -63,8 +63,9 @@ def workload_from_trace(trace: Trace, *, gpu_mem: int | None = None, oversub: fl
 
     Kernel ``compute_ns`` is LAUNCH ``t_end_ns - t_ns`` where the end was recorded, else the
     gap to the next launch on that GPU (at most :data:`MAX_INFERRED_COMPUTE_NS`). In recorded
-    traces both include the time the kernel stalled on faults, so they overestimate compute;
-    a replay then runs slower than the original unless a calibration subtracts the stalls.
+    fault traces both include the time the kernel stalled on faults, which the simulator adds
+    again from its own model; so the fault batches serviced during a kernel (REPLAY
+    ``t_start_ns .. t_ns``) are subtracted from it.
 
     GPU capacity: ``gpu_mem`` bytes per GPU if given; else each GPU's footprint (distinct 2 MiB
     blocks it touches, since the driver backs and evicts memory in 2 MiB chunks) divided by
@@ -80,6 +81,7 @@ def workload_from_trace(trace: Trace, *, gpu_mem: int | None = None, oversub: fl
         derived_from = "access events"
     elif counts[Kind.FAULT]:
         kernels, acc_page, acc_write = _from_faults(trace.events(Kind.FAULT), launches, names, t_end)
+        _subtract_recorded_stalls(kernels, trace.events(Kind.REPLAY))
         derived_from = "fault events"
     else:
         raise TraceError(f"{trace.path}: nothing to replay (the trace has no access or fault events)")
@@ -131,6 +133,24 @@ def _launch_compute_ns(launches: np.ndarray, t_end: int) -> np.ndarray:
     gap[order] = nxt - t
     out = np.where((launches["t_end_ns"] > 0) & (dur > 0), dur, gap)
     return np.clip(out, 0, MAX_INFERRED_COMPUTE_NS)
+
+
+def _subtract_recorded_stalls(kernels: np.ndarray, replays: np.ndarray) -> None:
+    """Take the recorded fault-batch service time out of each kernel's compute time, in place.
+    A batch belongs to the kernel running on its GPU when the batch began; the driver services
+    one GPU's batches one after another, so their sum never exceeds the kernel's time (clipped
+    at zero where timestamps disagree)."""
+    if len(replays) == 0 or len(kernels) == 0:
+        return
+    dur = np.maximum(replays["t_ns"] - replays["t_start_ns"], 0).astype(np.float64)
+    for g in np.unique(kernels["gpu"]):
+        ks = np.flatnonzero(kernels["gpu"] == g)
+        ks = ks[np.argsort(kernels["t_ns"][ks], kind="stable")]
+        on = replays["gpu"] == g
+        owner = np.searchsorted(kernels["t_ns"][ks], replays["t_start_ns"][on], side="right") - 1
+        ok = owner >= 0
+        stall = np.bincount(owner[ok], weights=dur[on][ok], minlength=len(ks)).astype(np.int64)
+        kernels["compute_ns"][ks] = np.maximum(kernels["compute_ns"][ks] - stall, 0)
 
 
 def _kernels_from_launches(launches: np.ndarray, names: _Names, t_end: int) -> np.ndarray:
