@@ -1,0 +1,88 @@
+"""Attach overhead on a PyTorch training loop on managed memory (issue 4's goal: <= 2 % with
+the default event kinds), per enabled kind set, launch probes included. Prints a table and
+writes OUTDIR/bench_torch.json; asserts nothing (it is a benchmark).
+
+    python3 tests/gpu/bench_torch_overhead.py OUTDIR [--steps 40] [--reps 2]
+
+The loop is tests/gpu/wl_torch.py: every step the host touches one float per page of the
+64 MiB input batch (a data loader writing into managed memory), so each step faults the
+batch back to the GPU — a fault-heavy case, not a best case."""
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+import threading
+import time
+
+from umctl.sources.uvmtools import ALL_KINDS, DEFAULT_KINDS, UvmToolsSource
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def one(kinds, launches: bool, steps: int) -> dict:
+    p = subprocess.Popen([sys.executable, os.path.join(HERE, "wl_torch.py"), "--wait", "--steps", str(steps)],
+                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, bufsize=1)
+    pid = int(p.stdout.readline().split()[1])
+    src = UvmToolsSource(pid, kinds).start() if kinds is not None else None
+    probe = None
+    if launches:
+        from umctl.sources.uprobes import LaunchProbe
+
+        probe = LaunchProbe(pid)
+        probe.start()
+    lines: list[str] = []
+    reader = threading.Thread(target=lambda: lines.extend(iter(p.stdout.readline, "")), daemon=True)
+    reader.start()
+    p.stdin.write("GO\n")
+    p.stdin.flush()
+    events = 0
+    while reader.is_alive():
+        time.sleep(0.02)
+        if src is not None:
+            events += len(src.drain())
+        if probe is not None:
+            events += len(probe.drain())
+    p.wait(timeout=60)
+    steps_ms = [float(ln.split()[2]) for ln in lines if ln.startswith("STEP")]
+    out = {"step_ms": steps_ms, "events": events}
+    if src is not None:
+        out["dropped"] = src.stats()["dropped"]
+        src.stop()
+        src.close()
+    if probe is not None:
+        out["launch_stats"] = {k: v for k, v in probe.stats().items() if k in ("launches", "ringbuf_drops")}
+        probe.close()
+    return out
+
+
+def main() -> None:
+    outdir = sys.argv[1]
+    steps = int(sys.argv[sys.argv.index("--steps") + 1]) if "--steps" in sys.argv else 40
+    reps = int(sys.argv[sys.argv.index("--reps") + 1]) if "--reps" in sys.argv else 2
+    configs = [("not attached", None, False), ("default kinds", DEFAULT_KINDS, False),
+               ("default kinds + launches", DEFAULT_KINDS, True), ("all kinds", ALL_KINDS, False)]
+    runs = {name: [] for name, _, _ in configs}
+    for _ in range(reps):
+        for name, kinds, launches in configs:
+            try:
+                runs[name].append(one(kinds, launches, steps))
+            except Exception as e:  # a probe that cannot load is reported, not fatal
+                runs[name].append({"error": str(e).splitlines()[0], "step_ms": []})
+    table = []
+    base = statistics.median(s for r in runs["not attached"] for s in r["step_ms"][5:])
+    for name, _, _ in configs:
+        st = [s for r in runs[name] for s in r["step_ms"][5:]]
+        row = {"config": name, "step_ms_median": statistics.median(st) if st else None,
+               "overhead_pct": 100 * (statistics.median(st) / base - 1) if st else None,
+               "events": [r.get("events") for r in runs[name]], "dropped": [r.get("dropped") for r in runs[name]],
+               "errors": [r["error"] for r in runs[name] if "error" in r]}
+        table.append(row)
+        print(json.dumps(row))
+    with open(os.path.join(outdir, "bench_torch.json"), "w") as f:
+        json.dump({"table": table, "runs": runs}, f)
+
+
+if __name__ == "__main__":
+    main()
