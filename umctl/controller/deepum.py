@@ -71,13 +71,14 @@ class DeepUMController(Controller):
 
     def __init__(self, num_rows: int = 2048, assoc: int = 2, num_succs: int = 4, degree: int = 32,
                  exec_fallback: bool = True, watermark_blocks: int = 4, max_blocks_per_step: int = 256,
-                 whole_fault_blocks: bool = True, **options):
+                 whole_fault_blocks: bool = True, whole_tables: bool = False, **options):
         super().__init__(**options)
         self.num_rows, self.assoc, self.num_succs = int(num_rows), int(assoc), int(num_succs)
         self.degree = int(degree)
         self.watermark = int(watermark_blocks)       # free chunks kept in reserve for faults
         self.max_blocks = int(max_blocks_per_step)   # prefetch commands per event batch at most
         self.whole_fault_blocks = bool(whole_fault_blocks)  # migrate a faulted block whole
+        self.whole_tables = bool(whole_tables)  # also prefetch blocks the walk did not reach
         self.exec_ids = ExecIdTable()
         self.exec_table = ExecCorrelationTable(fallback=exec_fallback)
         self.tables: dict[int, BlockTable] = {}
@@ -240,6 +241,8 @@ class DeepUMController(Controller):
                     out.append((c.block, c.exec_id))
                     seen.add(c.block)
             if c.block == t.end:
+                if self.whole_tables:
+                    self._leftovers(c, out, seen)
                 c = self._next_kernel(c)
                 continue
             succ = t.successors(c.block, 0)
@@ -248,16 +251,31 @@ class DeepUMController(Controller):
                     out.append((s, c.exec_id))
                     seen.add(s)
             if t.end is not None and t.end in succ:
+                if self.whole_tables:
+                    self._leftovers(c, out, seen)
                 c = self._next_kernel(c)  # met the end block: this kernel is covered
                 continue
             nxt = next((s for s in succ if s not in c.visited), None)
             if nxt is None:
+                if self.whole_tables:
+                    self._leftovers(c, out, seen)
                 c = self._next_kernel(c)
                 continue
             c.visited.add(nxt)
             c.block = nxt
         self.chain = c
         return out
+
+    def _leftovers(self, c: Chain, out: list, seen: set) -> None:
+        """Blocks recorded for the kernel that the successor walk did not reach (tables can
+        hold several chains when a kernel's faults came in different orders)."""
+        t = self.tables.get(c.exec_id)
+        if t is None:
+            return
+        for b in t.keys():
+            if b not in seen and b not in self.resident:
+                out.append((b, c.exec_id))
+                seen.add(b)
 
     def _next_kernel(self, c: Chain) -> Chain | None:
         """Chaining across kernels: predict the kernel after ``c.exec_id``."""
