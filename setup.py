@@ -55,7 +55,8 @@ class build_ext_and_bpf(build_ext):
 setup(
     packages=find_packages(include=["umctl", "umctl.*"]) + ["umctl.scenarios_data"],
     package_dir={"umctl": "umctl", "umctl.scenarios_data": "scenarios"},
-    package_data={"umctl.scenarios_data": ["*.toml"], "umctl.bpf": ["*.bpf.o"]},
+    package_data={"umctl.scenarios_data": ["*.toml"], "umctl.bpf": ["*.bpf.o"],
+                  "umctl.sim": ["calibrations/*.json"]},
     ext_modules=[Extension("umctl.sim._simcore", ["umctl/sim/_simcore.c"],
                            extra_compile_args=["-O2", "-fvisibility=default"])],
     cmdclass={"build_ext": build_ext_and_bpf},

@@ -65,13 +65,15 @@ def _overrides(oversub, gpu_mem, iters, seed, params) -> dict[str, str]:
 
 def _run_replay(target: str, modes: str, overrides: dict[str, str], seed: int, png: Optional[str],
                 as_json: bool, record: Optional[str], mode_opts: Optional[List[str]] = None,
-                drain_us: Optional[float] = None) -> None:
+                drain_us: Optional[float] = None, calibration: Optional[str] = None) -> None:
     from ..report.table import replay_table
     from ..sim.calibration import DEFAULT as DEFAULT_CALIBRATION
+    from ..sim.calibration import Calibration
     from ..sim.replay import parse_mode_options, parse_modes, resolve_target, result_rows, run_modes
 
     mode_list = parse_modes(modes)
     options = parse_mode_options(mode_opts, mode_list)
+    calib = Calibration.load(calibration) if calibration else DEFAULT_CALIBRATION
     if drain_us is not None and drain_us <= 0:
         raise UmctlError("--drain-us must be positive")
     workload = resolve_target(target, overrides)
@@ -96,7 +98,8 @@ def _run_replay(target: str, modes: str, overrides: dict[str, str], seed: int, p
             prog.update(tasks[mode], completed=done)
 
         results = run_modes(workload, mode_list, seed=seed, progress=progress, recorder_for=recorder_for,
-                            mode_options=options, drain_ns=None if drain_us is None else int(drain_us * 1000))
+                            mode_options=options, drain_ns=None if drain_us is None else int(drain_us * 1000),
+                            calib=calib)
     rows = result_rows(results)
     if as_json:
         keys = ("mode", "time_s", "speedup", "faults", "fault_batches", "bytes_h2d", "bytes_d2h",
@@ -109,7 +112,7 @@ def _run_replay(target: str, modes: str, overrides: dict[str, str], seed: int, p
     else:
         out.print(replay_table(rows, _describe(workload)))
         walls = ", ".join(f"{r.mode} {r.wall_s:.2f}s" for r in results)
-        out.print(f"[dim]UVM simulator, calibration {DEFAULT_CALIBRATION.name} (umctl/sim/calibration.py); "
+        out.print(f"[dim]UVM simulator, calibration {calib.name} ({calibration or 'umctl/sim/calibration.py'}); "
                   f"wall time: {walls}[/dim]")
     if png:
         from ..report.png import replay_png
@@ -154,7 +157,9 @@ def replay(
                                                  help="Controller option MODE.KEY=VALUE or KEY=VALUE "
                                                       "(e.g. deepum.degree=8, deepum.num_rows=512); repeatable."),
     drain_us: Optional[float] = typer.Option(None, "--drain-us", help="How often (simulated µs) events reach the "
-                                             "controller, as a live source drains its ring (default 500)."),
+                                             "controller, as a live source drains its ring (default 1000)."),
+    calibration: Optional[str] = typer.Option(None, "--calibration", help="Calibration file written by "
+                                              "benchmarks/gpu/calibrate.py, or a shipped one by name (h200-r580); default: the H100 figures of DESIGN §7."),
 ) -> None:
     """Replay a scenario or a recorded trace under controller modes, side by side.
 
@@ -171,7 +176,7 @@ def replay(
       [bold]umctl replay trace.parquet --mode none,oracle --oversub 1.5 --png report.png[/bold]
     """
     ov = _overrides(oversub, gpu_mem, iters, seed if seed else None, param)
-    _run_replay(target, mode, ov, seed, png, as_json, record, mode_opt, drain_us)
+    _run_replay(target, mode, ov, seed, png, as_json, record, mode_opt, drain_us, calibration)
 
 
 @app.command()

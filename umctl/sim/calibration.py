@@ -76,6 +76,70 @@ class Calibration:
     def as_dict(self) -> dict:
         return asdict(self)
 
+    @classmethod
+    def load(cls, path: str) -> "Calibration":
+        """A calibration file written by benchmarks/gpu/calibrate.py (a path, or the name of
+        one shipped in umctl/sim/calibrations/, e.g. ``h200-r580``): JSON with the fields of
+        this class under "calibration" (missing ones keep their defaults) and the raw
+        measurements beside them."""
+        import json
+        import os
+
+        from .. import UmctlError
+
+        bundled = os.path.join(os.path.dirname(__file__), "calibrations", os.path.basename(path))
+        if not os.path.exists(path):  # a bundled calibration by name, e.g. h200-r580
+            for candidate in (bundled, bundled + ".json"):
+                if os.path.exists(candidate):
+                    path = candidate
+                    break
+        try:
+            with open(path) as f:
+                data = json.load(f)
+            fields = data["calibration"]
+            known = {k: v for k, v in fields.items() if k in cls.__dataclass_fields__}
+            unknown = sorted(set(fields) - set(known))
+            if unknown:
+                raise ValueError(f"unknown field(s) {', '.join(unknown)}")
+            return replace(cls(), **{k: type(getattr(cls(), k))(v) for k, v in known.items()})
+        except OSError as e:
+            raise UmctlError(f"{path}: cannot read calibration ({e.strerror})") from None
+        except (ValueError, KeyError, TypeError) as e:
+            raise UmctlError(f"{path}: not a umctl calibration file ({e})") from None
+
+
+def fit_fault_path(measured_ns_per_GiB: float, base: "Calibration" | None = None, *, tol: float = 0.01) -> "Calibration":
+    """The calibration whose simulated cold 1 GiB pass (host-written managed memory read by one
+    kernel) takes the measured time: the per-batch cost is the free parameter (the driver's
+    fixed work per batch is what varies most between machines); everything else is measured
+    directly. Bisection on batch_ns; the simulated pass is monotonic in it."""
+    from ..controller import make_controller
+    from ..sources.workload import Init, WorkloadBuilder
+    from ..units import GiB
+    from .engine import simulate
+
+    base = base or DEFAULT
+    b = WorkloadBuilder("calibration-sweep", gpu_mem=4 * GiB)
+    x = b.alloc("x", GiB, init=Init.HOST)
+    b.kernel("read", reads=[x], compute_ns=0)
+    w = b.build()
+
+    def sim_ns(batch_ns: float) -> float:
+        return simulate(w, make_controller("none"), calib=base.with_overrides(batch_ns=int(batch_ns))).time_ns
+
+    lo, hi = 0.0, 1e6
+    if sim_ns(lo) > measured_ns_per_GiB:
+        return base.with_overrides(batch_ns=0)
+    for _ in range(40):
+        mid = (lo + hi) / 2
+        if sim_ns(mid) < measured_ns_per_GiB:
+            lo = mid
+        else:
+            hi = mid
+        if hi - lo < tol * max(1.0, mid):
+            break
+    return base.with_overrides(batch_ns=int(round((lo + hi) / 2)))
+
 
 H100 = Calibration()
 DEFAULT = H100
