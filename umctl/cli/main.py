@@ -29,7 +29,16 @@ if not out.is_terminal:  # piped or captured: don't squeeze tables into 80 colum
 err = Console(stderr=True)
 
 
+_mounted = False
+
+
 def _mount_subcommands() -> None:
+    """Register the commands that live in their own modules (once: main() may run often,
+    e.g. in tests)."""
+    global _mounted
+    if _mounted:
+        return
+    _mounted = True
     from .live_cmd import attach_command, record_command, run_command, top_command
     from .scenarios_cmd import scenarios_command
     from .sweep_cmd import sweep_command
