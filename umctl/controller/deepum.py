@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..events.schema import AllocOp, EventBatch, Kind, Op, commands
-from ..units import BLOCK_SHIFT, BLOCK_SIZE, CPU
+from ..units import BLOCK_SHIFT, BLOCK_SIZE, CPU, block_range
 from .base import Controller, ControllerContext, register
 from .tables import ExecCorrelationTable, ExecIdTable, PairCorrelationTable
 
@@ -160,7 +160,7 @@ class DeepUMController(Controller):
                 continue
             self._inactive_sorted = None
             if op == AllocOp.FREE:
-                for b in range(addr >> BLOCK_SHIFT, ((addr + max(nbytes, 1) - 1) >> BLOCK_SHIFT) + 1):
+                for b in range(*block_range(addr, max(nbytes, 1))):
                     self.resident.pop(b, None)
 
     def _hist3(self) -> tuple[int, int, int]:
@@ -241,9 +241,7 @@ class DeepUMController(Controller):
                     out.append((c.block, c.exec_id))
                     seen.add(c.block)
             if c.block == t.end:
-                if self.whole_tables:
-                    self._leftovers(c, out, seen)
-                c = self._next_kernel(c)
+                c = self._leave(c, out, seen)
                 continue
             succ = t.successors(c.block, 0)
             for s in succ:
@@ -251,31 +249,27 @@ class DeepUMController(Controller):
                     out.append((s, c.exec_id))
                     seen.add(s)
             if t.end is not None and t.end in succ:
-                if self.whole_tables:
-                    self._leftovers(c, out, seen)
-                c = self._next_kernel(c)  # met the end block: this kernel is covered
+                c = self._leave(c, out, seen)  # met the end block: this kernel is covered
                 continue
             nxt = next((s for s in succ if s not in c.visited), None)
             if nxt is None:
-                if self.whole_tables:
-                    self._leftovers(c, out, seen)
-                c = self._next_kernel(c)
+                c = self._leave(c, out, seen)
                 continue
             c.visited.add(nxt)
             c.block = nxt
         self.chain = c
         return out
 
-    def _leftovers(self, c: Chain, out: list, seen: set) -> None:
-        """Blocks recorded for the kernel that the successor walk did not reach (tables can
-        hold several chains when a kernel's faults came in different orders)."""
-        t = self.tables.get(c.exec_id)
-        if t is None:
-            return
-        for b in t.keys():
+    def _leave(self, c: Chain, out: list, seen: set) -> Chain | None:
+        """The walk is done with ``c.exec_id``'s table: with ``whole_tables``, first emit the
+        blocks recorded for the kernel that the successor walk did not reach (tables can hold
+        several chains when a kernel's faults came in different orders); then chain on."""
+        t = self.tables.get(c.exec_id) if self.whole_tables else None
+        for b in t.keys() if t is not None else ():
             if b not in seen and b not in self.resident:
                 out.append((b, c.exec_id))
                 seen.add(b)
+        return self._next_kernel(c)
 
     def _next_kernel(self, c: Chain) -> Chain | None:
         """Chaining across kernels: predict the kernel after ``c.exec_id``."""

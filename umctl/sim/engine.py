@@ -271,13 +271,16 @@ class Simulator:
     def _free_memory(self, g: int) -> int:
         """Bytes the driver can hand out without evicting: free chunks and chunks whose
         write-back is under way (as the driver's free list would count them soon)."""
-        return int(self.cap[g] - self.used[g] + self.npending[g]) * PAGES_PER_BLOCK * PAGE_SIZE
+        return self._free_chunks(g) * PAGES_PER_BLOCK * PAGE_SIZE
+
+    def _free_chunks(self, g: int) -> int:
+        return int(self.cap[g] - self.used[g] + self.npending[g])
 
     def _residency(self, g: int) -> tuple[np.ndarray, np.ndarray, int]:
         """(blocks holding a chunk on g, blocks with every managed page on g, free chunks
         counting those being written back)."""
         complete = self.has_chunk[g] & (self.rescount[g] >= self._managed_per_block)
-        return self.has_chunk[g], complete, int(self.cap[g] - self.used[g] + self.npending[g])
+        return self.has_chunk[g], complete, self._free_chunks(g)
 
     # ------------------------------------------------------------------ transfers
     def _new_entry(self, done: float) -> int:
