@@ -55,6 +55,18 @@ class Controller:
         self.options = options
         self.ctx: ControllerContext | None = None
 
+    def applies_to(self, workload) -> str | None:
+        """Why this mode cannot run on ``workload`` (e.g. a multi-GPU mode on a one-GPU
+        program), or None when it can. Replay refuses with this reason instead of running."""
+        return None
+
+    def prepare(self, workload):
+        """What the mode's in-process runtime does to the program before it runs (HUM turns
+        copies into chunked UM migrations, SnuRHAC partitions kernel grids over GPUs); the
+        live path does the same in runtime/. Policies that only observe and command keep the
+        program as it is."""
+        return workload
+
     def attach(self, ctx: ControllerContext) -> None:
         self.ctx = ctx
 
@@ -94,5 +106,20 @@ def make_controller(mode: str, **options) -> Controller:
 
 
 def _load_builtin() -> None:
-    # Importing the modules registers them; done lazily so importing the interface is cheap.
-    from . import deepum, none, oracle  # noqa: F401
+    """Import every module of this package once: importing a mode module registers it, so a
+    new mode is one new file and nothing else to edit. Done lazily to keep the interface cheap."""
+    global _LOADED
+    if _LOADED:
+        return
+    import importlib
+    import pkgutil
+
+    from .. import controller as pkg
+
+    for info in pkgutil.iter_modules(pkg.__path__):
+        if info.name not in ("base", "tables"):
+            importlib.import_module(f"{pkg.__name__}.{info.name}")
+    _LOADED = True
+
+
+_LOADED = False

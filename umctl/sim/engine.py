@@ -137,6 +137,7 @@ class Simulator:
                  seed: int = 0, recorder=None, progress: Callable[[int, int], None] | None = None,
                  controller_delay_ns: int = 20_000, drain_ns: int = 1_000_000):
         t_init = _time.perf_counter()
+        workload = controller.prepare(workload)
         self.w = workload
         self.c = calib
         self.ctl = controller

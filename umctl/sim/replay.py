@@ -110,8 +110,12 @@ def run_modes(workload: Workload, modes: list[str], *, seed: int = 0, calib: Cal
     """Simulate the workload once per mode (same seed)."""
     results = []
     extra = {} if drain_ns is None else {"drain_ns": int(drain_ns)}
-    for mode in modes:
-        ctl = make_controller(mode, **(mode_options or {}).get(mode, {}))
+    ctls = [make_controller(mode, **(mode_options or {}).get(mode, {})) for mode in modes]
+    for mode, ctl in zip(modes, ctls):
+        why = ctl.applies_to(workload)
+        if why:
+            raise UmctlError(f"mode {mode} does not apply to {workload.name}: {why}")
+    for mode, ctl in zip(modes, ctls):
         cb = (lambda done, total, m=mode: progress(m, done, total)) if progress else None
         rec = recorder_for(mode) if recorder_for else None
         try:
