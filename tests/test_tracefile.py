@@ -245,3 +245,41 @@ def test_recorded_fault_stalls_are_taken_out_of_kernel_time(tmp_path):
     # first kernel: 10 ms until the next launch, 1.5 ms of it servicing two batches
     assert int(k["compute_ns"][0]) == 10_000_000 - 1_500_000
     assert int(k["compute_ns"][1]) == 1_250_000 - 250_000  # ends with the trace: last event at 12.25 ms
+
+
+def cpu_faults(t, page, pid=42) -> np.ndarray:
+    out = empty(Kind.CPU_FAULT, len(t))
+    out["t_ns"], out["addr"], out["pid"], out["access"] = t, (BASE_PAGE + np.asarray(page)) << PAGE_SHIFT, pid, Access.WRITE
+    return out
+
+
+def test_host_writes_between_launches_become_host_ops(tmp_path: Path) -> None:
+    """A loop whose host rewrites its input between steps: each step's kernel faults the
+    input back. CPU faults between two launches become SYNC, HOST_WRITE of their distinct
+    pages, then HOST until the next launch; the kernel before them ends at the burst."""
+    from umctl.controller.none import NoneController
+    from umctl.sim.engine import simulate
+    from umctl.sources.workload import OpType
+
+    ms = 1_000_000
+    la = launches([0, 10 * ms, 20 * ms])
+    f = faults([ms, 2 * ms, 11 * ms, 12 * ms, 21 * ms, 22 * ms], [0, 1, 0, 1, 0, 1])
+    cf = cpu_faults([5 * ms, 5 * ms + 10, 5 * ms + 20, 15 * ms, 15 * ms + 10], [0, 1, 0, 0, 1])
+    tr = make(tmp_path / "t.parquet", {Kind.LAUNCH: la, Kind.FAULT: f, Kind.CPU_FAULT: cf},
+              names=["k0", "k1", "k2"], meta={"gpu_mem": 64 << 20})
+    w = workload_from_trace(tr)
+    types = w.ops["type"].tolist()
+    K, S, HW, H = OpType.KERNEL, OpType.SYNC, OpType.HOST_WRITE, OpType.HOST
+    assert types == [K, S, HW, H, K, S, HW, H, K]
+    hw = w.ops[w.ops["type"] == HW]
+    assert (w.acc_page[hw["acc_lo"][0]:hw["acc_hi"][0]] - BASE_PAGE).tolist() == [0, 1]
+    assert w.acc_write[hw["acc_lo"][0]:hw["acc_hi"][0]].all()
+    host = w.ops[w.ops["type"] == H]["compute_ns"].tolist()
+    assert host == [10 * ms - (5 * ms + 20), 20 * ms - (15 * ms + 10)]
+    assert w.kernels["compute_ns"][0] == 5 * ms       # capped at the burst, not 10 ms
+    # the replay faults the input back every step, as the recorded run did
+    r = simulate(w, NoneController())
+    assert r.faults == 6
+    no_host = workload_from_trace(make(tmp_path / "u.parquet", {Kind.LAUNCH: la, Kind.FAULT: f},
+                                       names=["k0", "k1", "k2"], meta={"gpu_mem": 64 << 20}))
+    assert simulate(no_host, NoneController()).faults == 2

@@ -41,7 +41,7 @@ _KERNEL_DTYPE = np.dtype([
 
 # Order of operations that share a timestamp: memory must exist before a kernel uses it and be
 # released after; copies feed the kernel launched with them.
-_PRIO_ACQUIRE, _PRIO_COPY, _PRIO_KERNEL, _PRIO_RELEASE = 0, 1, 2, 3
+_PRIO_ACQUIRE, _PRIO_COPY, _PRIO_KERNEL, _PRIO_RELEASE, _PRIO_HOST = 0, 1, 2, 3, 4
 
 
 class _Names:
@@ -67,6 +67,9 @@ def workload_from_trace(trace: Trace, *, gpu_mem: int | None = None, oversub: fl
     again from its own model; so the fault batches serviced during a kernel (REPLAY
     ``t_start_ns .. t_ns``) are subtracted from it.
 
+    CPU faults (the host touching managed memory) become host operations between kernels:
+    see :class:`_Bursts`.
+
     GPU capacity: ``gpu_mem`` bytes per GPU if given; else each GPU's footprint (distinct 2 MiB
     blocks it touches, since the driver backs and evicts memory in 2 MiB chunks) divided by
     ``oversub``; else what the trace metadata says (see :func:`_recorded_gpu_mem`); else
@@ -85,12 +88,19 @@ def workload_from_trace(trace: Trace, *, gpu_mem: int | None = None, oversub: fl
         derived_from = "fault events"
     else:
         raise TraceError(f"{trace.path}: nothing to replay (the trace has no access or fault events)")
+    bursts = _host_bursts(trace.events(Kind.CPU_FAULT), kernels, launches, len(acc_page))
+    if bursts is not None:
+        _cap_at_bursts(kernels, launches, bursts)
+        acc_page = np.concatenate([acc_page, bursts.pages])
+        acc_write = np.concatenate([acc_write, np.ones(len(bursts.pages), np.bool_)])
 
     alloc_events = np.sort(trace.events(Kind.ALLOC), order="t_ns", kind="stable")
     copies = trace.events(Kind.COPY)
     acc_pid = np.repeat(kernels["pid"], kernels["acc_hi"] - kernels["acc_lo"])
+    if bursts is not None:
+        acc_pid = np.concatenate([acc_pid, bursts.page_pid])
     allocations = _allocations(alloc_events, acc_page, acc_pid, names)
-    ops = _program_order(kernels, alloc_events, allocations, copies)
+    ops = _program_order(kernels, alloc_events, allocations, copies, bursts)
 
     gpu_cols = [kernels["gpu"], copies["gpu"]]
     n_gpus = max(1, max((int(g.max()) + 1 for g in gpu_cols if len(g)), default=1))
@@ -268,6 +278,80 @@ def _from_faults(faults: np.ndarray, launches: np.ndarray, names: _Names, t_end:
     return kernels, page_s[keep_pos], write_any
 
 
+# -- host writes ----------------------------------------------------------------------------
+
+class _Bursts:
+    """The host's touches of managed memory, from CPU_FAULT events: one burst per process and
+    gap between two of its kernel launches, each replayed as SYNC (the host only touches pages
+    a GPU holds after waiting for it), HOST_WRITE of the burst's distinct pages (the simulator
+    charges the CPU-fault cost and takes the pages off the GPUs, so later kernels fault them
+    back, as the recorded run did), and HOST for the host time between the burst and the next
+    launch. Without them a loop whose host writes its input every step replays with that input
+    resident on the GPU after the first step, which is the torch loop's -33 % of issue 4."""
+
+    def __init__(self, t0, t1, pid, lo, hi, host_ns, pages, page_pid):
+        self.t0, self.t1, self.pid, self.lo, self.hi = t0, t1, pid, lo, hi
+        self.host_ns, self.pages, self.page_pid = host_ns, pages, page_pid
+
+    def __len__(self) -> int:
+        return len(self.t0)
+
+
+def _host_bursts(cpu: np.ndarray, kernels: np.ndarray, launches: np.ndarray, acc_base: int) -> _Bursts | None:
+    if len(cpu) == 0:
+        return None
+    cpu = cpu[np.lexsort((cpu["t_ns"], cpu["pid"]))]
+    # burst key: (pid, number of that pid's launches before the fault)
+    gap = np.zeros(len(cpu), np.int64)
+    next_launch = np.full(len(cpu), -1, np.int64)
+    for p in np.unique(cpu["pid"]):
+        on = np.flatnonzero(cpu["pid"] == p)
+        lt = np.sort(launches["t_ns"][launches["pid"] == p]) if len(launches) else np.zeros(0, np.int64)
+        idx = np.searchsorted(lt, cpu["t_ns"][on], side="right")
+        gap[on] = idx
+        if len(lt):
+            next_launch[on] = np.where(idx < len(lt), lt[np.minimum(idx, len(lt) - 1)], -1)
+    key_change = np.r_[True, (cpu["pid"][1:] != cpu["pid"][:-1]) | (gap[1:] != gap[:-1])]
+    starts = np.flatnonzero(key_change)
+    ends = np.r_[starts[1:], len(cpu)]
+    page = (cpu["addr"] >> np.uint64(PAGE_SHIFT)).astype(np.int64)
+    pages_out: list[np.ndarray] = []
+    lo = np.zeros(len(starts), np.int64)
+    hi = np.zeros(len(starts), np.int64)
+    pos = acc_base
+    for i, (a, b) in enumerate(zip(starts.tolist(), ends.tolist())):
+        u, first = np.unique(page[a:b], return_index=True)
+        u = u[np.argsort(first)]          # order of first touch
+        pages_out.append(u)
+        lo[i], hi[i] = pos, pos + len(u)
+        pos += len(u)
+    t0 = cpu["t_ns"][starts]
+    t1 = cpu["t_ns"][ends - 1]
+    nxt = next_launch[ends - 1]
+    host_ns = np.where(nxt >= 0, np.clip(nxt - t1, 0, MAX_INFERRED_COMPUTE_NS), 0)
+    pages = np.concatenate(pages_out) if pages_out else np.zeros(0, np.int64)
+    page_pid = np.repeat(cpu["pid"][starts], hi - lo).astype(np.int32)
+    return _Bursts(t0, t1, cpu["pid"][starts], lo, hi, host_ns, pages, page_pid)
+
+
+def _cap_at_bursts(kernels: np.ndarray, launches: np.ndarray, bursts: _Bursts) -> None:
+    """A kernel whose duration was inferred (no recorded end) ran at most until its process's
+    next host burst: the host waited for the GPU before touching its pages, so the time after
+    that is host time, which the burst ops carry. In place."""
+    inferred = np.ones(len(kernels), np.bool_)
+    if len(launches):
+        recorded = (launches["t_end_ns"] > 0) & (launches["t_end_ns"] > launches["t_ns"])
+        if recorded.any():
+            inferred = ~np.isin(kernels["t_ns"], launches["t_ns"][recorded])
+    for p in np.unique(bursts.pid):
+        ks = np.flatnonzero((kernels["pid"] == p) & inferred)
+        bt = np.sort(bursts.t0[bursts.pid == p])
+        nb = np.searchsorted(bt, kernels["t_ns"][ks], side="right")
+        has = nb < len(bt)
+        cap = bt[np.minimum(nb, len(bt) - 1)] - kernels["t_ns"][ks]
+        kernels["compute_ns"][ks[has]] = np.maximum(np.minimum(kernels["compute_ns"][ks[has]], cap[has]), 0)
+
+
 # -- allocations ----------------------------------------------------------------------------
 
 def _runs(units: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -345,11 +429,12 @@ def _alloc_id_of(events: np.ndarray, allocations: np.ndarray) -> np.ndarray:
 # -- program order --------------------------------------------------------------------------
 
 def _program_order(kernels: np.ndarray, alloc_events: np.ndarray, allocations: np.ndarray,
-                   copies: np.ndarray) -> np.ndarray:
-    """Kernels, allocator events and copies merged into one op stream by time. Kernels keep
-    their own order; other ops go where their timestamps fall between launches."""
+                   copies: np.ndarray, bursts: _Bursts | None = None) -> np.ndarray:
+    """Kernels, allocator events, copies and host bursts merged into one op stream by time.
+    Kernels keep their own order; other ops go where their timestamps fall between launches."""
     nk, nm, nc = len(kernels), len(alloc_events), len(copies)
-    ops = np.zeros(nk + nm + nc, dtype=OP_DTYPE)
+    nb = len(bursts) if bursts is not None else 0
+    ops = np.zeros(nk + nm + nc + 3 * nb, dtype=OP_DTYPE)
     ops["name_id"] = -1
     ops["alloc_id"] = -1
     ops["grid"] = ops["block"] = 1
@@ -364,17 +449,26 @@ def _program_order(kernels: np.ndarray, alloc_events: np.ndarray, allocations: n
     m["pid"], m["mem_op"], m["addr"], m["bytes"] = (alloc_events[f] for f in ("pid", "op", "addr", "bytes"))
     m["alloc_id"] = _alloc_id_of(alloc_events, allocations)
 
-    c = ops[nk + nm:]
+    c = ops[nk + nm:nk + nm + nc]
     c["type"] = OpType.COPY
     c["gpu"], c["pid"], c["bytes"], c["copy_kind"], c["is_async"] = (
         copies[f] for f in ("gpu", "pid", "bytes", "kind", "is_async"))
     c["addr"], c["dst_addr"] = copies["src_addr"], copies["dst_addr"]
 
+    t_b = np.zeros(3 * nb, np.int64)
+    if nb:
+        h = ops[nk + nm + nc:].reshape(nb, 3)  # per burst: SYNC, HOST_WRITE, HOST
+        h["pid"] = bursts.pid[:, None]
+        h["type"] = [OpType.SYNC, OpType.HOST_WRITE, OpType.HOST]
+        h["gpu"][:, 0] = -1
+        h["acc_lo"][:, 1], h["acc_hi"][:, 1] = bursts.lo, bursts.hi
+        h["compute_ns"][:, 2] = bursts.host_ns
+        t_b = np.repeat(bursts.t0, 3)
     release = np.isin(alloc_events["op"], (AllocOp.FREE, AllocOp.BLOCK_INACTIVE))
     t = np.concatenate([np.maximum.accumulate(kernels["t_ns"]) if nk else kernels["t_ns"],
-                        alloc_events["t_ns"], copies["t_ns"]])
+                        alloc_events["t_ns"], copies["t_ns"], t_b])
     prio = np.concatenate([np.full(nk, _PRIO_KERNEL), np.where(release, _PRIO_RELEASE, _PRIO_ACQUIRE),
-                           np.full(nc, _PRIO_COPY)])
+                           np.full(nc, _PRIO_COPY), np.full(3 * nb, _PRIO_HOST)])
     return ops[np.lexsort((np.arange(len(ops)), prio, t))]
 
 
@@ -382,7 +476,7 @@ def _program_order(kernels: np.ndarray, alloc_events: np.ndarray, allocations: n
 
 def _footprint_per_gpu(kernels: np.ndarray, acc_page: np.ndarray, n_gpus: int) -> list[int]:
     acc_gpu = np.repeat(kernels["gpu"], kernels["acc_hi"] - kernels["acc_lo"])
-    blocks = acc_page >> PAGE_TO_BLOCK_SHIFT
+    blocks = acc_page[:len(acc_gpu)] >> PAGE_TO_BLOCK_SHIFT  # kernels' accesses come first
     return [int(len(np.unique(blocks[acc_gpu == g]))) * BLOCK_SIZE for g in range(n_gpus)]
 
 
