@@ -354,3 +354,43 @@ def test_top_once_shows_each_uvm_process(fake_io, capsys):
     row = next(ln for ln in out.splitlines() if ln.startswith(str(PID)))
     assert "python3" in row
     assert "0x7f0000000000 50" in out  # top 2 MiB block by faults
+
+
+def test_attach_mode_none_budget_preevicts_through_the_target_va_space(fake_io, tmp_path, capsys):
+    """``attach --mode none --budget``: faults on 12 blocks against an 8 MiB budget make the
+    budget keeper pre-evict the oldest blocks with UVM_MIGRATE to the CPU's UUID on the
+    duplicated va_space fd; commands and their results land in the trace; detach is clean."""
+    drv = fake_io
+    migrations: list[tuple[int, int, bytes]] = []
+    plain = drv.ioctl
+
+    def ioctl(fd, cmd, params):
+        if cmd == abi.UVM_MIGRATE:
+            assert drv.fds[fd] == ("dup", drv.va_target_fd)
+            migrations.append((params.base, params.length, bytes(params.destinationUuid.uuid)))
+            return abi.NV_OK
+        return plain(fd, cmd, params)
+
+    drv.ioctl = ioctl  # type: ignore[method-assign]
+    drv.pending.append(entries(*[{"type": abi.EV_GPU_FAULT, "g_gpu": 1, "g_addr": 0x7F0000000000 + (i << 21),
+                                  "g_ts": 1_000_000 + i, "g_batch": 1, "g_access": 1, "g_client_type": 1}
+                                 for i in range(12)]))
+    trace = tmp_path / "c.parquet"
+    code, out, err = run_cli(capsys, "attach", "--pid", str(PID), "-o", str(trace), "--duration", "0.6",
+                             "--interval", "0.2", "--no-launches", "--mode", "none", "--budget", "8MiB")
+    assert code == 0, err
+    assert migrations, "no pre-eviction reached the driver"
+    assert all(u == CPU_UUID and n == 2 << 20 or n % (2 << 20) == 0 for _, n, u in migrations)
+    evicted = sorted({(b - 0x7F0000000000) >> 21 for b, n, _ in migrations for b in range(b, b + n, 2 << 20)})
+    assert evicted[:4] == [0, 1, 2, 3]                     # least recently migrated first
+    assert "control      mode none" in out and "budget       8.00 MiB" in out
+    t = read_trace(trace)
+    assert t.counts()[Kind.COMMAND] >= 4 and t.counts()[Kind.RESULT] == t.counts()[Kind.COMMAND]
+    assert drv.fds == {}
+
+
+def test_attach_mode_needing_launches_without_probe_is_refused(fake_io, capsys):
+    code, out, err = run_cli(capsys, "attach", "--pid", str(PID), "--duration", "0.2", "--no-launches",
+                             "--mode", "deepum")
+    assert code != 0 and "needs kernel-launch events" in err and "Traceback" not in err
+    assert fake_io.fds == {}

@@ -114,11 +114,20 @@ def _trace_meta(src: UvmToolsSource, command: str, extra: dict) -> dict:
 
 def _observe(src: UvmToolsSource, *, command: str, duration: float | None, output: str | None,
              interval: float, launches: bool, live: bool, child: subprocess.Popen | None = None,
-             extra_meta: dict | None = None) -> tuple[LiveStats, dict, str]:
+             extra_meta: dict | None = None, control: "ControlSpec | None" = None) -> tuple[LiveStats, dict, str]:
     """Run the loop until the end condition; returns (stats, source stats, end reason)."""
     from rich.live import Live
 
     probe = _start_launch_probe(src.pid, launches)
+    ctl = None
+    if control is not None:
+        try:
+            ctl = control.start(src, probe)
+        except BaseException:
+            if probe is not None:
+                probe.close()
+            src.close()
+            raise
     stats = LiveStats(pid=src.pid, comm=comm_of(src.pid))
     writer = None
     if output:
@@ -134,11 +143,15 @@ def _observe(src: UvmToolsSource, *, command: str, duration: float | None, outpu
         batch = _merge(src.drain(), probe)
         stats.counters = src.counters()
         stats.update(batch)
+        if ctl is not None:
+            for k, a in ctl.step(batch).arrays.items():
+                batch.add(k, a)
         if writer is not None and len(batch):
             writer.write(batch)
 
     def line() -> str:
-        return summary_line(stats, time.monotonic() - t0, _lag_p99(src))
+        text = summary_line(stats, time.monotonic() - t0, _lag_p99(src))
+        return text + (f"  [{_control_line(ctl)}]" if ctl is not None else "")
 
     error: BaseException | None = None
     display = Live(console=err, refresh_per_second=4, transient=True) if tty else None
@@ -181,12 +194,22 @@ def _observe(src: UvmToolsSource, *, command: str, duration: float | None, outpu
         except Exception as e:  # noqa: BLE001
             error = error or e
         stats.tick()
+        if ctl is not None:
+            # stop commanding before detaching: in-flight commands finish, advice is undone
+            try:
+                tail = ctl.finish()
+                if writer is not None and len(tail):
+                    writer.write(tail)
+            except Exception as e:  # noqa: BLE001
+                error = error or e
         if probe is not None:
             try:
                 probe.close()
             except Exception:  # noqa: BLE001
                 pass
         st = src.stats()
+        if ctl is not None:
+            st["control"] = ctl.stats()
         src.close()
         if writer is not None:
             if src.gpus:  # the UUID table may have filled in after attach
@@ -249,8 +272,96 @@ def _print_summary(command: str, stats: LiveStats, st: dict, reason: str) -> Non
         out.print(ln, highlight=False, soft_wrap=True)
 
 
-def _attach(pid: int, kinds: str, ring_entries: int, flush_ms: float) -> UvmToolsSource:
-    return UvmToolsSource(pid, parse_kinds(kinds), ring_entries=ring_entries, flush_ms=flush_ms).start()
+def _attach(pid: int, kinds: str, ring_entries: int, flush_ms: float,
+            control: "ControlSpec | None" = None) -> UvmToolsSource:
+    kind_set = parse_kinds(kinds)
+    if control is not None:
+        kind_set = kind_set | control.source_kinds()
+    return UvmToolsSource(pid, kind_set, ring_entries=ring_entries, flush_ms=flush_ms).start()
+
+
+class ControlSpec:
+    """What ``--mode/--budget/-O`` asked for, checked before attaching (a typo must not cost
+    an attach), turned into a running :class:`~umctl.live.control.LiveControl` once the
+    source is attached."""
+
+    def __init__(self, mode: str | None, budget: str | None, options: list[str] | None, degree: int | None,
+                 spare_gpus: int, rate: str | None):
+        from ..controller.base import make_controller
+        from ..sim.replay import parse_mode_options
+        from ..units import parse_size
+
+        self.mode = mode or "none"
+        opts = list(options or [])
+        if degree is not None:
+            opts.append(f"{self.mode}.degree={degree}")
+        parsed = parse_mode_options(opts, [self.mode]) if opts else {self.mode: {}}
+        self.controller = make_controller(self.mode, **parsed[self.mode])
+        if self.controller.replay_only:
+            raise UmctlError(f"mode {self.mode} needs the future and runs only on replay (umctl replay ... --mode {self.mode})")
+        try:
+            self.budget = parse_size(budget) if budget else None
+            self.rate = parse_size(rate) if rate else 0
+        except ValueError as e:
+            raise UmctlError(str(e)) from None
+        if spare_gpus < 0:
+            raise UmctlError("--spare-gpus must be 0 or more")
+        if spare_gpus and self.budget is None:
+            raise UmctlError("--spare-gpus needs --budget (spare memory holds what the budget evicts)")
+        self.spare_gpus = spare_gpus
+
+    def source_kinds(self) -> frozenset:
+        from ..sources.uvmtools import ALL_KINDS
+
+        return frozenset(self.controller.subscribes) & ALL_KINDS
+
+    def start(self, src: UvmToolsSource, probe):
+        from ..live.control import LiveControl
+
+        if Kind.LAUNCH in self.controller.subscribes and probe is None:
+            raise UmctlError(f"mode {self.mode} needs kernel-launch events and the launch probe is unavailable "
+                             "(see the message above; docs/launch-probes.md)")
+        gpus = src.gpus or [{"gpu": 0, "memory_bytes": None}]
+        act = src.actuator(max_bytes_per_s=float(self.rate))
+        try:
+            return LiveControl(self.controller, act, pid=src.pid, gpus=gpus, budget_bytes=self.budget,
+                               spare_gpus=self.spare_gpus)
+        except BaseException:
+            act.close()
+            raise
+
+
+def _control_line(ctl) -> str:
+    s = ctl.act.stats()["counts"]
+    res = ctl.res.resident_bytes(0)
+    bud = f"/{_fmt_bytes(ctl.budget.nbytes)}" if ctl.budget is not None else ""
+    return (f"{ctl.ctl.name}: {ctl.commands:,} cmds, {s['ok']:,} ok, {s['failed'] + s['target_gone']:,} failed, "
+            f"resident~{_fmt_bytes(res)}{bud}")
+
+
+def _print_control(st: dict) -> None:
+    c = st.get("control")
+    if not c:
+        return
+    a = c["actuator"]
+    n = a["counts"]
+    moved = ", ".join(f"{k} {_fmt_bytes(v)}" for k, v in a["bytes"].items() if v) or "nothing"
+    out.print(f"  control      mode {c['mode']}: {c['commands']:,} commands -> {n['ioctls']:,} ioctls "
+              f"({n['ok']:,} ok, {n['failed']:,} failed, {n['target_gone']:,} after exit, {n['superseded']:,} superseded, "
+              f"{n['dropped']:,} dropped); moved {moved}; controller {c['controller_ms']:.0f} ms", highlight=False,
+              soft_wrap=True)
+    if a["errors"]:
+        out.print("  errors       " + ", ".join(f"{k} x{v}" for k, v in a["errors"].items()), highlight=False)
+    b = c.get("budget")
+    if b:
+        out.print(f"  budget       {_fmt_bytes(b['bytes'])}: peak estimate {_fmt_bytes(b['peak_estimate_bytes'])}, "
+                  f"{b['overflow_blocks_evicted']:,} blocks evicted on overflow to "
+                  f"{', '.join('CPU' if d < 0 else f'GPU {d}' for d in b['dst'])}", highlight=False)
+
+
+CONTROL_HELP = "Controller mode (none, deepum, deepum-prefetch, deepum-preevict, ...): observe and act."
+BUDGET_HELP = ("Soft cap on the target's GPU-resident managed memory (e.g. 8GiB): umctl pre-evicts to stay "
+               "under it, so oversubscription policies run without asking the driver for more than the card has.")
 
 
 # -- commands -------------------------------------------------------------------------------
@@ -265,26 +376,39 @@ def attach_command(
     flush_ms: float = typer.Option(5.0, "--flush-ms", help="Force the driver to deliver pending events this often (0: never)."),
     launches: bool = typer.Option(True, "--launches/--no-launches", help="Kernel launches through the BPF probe."),
     as_json: bool = typer.Option(False, "--json", help="Print the final summary as JSON."),
+    mode: Optional[str] = typer.Option(None, "--mode", "-m", help=CONTROL_HELP),
+    budget: Optional[str] = typer.Option(None, "--budget", "-b", help=BUDGET_HELP),
+    option: Optional[List[str]] = typer.Option(None, "--option", "-O", help="Mode option KEY=VALUE (e.g. degree=8)."),
+    degree: Optional[int] = typer.Option(None, "--degree", help="DeepUM's prefetch degree N (kernels ahead)."),
+    spare_gpus: int = typer.Option(0, "--spare-gpus", help="Evict over the budget into this many neighbour GPUs' memory instead of the host."),
+    rate: Optional[str] = typer.Option(None, "--rate", help="Cap on the data umctl itself moves, per second (e.g. 20GB)."),
 ) -> None:
-    """Observe a running process's Unified Memory: live fault/migration rates, then a summary.
+    """Observe a running process's Unified Memory live, and with --mode control it.
 
     Attaches to an unmodified process through the UVM tools API (no restart, no LD_PRELOAD);
-    Ctrl-C or the target's exit detaches cleanly.
+    Ctrl-C or the target's exit detaches cleanly and leaves the target as it was.
 
     Examples:
 
       [bold]sudo umctl attach --pid 4242[/bold]
 
       [bold]sudo umctl attach --pid 4242 --duration 30 -o run.parquet --kinds all[/bold]
+
+      [bold]sudo umctl attach --pid 4242 --mode deepum --degree 32 --budget 8GiB[/bold]
+
+      [bold]sudo umctl attach --pid 4242 --mode none --budget 8GiB[/bold]   (LRU baseline)
     """
-    src = _attach(pid, kinds, ring_entries, flush_ms)
+    control = (ControlSpec(mode, budget, option, degree, spare_gpus, rate)
+               if (mode or budget or option or degree is not None or spare_gpus or rate) else None)
+    src = _attach(pid, kinds, ring_entries, flush_ms, control)
     stats, st, reason = _observe(src, command="attach", duration=duration, output=output, interval=interval,
-                                 launches=launches, live=not as_json)
+                                 launches=launches, live=not as_json, control=control)
     if as_json:
         import json
         print(json.dumps({"summary": _summary_dict(stats), "source": st, "end": reason}, indent=1, default=str))
     else:
         _print_summary("attach", stats, st, reason)
+        _print_control(st)
 
 
 def _summary_dict(s: LiveStats) -> dict:
@@ -336,12 +460,18 @@ def _wait_for_cuda(child: subprocess.Popen, timeout: float | None) -> None:
 
 def run_command(
     cmd: List[str] = typer.Argument(..., help="The program and its arguments (after --)."),
-    output: str = typer.Option(..., "--output", "-o", help="Trace file to write (.parquet)."),
+    output: Optional[str] = typer.Option(None, "--output", "-o", help="Trace file to write (.parquet)."),
     kinds: str = typer.Option("default", "--kinds", "-k", help=KINDS_HELP),
     duration: Optional[float] = typer.Option(None, "--duration", "-d", help="Stop recording after this many seconds (the program keeps running)."),
     wait_cuda: Optional[float] = typer.Option(None, "--wait-cuda", help="Give up if the program has not used CUDA after this many seconds."),
     launches: bool = typer.Option(True, "--launches/--no-launches", help="Kernel launches through the BPF probe."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No live status line."),
+    mode: Optional[str] = typer.Option(None, "--mode", "-m", help=CONTROL_HELP),
+    budget: Optional[str] = typer.Option(None, "--budget", "-b", help=BUDGET_HELP),
+    option: Optional[List[str]] = typer.Option(None, "--option", "-O", help="Mode option KEY=VALUE (e.g. degree=8)."),
+    degree: Optional[int] = typer.Option(None, "--degree", help="DeepUM's prefetch degree N (kernels ahead)."),
+    spare_gpus: int = typer.Option(0, "--spare-gpus", help="Evict over the budget into this many neighbour GPUs' memory."),
+    rate: Optional[str] = typer.Option(None, "--rate", help="Cap on the data umctl itself moves, per second."),
 ) -> None:
     """Start a program and record its UVM events from its first CUDA use; exits with its status.
 
@@ -355,6 +485,10 @@ def run_command(
     """
     if not cmd:
         raise UmctlError("no program given (umctl run -o trace.parquet -- CMD ...)")
+    control = (ControlSpec(mode, budget, option, degree, spare_gpus, rate)
+               if (mode or budget or option or degree is not None or spare_gpus or rate) else None)
+    if output is None and control is None:
+        raise UmctlError("nothing to do: give -o TRACE to record, --mode/--budget to control, or both")
     try:
         child = subprocess.Popen(cmd)
     except OSError as e:
@@ -366,15 +500,17 @@ def run_command(
         deadline = time.monotonic() + 5.0
         while src is None:  # the fd exists a moment before CUDA has set up its va_space
             try:
-                src = _attach(child.pid, kinds, 2 ** 18, 5.0)
+                src = _attach(child.pid, kinds, 2 ** 18, 5.0, control)
             except NoUvm:
                 if child.poll() is not None or time.monotonic() > deadline:
                     raise
                 time.sleep(0.002)
         stats, st, reason = _observe(src, command="run", duration=duration, output=output, interval=1.0,
                                      launches=launches, live=not quiet, child=child,
-                                     extra_meta={"command": cmd})
+                                     extra_meta={"command": cmd, "mode": control.mode if control else None},
+                                     control=control)
         _print_summary("run", stats, st, reason)
+        _print_control(st)
         rc = child.wait()
     except TargetExited:
         rc = child.wait()

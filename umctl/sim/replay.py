@@ -74,6 +74,10 @@ def parse_mode_options(items: list[str] | None, modes: list[str]) -> dict[str, d
 
     from ..controller.base import _REGISTRY
 
+    known = available_modes()  # also loads the mode modules
+    bad = [m for m in modes if m not in known]
+    if bad:
+        raise UmctlError(f"unknown mode {bad[0]!r}; available: {', '.join(known)}")
     out: dict[str, dict] = {m: {} for m in modes}
     for item in items or []:
         key, sep, value = item.partition("=")

@@ -35,6 +35,14 @@ UVM_TOOLS_DISABLE_COUNTERS = 61
 UVM_TOOLS_FLUSH_EVENTS = 67
 UVM_TOOLS_INIT_EVENT_TRACKER_V2 = 76
 UVM_TOOLS_GET_PROCESSOR_UUID_TABLE_V2 = 77
+# memory-management ioctls the actuator issues on the target's va_space fd
+UVM_SET_PREFERRED_LOCATION = 42
+UVM_UNSET_PREFERRED_LOCATION = 43
+UVM_ENABLE_READ_DUPLICATION = 44
+UVM_DISABLE_READ_DUPLICATION = 45
+UVM_MIGRATE = 51
+UVM_DISCARD = 80                 # new in 580: drop contents without write-back
+UVM_DISCARD_FLAGS_UNMAP = 1      # and unmap, so the next touch faults and zero-fills
 
 NV_OK = 0
 #: What INIT_EVENT_TRACKER returns for a /dev/nvidia-uvm fd that is not a va_space (the
@@ -128,7 +136,37 @@ class StatusParams(C.Structure):
     _fields_ = [("rmStatus", C.c_uint32)]
 
 
-for _t, _n in ((InitEventTrackerParams, 56), (U64Params, 16), (U32Params, 8), (StatusParams, 4)):
+class MigrateParams(C.Structure):
+    """UVM_MIGRATE_PARAMS (80 bytes). Synchronous unless flags has UVM_MIGRATE_FLAG_ASYNC;
+    ``cpuNumaNode`` -1 lets the driver pick the node when the destination is the CPU."""
+
+    _fields_ = [("base", C.c_uint64), ("length", C.c_uint64), ("destinationUuid", NvProcessorUuid),
+                ("flags", C.c_uint32), ("semaphoreAddress", C.c_uint64), ("semaphorePayload", C.c_uint32),
+                ("cpuNumaNode", C.c_int32), ("userSpaceStart", C.c_uint64), ("userSpaceLength", C.c_uint64),
+                ("rmStatus", C.c_uint32)]
+
+
+class DiscardParams(C.Structure):
+    """UVM_DISCARD_PARAMS (32 bytes)."""
+
+    _fields_ = [("base", C.c_uint64), ("length", C.c_uint64), ("flags", C.c_uint64), ("rmStatus", C.c_uint32)]
+
+
+class PreferredLocationParams(C.Structure):
+    """UVM_SET_PREFERRED_LOCATION_PARAMS (40 bytes)."""
+
+    _fields_ = [("requestedBase", C.c_uint64), ("length", C.c_uint64), ("preferredLocation", NvProcessorUuid),
+                ("preferredCpuNumaNode", C.c_int32), ("rmStatus", C.c_uint32)]
+
+
+class RangeParams(C.Structure):
+    """UVM_UNSET_PREFERRED_LOCATION, UVM_ENABLE/DISABLE_READ_DUPLICATION (24 bytes)."""
+
+    _fields_ = [("requestedBase", C.c_uint64), ("length", C.c_uint64), ("rmStatus", C.c_uint32)]
+
+
+for _t, _n in ((InitEventTrackerParams, 56), (U64Params, 16), (U32Params, 8), (StatusParams, 4),
+               (MigrateParams, 80), (DiscardParams, 32), (PreferredLocationParams, 40), (RangeParams, 24)):
     assert C.sizeof(_t) == _n, (_t.__name__, C.sizeof(_t), _n)
 
 

@@ -106,6 +106,8 @@ class UvmToolsSource:
         self.drainer: Drainer | None = None
         self.decoder: Decoder | None = None
         self.gpus: list[dict] = []
+        #: UVM processor id -> UUID bytes (0: the CPU), for the actuator's UVM_MIGRATE targets
+        self.processor_uuids: dict[int, bytes] = {}
         self.target_fd = -1
         self.attach_ms = 0.0
         self.totals: dict[Kind, int] = {k: 0 for k in Kind}
@@ -174,6 +176,7 @@ class UvmToolsSource:
             table = processor_uuid_table(self.io, self._borrowed.va_fd)
         except TrackerError:
             table = {}
+        self.processor_uuids = table
         pmap, self.gpus = processor_map(table, self._smi_gpus()) if table else (None, [])
         self.decoder = Decoder(self.pid, pmap, refresh=self._refresh_processors)
         ring = Ring(self._queue.view(abi.ENTRY_DTYPE, n), self._control.view(abi.CONTROL_DTYPE, 1))
@@ -205,6 +208,7 @@ class UvmToolsSource:
             return None
         if len(table) <= 1:
             return None
+        self.processor_uuids = table
         pmap, self.gpus = processor_map(table, self._smi_gpus())
         return pmap
 
@@ -232,6 +236,22 @@ class UvmToolsSource:
     def _check(status: int, what: str) -> None:
         if status != abi.NV_OK:
             raise TrackerError(f"{what}: the driver returned {abi.nv_status_name(status)}")
+
+    def actuator(self, **kw):
+        """A ``uvm`` actuator on this attachment's va_space (the same duplicated fd), with
+        GPUs numbered as this source numbers them in events."""
+        from ...actuators.uvm import UvmActuator
+
+        if self._borrowed is None:
+            raise LiveError("not attached")
+        def gpu_uuid(g: int) -> bytes | None:
+            for info in self.gpus:
+                if int(info["gpu"]) == g:
+                    return self.processor_uuids.get(int(info["uvm_id"]))
+            return None
+
+        return UvmActuator(self._borrowed.va_fd, gpu_uuid, self.processor_uuids.get(abi.UVM_CPU_INDEX, bytes(16)),
+                           io=self.io, pidfd=self._borrowed.pidfd, **kw)
 
     # -- running --------------------------------------------------------------------------
     def drain(self) -> EventBatch:

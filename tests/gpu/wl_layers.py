@@ -1,0 +1,60 @@
+"""GPU test workload for live control: a "training loop" of L layers over cupy managed memory.
+
+Each iteration runs one kernel per layer, in order, over that layer's buffer (read and
+write, like a layer's forward+update), then synchronises. The footprint (layers x MiB) fits
+the GPU, so the driver never evicts; umctl's soft budget (--budget) makes it behave like a
+GPU with less memory, which is how prefetch/pre-eviction policies are measured on a real GPU
+without asking the driver for more than the card has. Prints ``ITER i ms`` and ``DONE ms``;
+the data is checked at the end (results must not change under umctl).
+"""
+
+import argparse
+import os
+import time
+
+import cupy as cp
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--layers", type=int, default=24)
+    ap.add_argument("--mib", type=int, default=128, help="per layer")
+    ap.add_argument("--iters", type=int, default=8)
+    ap.add_argument("--repeat", type=int, default=4, help="passes over the buffer inside one kernel")
+    a = ap.parse_args()
+    total = a.layers * (a.mib << 20)
+    free, _ = cp.cuda.runtime.memGetInfo()
+    assert total <= min(8 << 30, free // 2), (total, free)
+    n = (a.mib << 20) // 4
+    k = cp.RawKernel(r'''extern "C" __global__ void layer(float* x, long n, int rep) {
+        for (int r = 0; r < rep; r++)
+            for (long i = blockIdx.x * (long)blockDim.x + threadIdx.x; i < n; i += (long)gridDim.x * blockDim.x)
+                x[i] = x[i] * 0.5f + 1.0f; }''', "layer")
+    bufs = []
+    for i in range(a.layers):
+        mem = cp.cuda.malloc_managed(a.mib << 20)
+        x = cp.ndarray((n,), dtype=cp.float32, memptr=mem)
+        x.fill(float(i))
+        bufs.append(x)
+    cp.cuda.Device().synchronize()
+    print(f"READY {os.getpid()} {total}", flush=True)
+    t_all = time.perf_counter()
+    for it in range(a.iters):
+        t = time.perf_counter()
+        for x in bufs:
+            k((264,), (256,), (x, cp.int64(n), cp.int32(a.repeat)))
+        cp.cuda.Device().synchronize()
+        print(f"ITER {it} {(time.perf_counter() - t) * 1e3:.2f}", flush=True)
+    # x -> x/2 + 1 applied iters*repeat times from x0 = layer index: check exactly on the host
+    steps = a.iters * a.repeat
+    for i in (0, a.layers // 2, a.layers - 1):
+        v = float(i)
+        for _ in range(steps):
+            v = v * 0.5 + 1.0
+        got = float(bufs[i][12345])
+        assert abs(got - v) < 1e-5, (i, got, v)
+    print(f"DONE {(time.perf_counter() - t_all) * 1e3:.1f} check ok", flush=True)
+
+
+if __name__ == "__main__":
+    main()

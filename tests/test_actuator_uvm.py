@@ -1,0 +1,200 @@
+"""The ``uvm`` actuator against a fake driver at the Ioctl seam: what ioctls it issues for each
+command, coalescing per 2 MiB block, priorities, supersession, failures (never raised),
+target exit, rate limiting, and that close() undoes the advice it set."""
+
+from __future__ import annotations
+
+import ctypes as C
+import errno
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from umctl.actuators.uvm import UvmActuator
+from umctl.events.schema import Advice, Op, Status, commands
+from umctl.sources.uvmtools import abi
+from umctl.units import BLOCK_SIZE, CPU
+
+GPU0 = bytes(range(16))
+CPU_UUID = bytes([0xA6] * 16)
+BASE = 0x7F00_0000_0000
+
+
+class FakeUvm(abi.Ioctl):
+    """Records every ioctl as (cmd, base, length, uuid/flags); can fail on demand and can
+    hold the worker on a gate so tests fill the queue before anything runs."""
+
+    def __init__(self):
+        self.calls: list[tuple] = []
+        self.status: dict[int, int] = {}       # cmd -> NV_STATUS to return
+        self.raise_errno: int | None = None
+        self.exited = False
+        self.gate = threading.Event()
+        self.gate.set()
+
+    def ioctl(self, fd, cmd, p):
+        self.gate.wait(5)
+        if self.raise_errno is not None:
+            raise OSError(self.raise_errno, "fake")
+        if cmd == abi.UVM_MIGRATE:
+            self.calls.append(("migrate", p.base, p.length, bytes(p.destinationUuid.uuid)))
+        elif cmd == abi.UVM_DISCARD:
+            self.calls.append(("discard", p.base, p.length, int(p.flags)))
+        elif cmd == abi.UVM_SET_PREFERRED_LOCATION:
+            self.calls.append(("set_pref", p.requestedBase, p.length, bytes(p.preferredLocation.uuid)))
+        elif cmd == abi.UVM_UNSET_PREFERRED_LOCATION:
+            self.calls.append(("unset_pref", p.requestedBase, p.length, None))
+        elif cmd == abi.UVM_ENABLE_READ_DUPLICATION:
+            self.calls.append(("read_dup", p.requestedBase, p.length, None))
+        elif cmd == abi.UVM_DISABLE_READ_DUPLICATION:
+            self.calls.append(("no_read_dup", p.requestedBase, p.length, None))
+        return self.status.get(cmd, abi.NV_OK)
+
+    def process_exited(self, pidfd):
+        return self.exited
+
+
+def act(io: FakeUvm, **kw) -> UvmActuator:
+    return UvmActuator(3, {0: GPU0}, CPU_UUID, io=io, pidfd=7, **kw)
+
+
+def blk(i: int) -> int:
+    return BASE + i * BLOCK_SIZE
+
+
+def test_each_op_issues_its_ioctl_and_reports_results():
+    io = FakeUvm()
+    a = act(io)
+    ids = a.submit(np.concatenate([
+        commands(Op.PREFETCH, blk(0), BLOCK_SIZE, dst=0),
+        commands(Op.PREEVICT, blk(10), BLOCK_SIZE, dst=CPU),
+        commands(Op.INVALIDATE, blk(20) + 4096, 8192),
+    ]))
+    assert a.wait_idle()
+    kinds = {c[0]: c for c in io.calls}
+    assert kinds["migrate"][1:] in [(blk(0), BLOCK_SIZE, GPU0), (blk(10), BLOCK_SIZE, CPU_UUID)]
+    assert ("migrate", blk(10), BLOCK_SIZE, CPU_UUID) in io.calls
+    # discard keeps the exact sub-block range (widening would destroy live data) and unmaps
+    assert ("discard", blk(20) + 4096, 8192, abi.UVM_DISCARD_FLAGS_UNMAP) in io.calls
+    r = a.results()
+    assert sorted(r["cmd_id"].tolist()) == sorted(ids.tolist())
+    assert (r["status"] == Status.OK).all()
+    assert r["bytes"].sum() == 2 * BLOCK_SIZE + 8192
+    # room is made before it is filled: at equal priority discard/pre-evict precede prefetch
+    assert [c[0] for c in io.calls][-1] == "migrate" and io.calls[-1][3] == GPU0
+    a.close()
+
+
+def test_contiguous_blocks_coalesce_into_one_ioctl_up_to_the_cap():
+    io = FakeUvm()
+    io.gate.clear()
+    a = act(io, max_ioctl_bytes=4 * BLOCK_SIZE)
+    a.submit(commands(Op.PREFETCH, blk(100), BLOCK_SIZE, dst=0))  # the worker blocks on this one
+    time.sleep(0.05)
+    a.submit(commands(Op.PREFETCH, [blk(i) for i in range(6)], BLOCK_SIZE, dst=0))
+    io.gate.set()
+    assert a.wait_idle()
+    migr = [c for c in io.calls if c[0] == "migrate" and c[1] != blk(100)]
+    assert migr == [("migrate", blk(0), 4 * BLOCK_SIZE, GPU0), ("migrate", blk(4), 2 * BLOCK_SIZE, GPU0)]
+    assert len(a.results()) == 7  # one result per command, coalesced or not
+    a.close()
+
+
+def test_priority_zero_overtakes_queued_prefetch_and_newer_intent_wins():
+    io = FakeUvm()
+    io.gate.clear()
+    a = act(io)
+    a.submit(commands(Op.PREFETCH, blk(50), BLOCK_SIZE, dst=0))       # in flight, blocked
+    time.sleep(0.05)
+    a.submit(commands(Op.PREFETCH, [blk(1), blk(3)], BLOCK_SIZE, dst=0, priority=1))
+    a.submit(commands(Op.PREFETCH, blk(2), BLOCK_SIZE, dst=0, priority=0))
+    late = a.submit(commands(Op.PREEVICT, blk(3), BLOCK_SIZE, dst=CPU, priority=1))  # cancels the prefetch of 3
+    io.gate.set()
+    assert a.wait_idle()
+    order = [(c[1] - BASE) // BLOCK_SIZE for c in io.calls]
+    assert order[0] == 50 and order[1] == 2
+    assert ("migrate", blk(3), BLOCK_SIZE, GPU0) not in io.calls
+    assert ("migrate", blk(3), BLOCK_SIZE, CPU_UUID) in io.calls
+    r = a.results()
+    skipped = r[r["status"] == Status.SKIPPED]
+    assert len(skipped) == 1 and a.stats()["counts"]["superseded"] == 1
+    assert late[0] in r["cmd_id"][r["status"] == Status.OK].tolist()
+    a.close()
+
+
+def test_failures_are_counted_never_raised():
+    io = FakeUvm()
+    io.status[abi.UVM_MIGRATE] = 0x1E  # NV_ERR_INVALID_ADDRESS: the range was freed
+    a = act(io)
+    a.submit(commands(Op.PREFETCH, blk(0), BLOCK_SIZE, dst=0))
+    a.submit(commands(Op.PREFETCH, blk(5), BLOCK_SIZE, dst=3))       # no such GPU
+    assert a.wait_idle()
+    r = a.results()
+    assert sorted(r["status"].tolist()) == sorted([Status.RANGE_INVALID, Status.FAILED])
+    s = a.stats()
+    assert s["counts"]["failed"] == 2 and s["counts"]["range_invalid"] == 1
+    assert any("INVALID_ADDRESS" in k for k in s["errors"]) and any("no GPU 3" in k for k in s["errors"])
+    a.close()
+
+
+def test_target_exit_stops_issuing():
+    io = FakeUvm()
+    a = act(io)
+    io.exited = True
+    io.raise_errno = errno.ESRCH
+    a.submit(commands(Op.PREFETCH, blk(0), BLOCK_SIZE, dst=0))
+    assert a.wait_idle()
+    io.raise_errno = None
+    a.submit(commands(Op.PREFETCH, blk(9), BLOCK_SIZE, dst=0))
+    assert a.wait_idle()
+    r = a.results()
+    assert (r["status"] == Status.TARGET_GONE).all() and len(r) == 2
+    assert not io.calls  # nothing reached the driver after it said the target is gone
+    assert a.gone
+    a.close()
+
+
+def test_close_undoes_advice_it_set():
+    io = FakeUvm()
+    a = act(io)
+    a.submit(commands(Op.ADVISE, blk(0), 4 * BLOCK_SIZE, dst=0, advice=Advice.PREFERRED_LOCATION))
+    a.submit(commands(Op.ADVISE, blk(8), BLOCK_SIZE, advice=Advice.READ_MOSTLY))
+    assert a.wait_idle()
+    assert a.stats()["advice_set"] == 2
+    a.close()
+    assert ("unset_pref", blk(0), BLOCK_SIZE, None) in io.calls or ("unset_pref", blk(0), 4 * BLOCK_SIZE, None) in io.calls
+    assert ("no_read_dup", blk(8), BLOCK_SIZE, None) in io.calls
+
+
+def test_queue_bound_drops_stalest_prefetches():
+    io = FakeUvm()
+    io.gate.clear()
+    a = act(io, max_pending_blocks=4)
+    a.submit(commands(Op.PREFETCH, blk(99), BLOCK_SIZE, dst=0))
+    time.sleep(0.05)
+    a.submit(commands(Op.PREFETCH, [blk(i) for i in range(0, 20, 2)], BLOCK_SIZE, dst=0))
+    assert a.stats()["counts"]["dropped"] == 6
+    io.gate.set()
+    assert a.wait_idle()
+    done = sorted((c[1] - BASE) // BLOCK_SIZE for c in io.calls if c[1] != blk(99))
+    assert done == [12, 14, 16, 18]  # the newest predictions survive
+    a.close()
+
+
+def test_rate_limit_spaces_out_migrations():
+    io = FakeUvm()
+    a = act(io, max_bytes_per_s=200 * BLOCK_SIZE)   # 20 blocks -> ~0.1 s beyond the burst
+    t = time.monotonic()
+    a.submit(commands(Op.PREFETCH, [blk(2 * i) for i in range(20)], BLOCK_SIZE, dst=0))
+    assert a.wait_idle()
+    assert time.monotonic() - t >= 0.07
+    a.close()
+
+
+def test_rejects_wrong_dtype():
+    a = act(FakeUvm())
+    with pytest.raises(TypeError):
+        a.submit(np.zeros(2, dtype=np.int64))
+    a.close()

@@ -1,0 +1,175 @@
+"""The live control loop without a GPU: residency estimate, the soft budget (LRU overflow
+eviction = mode none --budget), the same DeepUM controller a replay uses driving an actuator
+from live-shaped event batches, and refusal of replay-only modes."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from umctl import UmctlError
+from umctl.controller.base import make_controller
+from umctl.events.schema import AllocOp, EventBatch, Kind, Op, Status, empty
+from umctl.live.control import Budget, LiveControl, Residency
+from umctl.units import BLOCK_SHIFT, BLOCK_SIZE, CPU
+
+BASE = 0x7F00_0000_0000
+GPUS = [{"gpu": 0, "uuid": "GPU-x", "memory_bytes": 80 << 30}]
+
+
+class FakeActuator:
+    """Executes everything at once, successfully (or not, per op)."""
+
+    def __init__(self, fail_ops=()):
+        self.submitted: list[np.ndarray] = []
+        self._results: list[tuple] = []
+        self.fail_ops = set(fail_ops)
+        self.closed = False
+        self._id = 0
+
+    def submit(self, cmds):
+        ids = np.arange(self._id, self._id + len(cmds))
+        self._id += len(cmds)
+        self.submitted.append(cmds.copy())
+        for c, i in zip(cmds, ids):
+            st = Status.RANGE_INVALID if int(c["op"]) in self.fail_ops else Status.OK
+            self._results.append((0, i, st, int(c["bytes"]), 1000))
+        return ids
+
+    def results(self):
+        out = empty(Kind.RESULT, len(self._results))
+        if self._results:
+            a = np.array(self._results, np.int64)
+            out["t_ns"], out["cmd_id"], out["status"], out["bytes"], out["latency_ns"] = a.T
+        self._results = []
+        return out
+
+    def close(self, drain=False, timeout=0):
+        self.closed = True
+
+    def stats(self):
+        return {}
+
+    def all(self):
+        return np.concatenate(self.submitted) if self.submitted else np.zeros(0)
+
+
+def faults(t: int, blocks, gpu: int = 0) -> np.ndarray:
+    f = empty(Kind.FAULT, len(blocks))
+    f["t_ns"], f["gpu"], f["addr"] = t, gpu, BASE + np.asarray(blocks, np.uint64) * BLOCK_SIZE + 4096
+    return f
+
+
+def launch(t: int, h: int, seq: int) -> np.ndarray:
+    la = empty(Kind.LAUNCH, 1)
+    la["t_ns"], la["exec_hash"], la["seq"], la["name_id"] = t, h, seq, 0
+    return la
+
+
+def test_residency_from_faults_migrations_and_frees():
+    r = Residency(1)
+    b = EventBatch(now_ns=10)
+    b.add(Kind.FAULT, faults(5, [3, 1, 3]))
+    r.observe(b)
+    assert r.resident_bytes(0) == 2 * BLOCK_SIZE
+    m = empty(Kind.MIGRATION, 1)
+    m["src"], m["dst"], m["addr"], m["bytes"] = 0, CPU, BASE + 3 * BLOCK_SIZE, BLOCK_SIZE
+    a = empty(Kind.ALLOC, 1)
+    a["op"], a["addr"], a["bytes"] = AllocOp.FREE, BASE + BLOCK_SIZE, BLOCK_SIZE
+    b2 = EventBatch(now_ns=20)
+    b2.add(Kind.MIGRATION, m)
+    b2.add(Kind.ALLOC, a)
+    r.observe(b2)
+    assert r.resident_bytes(0) == 0
+
+
+def test_budget_evicts_least_recently_migrated_with_slack():
+    r = Residency(1)
+    r.arrive(0, range(100), 0)
+    bud = Budget(64 * BLOCK_SIZE, r, slack=0.05)
+    cmds = bud.enforce([0], 1)
+    assert (cmds["op"] == Op.PREEVICT).all() and (cmds["dst"] == CPU).all()
+    evicted = ((cmds["addr"] >> np.uint64(BLOCK_SHIFT))).tolist()
+    assert evicted == list(range(36 + bud.slack_blocks))       # oldest first
+    assert r.resident_bytes(0) <= 64 * BLOCK_SIZE
+    assert bud.enforce([0], 2) is None                         # no repeat while in flight
+    assert bud.free_memory(0) == (64 - 64 + bud.slack_blocks) * BLOCK_SIZE
+
+
+def test_budget_to_spare_gpus_round_robin():
+    r = Residency(3)
+    r.arrive(0, range(10), 0)
+    bud = Budget(8 * BLOCK_SIZE, r, dst=[1, 2], slack=0.0)
+    cmds = bud.enforce([0], 1)
+    assert sorted(set(cmds["dst"].tolist())) == [1, 2]
+    assert r.resident_bytes(1) + r.resident_bytes(2) == len(cmds) * BLOCK_SIZE
+
+
+def test_none_with_budget_is_lru_eviction_only():
+    act = FakeActuator()
+    lc = LiveControl(make_controller("none"), act, pid=42, gpus=GPUS, budget_bytes=16 * BLOCK_SIZE)
+    for step in range(4):
+        b = EventBatch(now_ns=step * 1000)
+        b.add(Kind.FAULT, faults(step * 1000, range(step * 8, step * 8 + 8)))
+        out = lc.step(b)
+        if step >= 2:
+            assert Kind.COMMAND in out
+    cmds = act.all()
+    assert (cmds["op"] == Op.PREEVICT).all()           # no prefetch in the baseline
+    assert (cmds["pid"] == 42).all()
+    assert lc.res.resident_bytes(0) <= 16 * BLOCK_SIZE
+    lc.finish()
+    assert act.closed
+
+
+def test_deepum_live_prefetches_the_learned_sequence():
+    """Two iterations of the same three kernels faulting the same blocks: in the second,
+    DeepUM (the replay controller, unchanged) prefetches the blocks of the next kernels
+    before they fault, and the commands go to the actuator with the target's pid."""
+    act = FakeActuator()
+    lc = LiveControl(make_controller("deepum", watermark_blocks=0, degree=1), act, pid=7, gpus=GPUS,
+                     budget_bytes=8 * BLOCK_SIZE)
+    lc.budget.slack_blocks = 0
+    kern = {1: [0, 1, 2, 3], 2: [10, 11, 12], 3: [20, 21, 22, 23]}
+    t, seq = 0, 0
+    for it in range(4):
+        for h, blocks in kern.items():
+            b = EventBatch(now_ns=t + 500)
+            b.add(Kind.LAUNCH, launch(t, h, seq))
+            if it == 0 or h == 1:
+                b.add(Kind.FAULT, faults(t + 100, blocks[:1] if it else blocks))
+            lc.step(b)
+            t += 1000
+            seq += 1
+    c = act.all()
+    walk = c[(c["op"] == Op.PREFETCH) & (c["priority"] == 1)]   # predicted, not fault completion
+    got = set(((walk["addr"] >> np.uint64(BLOCK_SHIFT)) - np.uint64(BASE >> BLOCK_SHIFT)).tolist())
+    assert {1, 2} <= got                                  # the faulted kernel's successors
+    assert got & {10, 11, 12} and got & {20, 21, 22, 23}   # chained into the next kernels
+    assert lc.stats()["controller"]["prefetch_blocks"] == len(walk)
+    assert (c["op"] == Op.PREEVICT).any()          # the budget made room
+
+
+def test_failed_prefetch_is_taken_back_from_the_estimate():
+    act = FakeActuator(fail_ops={Op.PREFETCH})
+    lc = LiveControl(make_controller("none"), act, pid=1, gpus=GPUS)
+    from umctl.events.schema import commands
+
+    c = commands(Op.PREFETCH, BASE, BLOCK_SIZE, dst=0)
+    lc._account(c, 0)
+    ids = act.submit(c)
+    lc._issued[int(ids[0])] = (Op.PREFETCH, BASE >> BLOCK_SHIFT, 0)
+    assert lc.res.resident_bytes(0) == BLOCK_SIZE
+    lc._results(EventBatch())
+    assert lc.res.resident_bytes(0) == 0
+
+
+def test_replay_only_modes_and_bad_budgets_are_refused():
+    with pytest.raises(UmctlError, match="replay only"):
+        LiveControl(make_controller("oracle"), FakeActuator(), pid=1, gpus=GPUS)
+    with pytest.raises(UmctlError, match="at least 2 MiB"):
+        LiveControl(make_controller("none"), FakeActuator(), pid=1, gpus=GPUS, budget_bytes=4096)
+    with pytest.raises(UmctlError, match="spare-gpus"):
+        LiveControl(make_controller("none"), FakeActuator(), pid=1, gpus=GPUS, budget_bytes=1 << 30, spare_gpus=1)
+    with pytest.raises(UmctlError, match="memory size unknown"):
+        LiveControl(make_controller("none"), FakeActuator(), pid=1, gpus=[{"gpu": 0}])

@@ -1,0 +1,1 @@
+"""The live path: controller + actuator + budget around a running process."""

@@ -1,0 +1,270 @@
+"""Closing the loop on a live process: events -> controller -> commands -> ``uvm`` actuator.
+
+The controller is the very object a replay uses (``make_controller``); what differs is what
+stands around it. In a replay the simulator knows residency exactly; live, umctl only sees
+what the tools API reports, so :class:`Residency` keeps an estimate per 2 MiB block from the
+fault stream and from the commands it issued itself, and :class:`Budget` turns that estimate
+into a *soft* GPU-memory budget: the controller sees ``free_memory = budget - resident`` and
+pre-evicts to stay inside it, and when the controller lets residency overflow anyway the
+budget keeper evicts the least recently migrated blocks itself — exactly what the driver does
+on the fault path when a GPU is really full, which is the "naive UM" baseline (``--mode none
+--budget``). That is how oversubscription policies run on a real GPU without ever asking the
+driver for more memory than the card has (DESIGN §6).
+
+Why block granularity is right for the estimate: the driver backs and evicts managed memory
+in 2 MiB root chunks, so a block with any page on the GPU holds a whole chunk there.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import OrderedDict
+
+import numpy as np
+
+from .. import UmctlError
+from ..controller.base import Controller, ControllerContext
+from ..events.schema import AllocOp, EventBatch, Kind, Op, Status, commands, empty
+from ..units import BLOCK_SHIFT, BLOCK_SIZE, CPU
+
+
+class Residency:
+    """Which 2 MiB blocks of the target hold GPU memory, per GPU, oldest arrival first."""
+
+    def __init__(self, n_gpus: int):
+        self.blocks: list[OrderedDict[int, int]] = [OrderedDict() for _ in range(max(1, n_gpus))]
+
+    def _gpu(self, g: int) -> OrderedDict[int, int]:
+        while g >= len(self.blocks):
+            self.blocks.append(OrderedDict())
+        return self.blocks[g]
+
+    def arrive(self, g: int, blocks, t: int) -> None:
+        """Blocks now hold a chunk on GPU g (kept at their first arrival time: the driver's
+        eviction order is by migration into the GPU, not by use)."""
+        d = self._gpu(g)
+        for b in blocks:
+            if b not in d:
+                d[b] = t
+
+    def leave(self, g: int, blocks) -> None:
+        d = self._gpu(g)
+        for b in blocks:
+            d.pop(b, None)
+
+    def leave_all(self, blocks) -> None:
+        for d in self.blocks:
+            for b in blocks:
+                d.pop(b, None)
+
+    def observe(self, batch: EventBatch) -> None:
+        """Fold what the driver reported: GPU faults bring their blocks in; migrations
+        (when enabled) move blocks between processors; freed ranges leave every GPU."""
+        f = batch[Kind.FAULT]
+        if len(f):
+            for g in np.unique(f["gpu"]).tolist():
+                if g < 0:
+                    continue
+                sel = f[f["gpu"] == g]
+                blocks, first = np.unique((sel["addr"] >> np.uint64(BLOCK_SHIFT)).astype(np.int64), return_index=True)
+                order = np.argsort(first)
+                self.arrive(g, blocks[order].tolist(), int(sel["t_ns"][first].min()))
+        m = batch[Kind.MIGRATION]
+        for rec in m:
+            b0 = int(rec["addr"]) >> BLOCK_SHIFT
+            b1 = (int(rec["addr"]) + max(int(rec["bytes"]), 1) - 1) >> BLOCK_SHIFT
+            blocks = range(b0, b1 + 1)
+            if int(rec["dst"]) >= 0:
+                self.arrive(int(rec["dst"]), blocks, int(rec["t_ns"]))
+            if int(rec["src"]) >= 0 and int(rec["bytes"]) >= BLOCK_SIZE:
+                self.leave(int(rec["src"]), blocks)
+        a = batch[Kind.ALLOC]
+        if len(a):
+            for rec in a[a["op"] == AllocOp.FREE]:
+                b0 = int(rec["addr"]) >> BLOCK_SHIFT
+                b1 = (int(rec["addr"]) + int(rec["bytes"])) >> BLOCK_SHIFT
+                # only blocks wholly inside the freed range: a neighbour may share the rest
+                whole = range(b0 + (int(rec["addr"]) % BLOCK_SIZE != 0), b1)
+                self.leave_all(whole)
+
+    def resident_bytes(self, g: int) -> int:
+        return len(self._gpu(g)) * BLOCK_SIZE
+
+    def oldest(self, g: int, n: int, skip: set[int] | None = None) -> list[int]:
+        out = []
+        for b in self._gpu(g):
+            if skip and b in skip:
+                continue
+            out.append(b)
+            if len(out) == n:
+                break
+        return out
+
+
+class Budget:
+    """A soft cap on the target's GPU-resident managed memory, per GPU.
+
+    ``dst`` is where overflow goes: the CPU, or (memHarvester) a list of neighbour GPUs used
+    round-robin. ``slack`` is how far below the cap one enforcement goes, so that a loop
+    hovering at the cap does not issue one 2 MiB eviction per drain."""
+
+    def __init__(self, nbytes: int, residency: Residency, *, dst: list[int] | None = None, slack: float = 0.02):
+        if nbytes < BLOCK_SIZE:
+            raise UmctlError(f"budget must be at least 2 MiB (got {nbytes} bytes)")
+        self.nbytes = int(nbytes)
+        self.res = residency
+        self.dst = list(dst) if dst else [CPU]
+        self._rr = 0
+        self.slack_blocks = max(1, int(self.nbytes * slack) // BLOCK_SIZE)
+        self.enforced_blocks = 0
+        self.peak_bytes = 0
+
+    def free_memory(self, g: int) -> int:
+        return max(0, self.nbytes - self.res.resident_bytes(g))
+
+    def enforce(self, gpus: list[int], now: int) -> np.ndarray | None:
+        """PREEVICT commands bringing every GPU back under the cap (least recently migrated
+        first); the blocks are taken out of the estimate at once so the next drain does not
+        evict them again while the migration is under way."""
+        out = []
+        for g in gpus:
+            used = self.res.resident_bytes(g)
+            self.peak_bytes = max(self.peak_bytes, used)
+            if used <= self.nbytes:
+                continue
+            n = (used - self.nbytes) // BLOCK_SIZE + self.slack_blocks
+            victims = self.res.oldest(g, n)
+            if not victims:
+                continue
+            self.res.leave(g, victims)
+            self.enforced_blocks += len(victims)
+            dsts = [d for d in self.dst if d != g] or [CPU]
+            dst = np.array([dsts[(self._rr + i) % len(dsts)] for i in range(len(victims))], np.int16)
+            self._rr += len(victims)
+            for d in set(dst.tolist()):
+                if d >= 0:
+                    self.res.arrive(d, [b for b, x in zip(victims, dst.tolist()) if x == d], now)
+            out.append(commands(Op.PREEVICT, np.array(victims, np.int64) << BLOCK_SHIFT, BLOCK_SIZE,
+                                dst=dst, priority=0, t_ns=now))
+        return np.concatenate(out) if out else None
+
+
+class LiveControl:
+    """One controller driving one live process through an actuator, under an optional budget.
+
+    ``step(batch)`` is called with every drained batch; it returns the COMMAND and RESULT
+    records to write to the trace next to the events that caused them."""
+
+    def __init__(self, controller: Controller, actuator, *, pid: int, gpus: list[dict],
+                 budget_bytes: int | None = None, spare_gpus: int = 0):
+        if controller.replay_only:
+            raise UmctlError(f"mode {controller.name} needs the future (replay only); live modes: "
+                             "none, deepum, deepum-prefetch, deepum-preevict, ...")
+        self.ctl = controller
+        self.act = actuator
+        self.pid = pid
+        n = max(1, len(gpus))
+        self.res = Residency(n)
+        self.target_gpus = [0] if spare_gpus else list(range(n))
+        spare = list(range(1, 1 + spare_gpus))
+        if spare_gpus and n < 1 + spare_gpus:
+            raise UmctlError(f"--spare-gpus {spare_gpus} needs {1 + spare_gpus} GPUs visible to the target, "
+                             f"it uses {n}")
+        self.budget = Budget(budget_bytes, self.res, dst=spare or None) if budget_bytes else None
+        mem = [int(g.get("memory_bytes") or 0) for g in gpus] or [0]
+        if self.budget is not None:
+            mem = [self.budget.nbytes if i in self.target_gpus else m for i, m in enumerate(mem)]
+        if not all(m > 0 for m in mem):
+            raise UmctlError("GPU memory size unknown (nvidia-smi gave none): pass --budget")
+        ctx = ControllerContext(n_gpus=n, gpu_mem=mem,
+                                free_memory=self.budget.free_memory if self.budget is not None else None)
+        ctx.options["live"] = True
+        controller.attach(ctx)
+        self._issued: dict[int, tuple[int, int, int]] = {}   # cmd_id -> (op, block, dst)
+        self._evictions: np.ndarray | None = None
+        self.commands = 0
+        self.t_controller_ns = 0
+
+    def step(self, batch: EventBatch) -> EventBatch:
+        t0 = time.perf_counter_ns()
+        self.res.observe(batch)
+        sub = self.ctl.subscribes
+        view = EventBatch(now_ns=batch.now_ns, arrays={k: a for k, a in batch.arrays.items() if k in sub},
+                          names=batch.names)
+        if self._evictions is not None and Kind.EVICTION in sub:
+            # the budget keeper's evictions are the driver's evictions of a replay: the
+            # controller hears of them the same way (DeepUM forgets those blocks were resident)
+            view.add(Kind.EVICTION, self._evictions)
+        self._evictions = None
+        parts = []
+        cmds = self.ctl.on_events(view) if any(k in view for k in sub) else None
+        if cmds is not None and len(cmds):
+            self._account(cmds, batch.now_ns)
+            parts.append(cmds)
+        if self.budget is not None:
+            ev = self.budget.enforce(self.target_gpus, batch.now_ns)
+            if ev is not None:
+                parts.append(ev)
+                e = empty(Kind.EVICTION, len(ev))
+                e["t_ns"], e["addr"], e["pid"] = batch.now_ns, ev["addr"], self.pid
+                e["pages"], e["bytes_written"] = ev["bytes"] // 4096, ev["bytes"]
+                self._evictions = e
+        out = EventBatch(now_ns=batch.now_ns, names=batch.names)
+        if parts:
+            cmds = np.concatenate(parts)
+            cmds["pid"] = self.pid
+            cmds["t_ns"] = batch.now_ns
+            ids = self.act.submit(cmds)
+            cmds["cmd_id"] = ids
+            for c, i in zip(cmds, ids.tolist()):
+                self._issued[i] = (int(c["op"]), int(c["addr"]) >> BLOCK_SHIFT, int(c["dst"]))
+            self.commands += len(cmds)
+            out.add(Kind.COMMAND, cmds)
+        self._results(out)
+        self.t_controller_ns += time.perf_counter_ns() - t0
+        return out
+
+    def _account(self, cmds: np.ndarray, now: int) -> None:
+        """The controller's own commands change residency as soon as they are issued
+        (optimistically; a failed prefetch is taken back when its result arrives)."""
+        for op, dst in {(int(o), int(d)) for o, d in zip(cmds["op"], cmds["dst"])}:
+            sel = (cmds["op"] == op) & (cmds["dst"] == dst)
+            blocks = (cmds["addr"][sel] >> np.uint64(BLOCK_SHIFT)).astype(np.int64).tolist()
+            if op == Op.PREFETCH and dst >= 0:
+                self.res.arrive(dst, blocks, now)
+            elif op == Op.PREEVICT:
+                for g in range(len(self.res.blocks)):
+                    if g != dst:
+                        self.res.leave(g, blocks)
+                if dst >= 0:
+                    self.res.arrive(dst, blocks, now)
+            elif op == Op.INVALIDATE:
+                whole = [b for b, n in zip(blocks, cmds["bytes"][sel].tolist()) if n >= BLOCK_SIZE]
+                self.res.leave_all(whole)
+
+    def _results(self, out: EventBatch) -> None:
+        r = self.act.results()
+        if len(r) == 0:
+            return
+        for cid, st in zip(r["cmd_id"].tolist(), r["status"].tolist()):
+            op, b, dst = self._issued.pop(cid, (None, 0, 0))
+            if op == Op.PREFETCH and st in (Status.FAILED, Status.RANGE_INVALID) and dst >= 0:
+                self.res.leave(dst, [b])
+        out.add(Kind.RESULT, r)
+
+    def finish(self, out: EventBatch | None = None, timeout: float = 5.0) -> EventBatch:
+        """Stop issuing, wait briefly for in-flight commands, undo advice (the actuator's
+        close), and return the last RESULT records."""
+        out = out if out is not None else EventBatch()
+        self.act.close(drain=True, timeout=timeout)
+        self._results(out)
+        return out
+
+    def stats(self) -> dict:
+        s = {"mode": self.ctl.name, "commands": self.commands, "actuator": self.act.stats(),
+             "controller": self.ctl.stats(), "controller_ms": round(self.t_controller_ns / 1e6, 1),
+             "resident_bytes": [self.res.resident_bytes(g) for g in range(len(self.res.blocks))]}
+        if self.budget is not None:
+            s["budget"] = {"bytes": self.budget.nbytes, "peak_estimate_bytes": self.budget.peak_bytes,
+                           "overflow_blocks_evicted": self.budget.enforced_blocks, "dst": self.budget.dst}
+        return s
