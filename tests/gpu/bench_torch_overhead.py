@@ -21,11 +21,13 @@ from umctl.sources.uvmtools import ALL_KINDS, DEFAULT_KINDS, UvmToolsSource
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
-def one(kinds, launches: bool, steps: int) -> dict:
-    p = subprocess.Popen([sys.executable, os.path.join(HERE, "wl_torch.py"), "--wait", "--steps", str(steps)],
+def one(kinds, launches: bool, steps: int, flush_ms: float = 5.0, counters: bool = True,
+        touch: bool = True) -> dict:
+    p = subprocess.Popen([sys.executable, os.path.join(HERE, "wl_torch.py"), "--wait", "--steps", str(steps)]
+                         + ([] if touch else ["--no-touch"]),
                          stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, bufsize=1)
     pid = int(p.stdout.readline().split()[1])
-    src = UvmToolsSource(pid, kinds).start() if kinds is not None else None
+    src = UvmToolsSource(pid, kinds, flush_ms=flush_ms, counters=counters).start() if kinds is not None else None
     probe = None
     if launches:
         from umctl.sources.uprobes import LaunchProbe
@@ -58,24 +60,43 @@ def one(kinds, launches: bool, steps: int) -> dict:
 
 
 def main() -> None:
+    from umctl.events.schema import Kind
+
     outdir = sys.argv[1]
     steps = int(sys.argv[sys.argv.index("--steps") + 1]) if "--steps" in sys.argv else 40
     reps = int(sys.argv[sys.argv.index("--reps") + 1]) if "--reps" in sys.argv else 2
-    configs = [("not attached", None, False), ("default kinds", DEFAULT_KINDS, False),
-               ("default kinds + launches", DEFAULT_KINDS, True), ("all kinds", ALL_KINDS, False)]
-    runs = {name: [] for name, _, _ in configs}
-    for _ in range(reps):
-        for name, kinds, launches in configs:
+    faults = frozenset({Kind.FAULT, Kind.REPLAY})
+    # (name, kinds, launches, flush_ms, counters, host touches the batch every step)
+    configs = [("not attached", None, False, 5.0, True, True),
+               ("default kinds", DEFAULT_KINDS, False, 5.0, True, True),
+               ("default, no flush", DEFAULT_KINDS, False, 0.0, True, True),
+               ("faults+replays", faults, False, 5.0, True, True),
+               ("faults+replays, no flush", faults, False, 0.0, True, True),
+               ("default kinds + launches", DEFAULT_KINDS, True, 5.0, True, True),
+               ("all kinds", ALL_KINDS, False, 5.0, True, True),
+               ("few faults: not attached", None, False, 5.0, True, False),
+               ("few faults: default kinds", DEFAULT_KINDS, False, 5.0, True, False),
+               ("few faults: default + launches", DEFAULT_KINDS, True, 5.0, True, False)]
+    runs = {c[0]: [] for c in configs}
+    for rep in range(reps):
+        order = configs if rep % 2 == 0 else configs[::-1]   # interleave: drift hits every config alike
+        for name, kinds, launches, flush, counters, touch in order:
             try:
-                runs[name].append(one(kinds, launches, steps))
+                runs[name].append(one(kinds, launches, steps, flush, counters, touch))
             except Exception as e:  # a probe that cannot load is reported, not fatal
                 runs[name].append({"error": str(e).splitlines()[0], "step_ms": []})
     table = []
-    base = statistics.median(s for r in runs["not attached"] for s in r["step_ms"][5:])
-    for name, _, _ in configs:
+
+    def med(name):
         st = [s for r in runs[name] for s in r["step_ms"][5:]]
-        row = {"config": name, "step_ms_median": statistics.median(st) if st else None,
-               "overhead_pct": 100 * (statistics.median(st) / base - 1) if st else None,
+        return statistics.median(st) if st else None
+
+    for name, *_ in configs:
+        base = med("few faults: not attached" if name.startswith("few faults") else "not attached")
+        m = med(name)
+        per_rep = [statistics.median(r["step_ms"][5:]) for r in runs[name] if len(r["step_ms"]) > 5]
+        row = {"config": name, "step_ms_median": m, "overhead_pct": 100 * (m / base - 1) if m and base else None,
+               "rep_medians": per_rep,
                "events": [r.get("events") for r in runs[name]], "dropped": [r.get("dropped") for r in runs[name]],
                "errors": [r["error"] for r in runs[name] if "error" in r]}
         table.append(row)

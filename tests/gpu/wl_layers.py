@@ -20,7 +20,7 @@ def main() -> None:
     ap.add_argument("--layers", type=int, default=24)
     ap.add_argument("--mib", type=int, default=128, help="per layer")
     ap.add_argument("--iters", type=int, default=8)
-    ap.add_argument("--repeat", type=int, default=4, help="passes over the buffer inside one kernel")
+    ap.add_argument("--repeat", type=int, default=40, help="passes over the buffer inside one kernel")
     a = ap.parse_args()
     total = a.layers * (a.mib << 20)
     free, _ = cp.cuda.runtime.memGetInfo()
@@ -29,7 +29,7 @@ def main() -> None:
     k = cp.RawKernel(r'''extern "C" __global__ void layer(float* x, long n, int rep) {
         for (int r = 0; r < rep; r++)
             for (long i = blockIdx.x * (long)blockDim.x + threadIdx.x; i < n; i += (long)gridDim.x * blockDim.x)
-                x[i] = x[i] * 0.5f + 1.0f; }''', "layer")
+                x[i] = x[i] + 1.0f; }''', "layer")
     bufs = []
     for i in range(a.layers):
         mem = cp.cuda.malloc_managed(a.mib << 20)
@@ -45,14 +45,11 @@ def main() -> None:
             k((264,), (256,), (x, cp.int64(n), cp.int32(a.repeat)))
         cp.cuda.Device().synchronize()
         print(f"ITER {it} {(time.perf_counter() - t) * 1e3:.2f}", flush=True)
-    # x -> x/2 + 1 applied iters*repeat times from x0 = layer index: check exactly on the host
+    # +1 per pass from x0 = layer index: exact in float32, so any lost or stale page shows
     steps = a.iters * a.repeat
-    for i in (0, a.layers // 2, a.layers - 1):
-        v = float(i)
-        for _ in range(steps):
-            v = v * 0.5 + 1.0
-        got = float(bufs[i][12345])
-        assert abs(got - v) < 1e-5, (i, got, v)
+    for i, x in enumerate(bufs):
+        lo, hi = float(x.min()), float(x.max())
+        assert lo == hi == float(i + steps), (i, lo, hi, i + steps)
     print(f"DONE {(time.perf_counter() - t_all) * 1e3:.1f} check ok", flush=True)
 
 

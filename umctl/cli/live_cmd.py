@@ -160,8 +160,11 @@ def _observe(src: UvmToolsSource, *, command: str, duration: float | None, outpu
             if display is not None:
                 display.start()
             try:
+                # controlling: react within a few ms of a fault (the ring drains every 2 ms);
+                # observing: a display refresh every 50 ms is plenty
+                period = 0.002 if ctl is not None else min(interval, 0.05)
                 while True:
-                    time.sleep(min(interval, 0.05))
+                    time.sleep(period)
                     step()
                     now = time.monotonic()
                     if now - last_print >= interval:

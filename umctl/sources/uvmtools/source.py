@@ -245,9 +245,14 @@ class UvmToolsSource:
         if self._borrowed is None:
             raise LiveError("not attached")
         def gpu_uuid(g: int) -> bytes | None:
-            for info in self.gpus:
-                if int(info["gpu"]) == g:
-                    return self.processor_uuids.get(int(info["uvm_id"]))
+            for attempt in range(2):
+                for info in self.gpus:
+                    if int(info["gpu"]) == g:
+                        return self.processor_uuids.get(int(info["uvm_id"]))
+                if attempt == 0:  # a GPU the target registered after we attached
+                    pmap = self._refresh_processors()
+                    if pmap is not None and self.decoder is not None:
+                        self.decoder.processor_map = pmap.astype(np.int16)
             return None
 
         return UvmActuator(self._borrowed.va_fd, gpu_uuid, self.processor_uuids.get(abi.UVM_CPU_INDEX, bytes(16)),
