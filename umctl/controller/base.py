@@ -38,6 +38,15 @@ class ControllerContext:
     #: Replay only: ``belady(next_access) -> keys (GPUs x blocks)``: make the simulated
     #: driver evict by Belady's MIN (see Simulator._belady).
     belady: Callable[[np.ndarray], np.ndarray] | None = None
+    #: HUVM driver (memHarvester's mechanism; None on the stock driver):
+    #: ``spare_memory(gpu) -> bytes`` that GPU can lend another now (free chunks plus chunks
+    #: already lent, which the victim cache may replace), and
+    #: ``harvest(gpu, spill_to=(), fetch_via=-1, writeback_Bps=0.0)``: GPU ``gpu`` evicts on
+    #: its fault path into the ``spill_to`` neighbours' spare memory (round robin), fetches part
+    #: of each fault batch through neighbour ``fetch_via``'s PCIe lane, and writes evictions
+    #: back to the host at ``writeback_Bps`` (0: the stock rate).
+    spare_memory: Callable[[int], int] | None = None
+    harvest: Callable[..., None] | None = None
     options: dict = field(default_factory=dict)
 
 

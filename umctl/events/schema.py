@@ -81,6 +81,7 @@ class Op(enum.IntEnum):
     PREEVICT = 1    # migrate range away from a GPU to dst (CPU or a neighbour GPU)
     INVALIDATE = 2  # drop the range's contents without write-back
     ADVISE = 3      # set advice (see Advice) on the range
+    STAGE = 4       # prefetch range from the host into neighbour GPU dst's spare memory (HUVM)
 
 
 class Advice(enum.IntEnum):

@@ -48,12 +48,23 @@ typedef struct {
     uint64_t rng;
     int64_t *stats;
     uint8_t *seen;                 /* npg scratch, all zero between calls */
+    /* HUVM (memHarvester, ATC'22) driver features. All zero / -1 on the stock driver, where
+     * none of the code below changes anything. */
+    uint8_t *harvested;            /* ngpu x nbl: the chunk holds another GPU's evicted data */
+    double *removable_at;          /* ngpu x nbl: when its background write-back to the host ends */
+    int64_t *spill_mask;           /* ngpu: neighbours g evicts into on the fault path (bits) */
+    int64_t *spill_rr;             /* ngpu: round-robin cursor over spill_mask */
+    int64_t *fetch_via;            /* ngpu: neighbour whose PCIe lane fetches part of each fault
+                                    * batch in parallel (-1: none) */
+    double *wb_Bpns;               /* ngpu: rate of g's write-backs to the host (0: d2h_Bpns) */
+    double *p2p_tail;              /* ngpu: NVLink queue of prefetches into g */
 } SimState;
 
 enum {
     ST_FAULTS, ST_BATCHES, ST_BYTES_H2D, ST_BYTES_D2H, ST_BYTES_P2P, ST_DEMAND, ST_DRIVER_PF,
     ST_EVICTIONS, ST_EVICTED_BYTES, ST_PREEVICTIONS, ST_PREEVICTED_BYTES, ST_PF_USED,
-    ST_PF_WASTED, ST_EPOCH, ST_BATCH_ID, ST_USER_PF_BYTES, ST_PF_PAGES, ST_N
+    ST_PF_WASTED, ST_EPOCH, ST_BATCH_ID, ST_USER_PF_BYTES, ST_PF_PAGES,
+    ST_RECLAIMS, ST_SPILLS, ST_HARVEST_WB, ST_HARVEST_DROPS, ST_N
 };
 
 /* Events of the batches serviced since the caller last emptied it (one "drain"). */
@@ -120,6 +131,7 @@ static double min_pending(SimState *s, int g) {
 /* A chunk leaves block b on GPU g; it is free at `done` (<0: now). */
 void sim_release_chunk(SimState *s, int g, int64_t b, double done) {
     s->has_chunk[GB(s, g, b)] = 0;
+    s->harvested[GB(s, g, b)] = 0;
     if (done < 0) {
         s->used[g]--;
     } else {
@@ -177,6 +189,134 @@ static int64_t sim_drop_block(SimState *s, int g, int64_t b, int discard) {
     return sim_drop_range(s, g, b * PPB, (b + 1) * PPB, discard);
 }
 
+/* ------------------------------------------------------------------ harvested memory (HUVM) */
+
+static inline double wb_rate(SimState *s, int g) { return s->wb_Bpns[g] > 0 ? s->wb_Bpns[g] : s->d2h_Bpns; }
+
+/* Does any GPU in `gpus` hold block b as a harvested (lent) chunk? */
+static inline int harvested_on(SimState *s, uint8_t gpus, int64_t b) {
+    for (int h = 0; gpus; h++, gpus >>= 1)
+        if ((gpus & 1) && s->harvested[GB(s, h, b)]) return 1;
+    return 0;
+}
+
+/* The harvested chunk on h to give up first: removable ones (written back by t) before the
+ * others, earliest placed first (memHarvester reclaims "the pages that come first"). */
+static int64_t harvest_victim(SimState *s, int h, double t) {
+    const uint8_t *hv = s->harvested + GB(s, h, 0);
+    const double *lru = s->lru + GB(s, h, 0), *rm = s->removable_at + GB(s, h, 0);
+    int64_t best = -1;
+    int best_rm = 0;
+    for (int64_t b = 0; b < s->nbl; b++) {
+        if (!hv[b]) continue;
+        int r = rm[b] <= t;
+        if (best < 0 || r > best_rm || (r == best_rm && lru[b] < lru[best])) { best = b; best_rm = r; }
+    }
+    return best;
+}
+
+/* Drop harvested chunk v from h at t: its data is (or is being) written back by the
+ * background thread, so nothing is copied here; returns when the chunk is free (after the
+ * write-back if it has not finished). Pages still dirty (none, unless the write-back was never
+ * scheduled) are written back on h's lane. */
+static double harvest_drop(SimState *s, int h, int64_t v, double t) {
+    int64_t ix = GB(s, h, v);
+    double rm = s->removable_at[ix];   /* INFINITY: no write-back scheduled, write back now */
+    double ready = rm > t && rm < INFINITY ? rm : t;
+    int64_t w = sim_drop_block(s, h, v, 0);
+    if (w) {
+        double st = ready > s->d2h_tail[h] ? ready : s->d2h_tail[h];
+        ready = st + s->transfer_latency_ns + (double)w * PAGE / wb_rate(s, h);
+        s->d2h_tail[h] = ready;
+        s->stats[ST_BYTES_D2H] += w * 4096;
+    }
+    s->has_chunk[ix] = 0;
+    s->harvested[ix] = 0;
+    s->stats[ST_HARVEST_DROPS]++;
+    return ready;
+}
+
+/* A chunk of neighbour h's spare memory for block b of another GPU: a free chunk, else the
+ * first removable harvested chunk there (the victim cache replaces its own entries). Never
+ * one of h's own chunks, never a wait for a write-back. Returns when it is usable, or -1 if
+ * h lends nothing now. */
+double sim_take_spare(SimState *s, int h, int64_t b, double t) {
+    sim_reclaim(s, h, t);
+    double ready = t;
+    if (s->cap[h] - s->used[h] > 0) {
+        s->used[h]++;
+    } else {
+        int64_t v = harvest_victim(s, h, t);
+        if (v < 0 || s->removable_at[GB(s, h, v)] > t) return -1.0;
+        ready = harvest_drop(s, h, v, t);
+    }
+    s->has_chunk[GB(s, h, b)] = 1;
+    s->harvested[GB(s, h, b)] = 1;
+    s->removable_at[GB(s, h, b)] = INFINITY;
+    return ready;
+}
+
+/* Pages of block b just placed on h as harvested data (arriving at `arrive`): if h runs the
+ * background write-back (wb_Bpns[h] > 0), it writes the dirty ones back to the host on h's PCIe lane; the chunk is removable (may
+ * be dropped without a copy) when that ends. The host copy counts as valid from now on: the
+ * owner fetches from h over NVLink while h holds it, and reclaim waits for removable_at. */
+void sim_harvest_writeback(SimState *s, int h, int64_t b, double arrive) {
+    int64_t lo = b * PPB, dirty = 0, ix = GB(s, h, b);
+    uint8_t bit = (uint8_t)(1u << h);
+    for (int64_t p = lo; p < lo + PPB; p++)
+        if ((s->gmask[p] & bit) && !s->cpu_valid[p]) dirty++;
+    if (!dirty) { s->removable_at[ix] = arrive; return; }
+    if (s->wb_Bpns[h] <= 0) return;   /* no background write-back on this lender */
+    for (int64_t p = lo; p < lo + PPB; p++)
+        if (s->gmask[p] & bit) s->cpu_valid[p] = 1;
+    double st = arrive > s->d2h_tail[h] ? arrive : s->d2h_tail[h];
+    double done = st + s->transfer_latency_ns + (double)dirty * PAGE / s->wb_Bpns[h];
+    s->d2h_tail[h] = done;
+    s->removable_at[ix] = done;
+    s->stats[ST_HARVEST_WB] += dirty * 4096;
+    s->stats[ST_BYTES_D2H] += dirty * 4096;
+}
+
+/* Move g's chunk v into neighbour h's spare memory over NVLink, starting at t. Returns the
+ * time the copy ends (g's chunk is free then), or -1 if h lends nothing now. */
+static double spill_block(SimState *s, int g, int h, int64_t v, double t) {
+    double ready = sim_take_spare(s, h, v, t);
+    if (ready < 0) return -1.0;
+    uint8_t hbit = (uint8_t)(1u << h), bit = (uint8_t)(1u << g);
+    int64_t lo = v * PPB, moved = 0;
+    for (int64_t p = lo; p < lo + PPB; p++) {
+        if (!(s->gmask[p] & bit) || (s->gmask[p] & hbit)) continue;
+        s->gmask[p] |= hbit;
+        s->pf_entry[p] = 0;
+        moved++;
+    }
+    s->rescount[GB(s, h, v)] += (int32_t)moved;
+    sim_drop_block(s, g, v, 1);
+    double done = ready + (double)moved * PAGE / s->nvlink_Bpns;
+    s->lru[GB(s, h, v)] = done;
+    s->stats[ST_BYTES_P2P] += moved * 4096;
+    s->stats[ST_SPILLS]++;
+    sim_harvest_writeback(s, h, v, done);
+    return done;
+}
+
+/* Next neighbour in g's round robin that lends a chunk now, or -1. */
+static int spill_target(SimState *s, int g, double t) {
+    int64_t mask = s->spill_mask[g];
+    if (!mask) return -1;
+    for (int k = 1; k <= s->ngpu; k++) {
+        int h = (int)((s->spill_rr[g] + k) % s->ngpu);
+        if (!(mask & (1ll << h)) || h == g) continue;
+        sim_reclaim(s, h, t);
+        int64_t v = s->cap[h] - s->used[h] > 0 ? -1 : harvest_victim(s, h, t);
+        if (s->cap[h] - s->used[h] > 0 || (v >= 0 && s->removable_at[GB(s, h, v)] <= t)) {
+            s->spill_rr[g] = h;
+            return h;
+        }
+    }
+    return -1;
+}
+
 /* Chunk for a command's transfer into block b (off the fault path). Returns when it is
  * usable, or -1 if the GPU has no evictable chunk. `victim` and `written` report an eviction. */
 double sim_take_chunk_async(SimState *s, int g, int64_t b, double t, int64_t *victim, int64_t *written) {
@@ -196,6 +336,7 @@ double sim_take_chunk_async(SimState *s, int g, int64_t b, double t, int64_t *vi
         ready = start + s->transfer_latency_ns + (double)w * PAGE / s->d2h_Bpns;
         s->d2h_tail[g] = ready;
         s->has_chunk[GB(s, g, v)] = 0;
+        s->harvested[GB(s, g, v)] = 0;
         s->stats[ST_PREEVICTIONS]++;
         s->stats[ST_PREEVICTED_BYTES] += w * 4096;
         s->stats[ST_BYTES_D2H] += w * 4096;
@@ -244,11 +385,14 @@ static void drop_remote(SimState *s, int64_t p, uint8_t others);
 double sim_prefetch(SimState *s, int g, int64_t lo, int64_t hi, double t, int first, double *out) {
     uint8_t bit = (uint8_t)(1u << g);
     int64_t b = lo >> PB_SHIFT, ix = GB(s, g, b), npages = 0, n_cpu = 0, n_gpu = 0;
+    int peer = 0;
     for (int64_t p = lo; p < hi; p++) {
         if (!s->managed[p] || (s->gmask[p] & bit)) continue;
         npages++;
-        if (s->cpu_valid[p]) n_cpu++;
-        else if (s->gmask[p]) n_gpu++;
+        uint8_t m = s->gmask[p];
+        if (m && harvested_on(s, m, b)) { n_gpu++; peer = 1; }  /* from a neighbour's spare */
+        else if (s->cpu_valid[p]) n_cpu++;
+        else if (m) n_gpu++;
     }
     out[4] = -1;
     out[5] = 0;
@@ -263,7 +407,13 @@ double sim_prefetch(SimState *s, int g, int64_t lo, int64_t hi, double t, int fi
     }
     double latency = first ? s->transfer_latency_ns : 0.0, start, done;
     int64_t e;
-    if (n_cpu || n_gpu) {
+    if (peer && !n_cpu) {
+        /* all of it from harvested memory: its own NVLink queue, beside the PCIe one */
+        start = ready > s->p2p_tail[g] ? ready : s->p2p_tail[g];
+        done = start + latency + (double)n_gpu * PAGE / s->nvlink_Bpns;
+        s->p2p_tail[g] = done;
+        e = new_entry(s, done);
+    } else if (n_cpu || n_gpu) {
         start = ready > s->h2d_tail[g] ? ready : s->h2d_tail[g];
         done = start + latency + (double)n_cpu * PAGE / s->prefetch_Bpns + (double)n_gpu * PAGE / s->nvlink_Bpns;
         s->h2d_tail[g] = done;
@@ -279,7 +429,7 @@ double sim_prefetch(SimState *s, int g, int64_t lo, int64_t hi, double t, int fi
         uint8_t m = s->gmask[p];
         if (!s->managed[p] || (m & bit)) continue;
         if (!rm) {
-            if (!s->cpu_valid[p] && m) drop_remote(s, p, m);
+            if (m && (!s->cpu_valid[p] || harvested_on(s, m, b))) drop_remote(s, p, m);
             s->cpu_valid[p] = 0;
         }
         s->gmask[p] |= bit;
@@ -440,15 +590,42 @@ static double service(SimState *s, int g, const int64_t *fp, const uint8_t *fw, 
                 s->used[g]++;
             } else {
                 int64_t v = sim_lru_victim(s, g, blocks, nb);
-                double est = v >= 0 ? s->evict_chunk_ns + s->rescount[GB(s, g, v)] * PAGE / s->d2h_Bpns : INFINITY;
+                double est = v >= 0 ? s->evict_chunk_ns + s->rescount[GB(s, g, v)] * PAGE / wb_rate(s, g) : INFINITY;
                 double pmin = min_pending(s, g);
-                if (s->npending[g] > 0 && pmin - (t + stall) <= est) {
+                int64_t hv = harvest_victim(s, g, t + stall);
+                int spill = -1;
+                if (hv < 0 && v >= 0 && !(s->npending[g] > 0 && pmin - (t + stall) <=
+                                          s->evict_chunk_ns + s->rescount[GB(s, g, v)] * PAGE / s->nvlink_Bpns))
+                    spill = spill_target(s, g, t + stall);
+                if (hv >= 0) {
+                    /* a yielding GPU's own demand reclaims lent memory first; a chunk whose
+                     * background write-back has not run yet is written back right here */
+                    int64_t hix = GB(s, g, hv);
+                    if (s->removable_at[hix] > t + stall && s->removable_at[hix] < INFINITY)
+                        s->removable_at[hix] = t + stall + s->transfer_latency_ns +
+                                               (double)s->rescount[hix] * PAGE / wb_rate(s, g);
+                    double ready = harvest_drop(s, g, hv, t + stall);
+                    stall = ready - t + s->evict_chunk_ns;
+                    s->stats[ST_RECLAIMS]++;
+                } else if (spill >= 0) {
+                    /* evict into a neighbour's spare memory over NVLink (victim cache) */
+                    double done = spill_block(s, g, spill, v, t + stall);
+                    s->has_chunk[GB(s, g, v)] = 0;
+                    stall = done - t + s->evict_chunk_ns;
+                    s->stats[ST_EVICTIONS]++;
+                    if (out->collect && out->ne < OUT_E) {
+                        out->e_block[out->ne] = v;
+                        out->e_written[out->ne] = 0;
+                        out->e_t[out->ne] = t + stall;
+                        out->ne++;
+                    }
+                } else if (s->npending[g] > 0 && pmin - (t + stall) <= est) {
                     double d = pop_pending(s, g) - t;
                     if (d > stall) stall = d;
                 } else if (v >= 0) {
                     int64_t w = sim_drop_block(s, g, v, 0);
                     s->has_chunk[GB(s, g, v)] = 0;
-                    stall += s->evict_chunk_ns + (double)w * PAGE / s->d2h_Bpns;
+                    stall += s->evict_chunk_ns + (double)w * PAGE / wb_rate(s, g);
                     s->stats[ST_EVICTIONS]++;
                     s->stats[ST_EVICTED_BYTES] += w * 4096;
                     s->stats[ST_BYTES_D2H] += w * 4096;
@@ -480,7 +657,8 @@ static double service(SimState *s, int g, const int64_t *fp, const uint8_t *fw, 
         for (int64_t q = 0; q < nmove; q++) {
             int64_t p = move[q], b = p >> PB_SHIFT;
             uint8_t m = s->gmask[p], others = m & (uint8_t)~bit;
-            int from_cpu = s->cpu_valid[p];
+            /* a copy in a neighbour's harvested memory is nearer than the host's */
+            int from_cpu = s->cpu_valid[p] && !(others && harvested_on(s, others, b));
             int rm = s->any_read_mostly && s->read_mostly[b];
             if (from_cpu) {
                 int64_t lo = 0, hi = nb - 1;   /* blocks[] is sorted */
@@ -514,6 +692,16 @@ static double service(SimState *s, int g, const int64_t *fp, const uint8_t *fw, 
             }
         }
         double xfer = (double)n_cpu * PAGE / s->fault_h2d_Bpns + (double)n_gpu * PAGE / s->nvlink_Bpns;
+        int via = (int)s->fetch_via[g];
+        if (via >= 0 && via != g && n_cpu > 1) {
+            /* parallel fetch: a second thread serves the batch from its tail through the
+             * neighbour's own PCIe lane into its memory, then over NVLink; both lanes run at once */
+            int64_t n_rem = n_cpu / 2, n_loc = n_cpu - n_rem;
+            double loc = (double)n_loc * PAGE / s->fault_h2d_Bpns;
+            double rem = (double)n_rem * PAGE / s->fault_h2d_Bpns + (double)n_rem * PAGE / s->nvlink_Bpns;
+            xfer = (loc > rem ? loc : rem) + (double)n_gpu * PAGE / s->nvlink_Bpns;
+            s->stats[ST_BYTES_P2P] += n_rem * 4096;
+        }
         preempt(s, g, t, (double)n_cpu * PAGE / s->fault_h2d_Bpns);
         stall += xfer;
         for (int64_t i = 0; i < nb; i++) s->lru[GB(s, g, blocks[i])] = t + stall;

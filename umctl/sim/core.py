@@ -15,7 +15,8 @@ from .. import UmctlError
 
 ST_NAMES = ("faults", "fault_batches", "bytes_h2d", "bytes_d2h", "bytes_p2p", "demand_bytes",
             "driver_prefetch_bytes", "evictions", "evicted_bytes", "preevictions", "preevicted_bytes",
-            "prefetch_used", "prefetch_wasted", "epoch", "batch_id", "user_prefetch_bytes", "prefetch_pages")
+            "prefetch_used", "prefetch_wasted", "epoch", "batch_id", "user_prefetch_bytes", "prefetch_pages",
+            "reclaims", "spills", "harvest_writeback_bytes", "harvest_drops")
 ST = {n: i for i, n in enumerate(ST_NAMES)}
 MAXB = 1024  # most faults in one batch the core supports
 
@@ -37,6 +38,8 @@ class SimState(C.Structure):
         ("transfer_latency_ns", f64), ("prefetch_Bpns", f64), ("hbm_Bpns", f64), ("n_entries", i64),
         ("max_entries", i64), ("window_pages", i64), ("batch_max", i64),
         ("rng", C.c_uint64), ("stats", P), ("seen", P),
+        ("harvested", P), ("removable_at", P), ("spill_mask", P), ("spill_rr", P), ("fetch_via", P),
+        ("wb_Bpns", P), ("p2p_tail", P),
     ]
 
 
@@ -84,6 +87,10 @@ def _load() -> C.CDLL:
     lib.sim_take_chunk_async.restype = f64
     lib.sim_prefetch.argtypes = [PS, C.c_int, i64, i64, f64, C.c_int, C.POINTER(f64)]
     lib.sim_prefetch.restype = f64
+    lib.sim_take_spare.argtypes = [PS, C.c_int, i64, f64]
+    lib.sim_take_spare.restype = f64
+    lib.sim_harvest_writeback.argtypes = [PS, C.c_int, i64, f64]
+    lib.sim_harvest_writeback.restype = None
     lib.sim_invalidate.argtypes = [PS, i64, i64]
     lib.sim_invalidate.restype = i64
     lib.sim_state_size.restype = i64

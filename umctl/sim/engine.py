@@ -16,6 +16,18 @@ What is modelled, and why at this grain:
   * Evicting a page writes it back unless another valid copy exists; invalidated pages are
     dropped without write-back and their next touch zero-fills without a transfer.
 
+  * HUVM (memHarvester, ATC'22) driver features, off unless a controller configures them
+    (``ControllerContext.harvest``): a GPU may lend free chunks to another GPU's evicted data
+    (*harvested* chunks, a victim cache); pre-eviction to a neighbour GPU and ``Op.STAGE`` put
+    data there; a background thread writes harvested data back to the host on the lender's
+    PCIe lane, after which the chunk is *removable*. The owner fetches harvested pages over
+    NVLink (faults and prefetches; prefetches from spare memory use their own NVLink queue).
+    A lender's own demand reclaims harvested chunks before its own (removable first, the
+    earliest placed first), waiting for a write-back still under way; a full lender replaces
+    its harvested chunks the same way. Per GPU, evictions on the fault path may go to the
+    neighbours round robin, part of each fault batch may come through a neighbour's PCIe lane
+    in parallel, and write-back may run at a faster (large-page) rate.
+
   * Advice: read-mostly duplicates on read faults (writes collapse the copies); preferred
     location is recorded but has no effect yet.
 
@@ -86,6 +98,18 @@ class SimResult:
     #: when each iteration of the workload (ops' ``iteration``) ended, and its faults
     iteration_end_ns: np.ndarray | None = None
     iteration_faults: np.ndarray | None = None
+    #: per GPU: when its last kernel ended, and the time its kernels ran (compute + fault
+    #: stalls). On a shared server the latter is a tenant's own time: the jobs share one
+    #: simulated host thread, so end times also carry the other tenants' synchronisations.
+    gpu_end_ns: np.ndarray | None = None
+    gpu_kernel_ns: np.ndarray | None = None
+    #: HUVM features: lent chunks reclaimed by their GPU, fault-path evictions into a
+    #: neighbour, bytes written back by lenders, lent chunks given up
+    reclaims: int = 0
+    spills: int = 0
+    harvest_writeback_bytes: int = 0
+    harvest_drops: int = 0
+    staged_bytes: int = 0
 
     @property
     def time_s(self) -> float:
@@ -122,6 +146,8 @@ class SimResult:
         d["steady_time_ns"] = self.steady_time_ns
         d["steady_faults_per_iter"] = self.steady_faults_per_iter
         d["iteration_faults"] = self.iteration_faults.tolist() if self.iteration_faults is not None else None
+        d["gpu_end_ns"] = self.gpu_end_ns.tolist() if self.gpu_end_ns is not None else None
+        d["gpu_kernel_ns"] = self.gpu_kernel_ns.tolist() if self.gpu_kernel_ns is not None else None
         return d
 
 
@@ -187,6 +213,14 @@ class Simulator:
         self.h2d_tail = np.zeros(G)
         self.d2h_tail = np.zeros(G)
         self.stats = np.zeros(len(core.ST_NAMES), np.int64)
+        # HUVM driver state (see the module docstring)
+        self.harvested = np.zeros((G, nbl), np.uint8)
+        self.removable_at = np.zeros((G, nbl))
+        self.spill_mask = np.zeros(G, np.int64)
+        self.spill_rr = np.zeros(G, np.int64)
+        self.fetch_via = np.full(G, -1, np.int64)
+        self.wb_Bpns = np.zeros(G)
+        self.p2p_tail = np.zeros(G)
         self.stream = [0.0] * G
         self.host = 0.0
         self.r = SimResult(mode=controller.name, workload=workload.name)
@@ -203,7 +237,8 @@ class Simulator:
             rng=(seed * 0x9E3779B97F4A7C15 + 1) & 0xFFFFFFFFFFFFFFFF)
         for name in ("gmask", "cpu_valid", "managed", "pf_tag", "pf_entry", "entry_done", "read_mostly",
                      "has_chunk", "pinned", "lru", "rescount", "used", "cap", "maxblocks", "pending", "npending",
-                     "active", "nactive", "h2d_tail", "d2h_tail", "stats", "seen"):
+                     "active", "nactive", "h2d_tail", "d2h_tail", "stats", "seen",
+                     "harvested", "removable_at", "spill_mask", "spill_rr", "fetch_via", "wb_Bpns", "p2p_tail"):
             setattr(self.cs, name, core.ptr(getattr(self, name)))
         self.csp = C.byref(self.cs)
         self.out = core.EventOut()
@@ -227,7 +262,8 @@ class Simulator:
         ctx = ControllerContext(n_gpus=G, gpu_mem=list(workload.gpu_mem), free_memory=self._free_memory,
                                 workload=workload,
                                 residency=self._residency, block_addr=self.space.block_addr(),
-                                belady=self._belady)
+                                belady=self._belady, spare_memory=self._spare_memory,
+                                harvest=self._configure_harvest)
         ctx.options["page_space"] = self.space
         ctx.options["calibration"] = calib
         controller.attach(ctx)
@@ -273,6 +309,22 @@ class Simulator:
         """Bytes the driver can hand out without evicting: free chunks and chunks whose
         write-back is under way (as the driver's free list would count them soon)."""
         return self._free_chunks(g) * PAGES_PER_BLOCK * PAGE_SIZE
+
+    def _spare_memory(self, g: int) -> int:
+        """Bytes GPU g can lend now: free chunks and lent chunks already removable."""
+        t = max([self.host] + self.stream)
+        removable = int((self.harvested[g].astype(bool) & (self.removable_at[g] <= t)).sum())
+        return (self._free_chunks(g) + removable) * PAGES_PER_BLOCK * PAGE_SIZE
+
+    def _configure_harvest(self, gpu: int, spill_to=(), fetch_via: int = -1, writeback_Bps: float = 0.0) -> None:
+        """HUVM driver settings of one GPU (see ControllerContext.harvest)."""
+        G = self.n_gpus
+        if not 0 <= gpu < G or any(not 0 <= h < G or h == gpu for h in spill_to) or fetch_via == gpu \
+                or fetch_via >= G:
+            raise ValueError(f"bad harvest settings for GPU {gpu}: spill_to={spill_to}, fetch_via={fetch_via}")
+        self.spill_mask[gpu] = sum(1 << int(h) for h in set(spill_to))
+        self.fetch_via[gpu] = int(fetch_via)
+        self.wb_Bpns[gpu] = float(writeback_Bps) / 1e9
 
     def _free_chunks(self, g: int) -> int:
         return int(self.cap[g] - self.used[g] + self.npending[g])
@@ -532,6 +584,8 @@ class Simulator:
                     self._preevict(lo, hi, int(cmd["dst"]), t)
                 elif op == Op.INVALIDATE:
                     self._invalidate(lo, hi)
+                elif op == Op.STAGE:
+                    self._stage(lo, hi, int(cmd["dst"]), t)
                 elif op == Op.ADVISE:
                     self._advise(lo, hi, int(cmd["advice"]), int(cmd["dst"]))
 
@@ -563,13 +617,16 @@ class Simulator:
             to_gpu = 0 <= dst < self.n_gpus
             ready = t
             if to_gpu and not self.has_chunk[dst, b]:
-                ready = self._take_chunk(dst, b, t)
-                if ready < 0:
-                    continue
+                # the neighbour lends spare memory: a free chunk or one it already lends,
+                # never one of its own
+                ready = self.lib.sim_take_spare(self.csp, dst, b, t)
+                if ready < 0:   # it lends nothing now: to the host instead
+                    to_gpu, ready = False, t
             written = int(self.lib.sim_drop_range(self.csp, g, lo, hi, 1 if to_gpu else 0))
             nbytes = (len(pages) if to_gpu else written) * PAGE_SIZE
             start = max(ready, self.d2h_tail[g])
-            done = start + self.c.transfer_latency_ns + _ns(nbytes, self.c.nvlink_Bps if to_gpu else self.c.d2h_Bps)
+            host_Bps = self.wb_Bpns[g] * 1e9 if self.wb_Bpns[g] > 0 else self.c.d2h_Bps   # large-page write-back
+            done = start + self.c.transfer_latency_ns + _ns(nbytes, self.c.nvlink_Bps if to_gpu else host_Bps)
             self.d2h_tail[g] = done
             if self.rescount[g, b] == 0:
                 self.lib.sim_release_chunk(self.csp, g, b, done)
@@ -582,11 +639,40 @@ class Simulator:
                 self.lru[dst, b] = done
                 self.pf_entry[new] = self._new_entry(done)
                 self.stats[core.ST["bytes_p2p"]] += nbytes
+                if self.harvested[dst, b]:
+                    self.lib.sim_harvest_writeback(self.csp, dst, b, done)
             else:
                 self.stats[core.ST["preevicted_bytes"]] += nbytes
                 self.stats[core.ST["bytes_d2h"]] += nbytes
                 if Kind.MIGRATION in self.emit and nbytes:
                     self._migration(start, done, g, CPU, b, nbytes, Cause.USER)
+
+    def _stage(self, lo: int, hi: int, h: int, t: float) -> None:
+        """Op.STAGE: host pages [lo, hi) of one block (on no GPU) into neighbour h's spare
+        memory over h's own PCIe lane (HUVM's multi-path prefetcher); clean, so removable
+        at once. The owner's later fault or prefetch fetches them over NVLink."""
+        if not 0 <= h < self.n_gpus:
+            return
+        b = lo >> PAGE_TO_BLOCK_SHIFT
+        idx = np.arange(lo, hi)
+        sel = idx[self.managed[lo:hi] & (self.gmask[lo:hi] == 0) & self.cpu_valid[lo:hi]]
+        if len(sel) == 0 or (self.has_chunk[h, b] and not self.harvested[h, b]):
+            return
+        ready = t
+        if not self.has_chunk[h, b]:
+            ready = self.lib.sim_take_spare(self.csp, h, b, t)
+            if ready < 0:
+                return
+        start = max(ready, self.h2d_tail[h])
+        done = start + self.c.transfer_latency_ns + _ns(len(sel) * PAGE_SIZE, self.c.prefetch_h2d_Bps)
+        self.h2d_tail[h] = done
+        self.gmask[sel] |= np.uint8(1 << h)
+        self.rescount[h, b] += len(sel)
+        self.lru[h, b] = done
+        self.removable_at[h, b] = done
+        self.pf_entry[sel] = self._new_entry(done)
+        self.stats[core.ST["bytes_h2d"]] += len(sel) * PAGE_SIZE
+        self.r.staged_bytes += len(sel) * PAGE_SIZE
 
     def _invalidate(self, lo: int, hi: int, count: bool = True) -> None:
         """UVM_DISCARD of one block's pages (executed by the core)."""
@@ -650,6 +736,11 @@ class Simulator:
         r.kernel_start_ns = self._kstart[kmask].astype(np.int64)
         r.kernel_end_ns = self._kend[kmask].astype(np.int64)
         r.kernel_faults = self._kfaults[kmask]
+        r.gpu_end_ns = np.zeros(self.n_gpus, np.int64)
+        if kmask.any():
+            np.maximum.at(r.gpu_end_ns, ops["gpu"][kmask].astype(np.int64), r.kernel_end_ns)
+        r.gpu_kernel_ns = np.bincount(ops["gpu"][kmask].astype(np.int64), weights=r.kernel_end_ns - r.kernel_start_ns,
+                                      minlength=self.n_gpus).astype(np.int64)
         if n_it:
             r.iteration_end_ns = np.maximum.accumulate(it_end[:n_it]).astype(np.int64)
             r.iteration_faults = np.bincount(iters[kmask], weights=r.kernel_faults, minlength=n_it).astype(np.int64)

@@ -181,10 +181,10 @@ def _parse_file(data: bytes, source: str, family: str,
 
 def _bundled() -> list[tuple[str, bytes]]:
     """(name, contents) of the built-in scenario files, sorted by name."""
-    try:
-        root: Any = importlib.resources.files("umctl.scenarios_data")
-    except ModuleNotFoundError:  # running from a source tree that is not installed
-        root = Path(__file__).resolve().parents[2] / "scenarios"
+    # a source tree's own files first: an editable install elsewhere must not shadow them
+    root: Any = Path(__file__).resolve().parents[2] / "scenarios"
+    if not (root / "__init__.py").is_file():
+        root = importlib.resources.files("umctl.scenarios_data")
     return sorted((f.name, f.read_bytes()) for f in root.iterdir() if f.name.endswith(".toml"))
 
 

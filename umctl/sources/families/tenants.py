@@ -1,9 +1,12 @@
 """Several jobs sharing one multi-GPU server (memHarvester / HUVM, ATC'22 §2.1, §6.1 Table 2).
 
 Tenant 0 (pid 0, GPU 0) is the harvester: a job oversubscribing its GPU (``oversub x
-gpu_mem``). Tenants 1.. (pid t, GPU t) run smaller jobs that leave a ``spare`` fraction of
+gpu_mem``); ``co_harvesters`` names more oversubscribed jobs on GPUs 1.. (HUVM Table 2 cases 2-4
+have two or three), each at its own ``harvester_oversub`` entry when given. The tenants after
+the harvesters (pid t, GPU t) are neighbours: they run smaller jobs that leave a ``spare`` fraction of
 their GPU idle, the memory memHarvester lends the harvester as a victim cache. Jobs are named
-by scenario (``harvester``, ``neighbours``, cycled over the neighbour GPUs) and built by that
+by scenario (``harvester``, ``co_harvesters``, ``neighbours``, cycled over the neighbour GPUs; a
+neighbour's free fraction is its ``neighbour_spare`` entry, else ``spare``) and built by that
 scenario's own generator with its default shape, so a tenant runs exactly what the
 one-GPU scenario runs. Their operations are interleaved by estimated compute time, as if the
 jobs started together; a replay's per-GPU clocks decide the real overlap.
@@ -15,7 +18,7 @@ import heapq
 from typing import Iterator
 
 from ..workload import Workload, WorkloadBuilder
-from .common import Params, Tick, check, check_common
+from .common import ParamError, Params, Tick, check, check_common
 
 
 def generate(params: dict) -> Workload:
@@ -32,18 +35,33 @@ def generate(params: dict) -> Workload:
     check(0 <= params["spare"] < 1, f"spare must be in [0, 1) (got {params['spare']})")
     check(len(params["neighbours"]) >= 1, "neighbours must name at least one scenario")
     check(params["neighbour_iterations"] >= 1, "neighbour_iterations must be at least 1")
+    harvesters = [params["harvester"]] + list(params.get("co_harvesters", []))
+    h = len(harvesters)
+    check(h < n, f"{h} harvesters leave no neighbour on {n} GPUs: raise tenants")
+    try:
+        hover = [float(x) for x in params.get("harvester_oversub", [])]
+        nspare = [float(x) for x in params.get("neighbour_spare", [])]
+    except ValueError:
+        raise ParamError("harvester_oversub and neighbour_spare must be lists of numbers") from None
+    check(all(x > 0 for x in hover), "harvester_oversub entries must be positive")
+    check(all(0 <= x < 1 for x in nspare), "neighbour_spare entries must be in [0, 1)")
     b = WorkloadBuilder("scenario", n_gpus=n, gpu_mem=params["gpu_mem"])
     jobs: list[Iterator[Tick]] = []
     tenants: list[dict] = []
     for t in range(n):
-        name = params["harvester"] if t == 0 else params["neighbours"][(t - 1) % len(params["neighbours"])]
+        harvests = t < h
+        name = harvesters[t] if harvests else params["neighbours"][(t - h) % len(params["neighbours"])]
         info = find_scenario(name)
         check(info.generator in JOBS, f"{name} cannot run as a tenant (only {', '.join(JOBS)} scenarios can)")
         sub = Params(resolve_params(info, {}))
         sub.update(seed=params["seed"] + t,
-                   iterations=params["iterations"] if t == 0 else params["neighbour_iterations"])
-        footprint = params["oversub"] * params["gpu_mem"] if t == 0 else (1 - params["spare"]) * params["gpu_mem"]
-        meta = {"scenario": name, "pid": t, "gpu": t}
+                   iterations=params["iterations"] if harvests else params["neighbour_iterations"])
+        if harvests:
+            ratio = hover[t] if t < len(hover) else params["oversub"]
+        else:
+            ratio = 1 - (nspare[t - h] if t - h < len(nspare) else params["spare"])
+        footprint = ratio * params["gpu_mem"]
+        meta = {"scenario": name, "pid": t, "gpu": t, "harvester": harvests, "ratio": ratio}
         jobs.append(JOBS[info.generator](b, sub, footprint=int(footprint), pid=t, gpu=t, meta=meta))
         tenants.append(meta)
     clock = [(0, t) for t in range(n)]
