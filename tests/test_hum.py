@@ -221,3 +221,19 @@ def test_timeline_png(tmp_path) -> None:
     assert out.stat().st_size > 10_000
     with pytest.raises(ValueError):
         timeline_png([simulate(w, make_controller("none"))], str(out), "t")
+
+
+def test_cli_runs_hum_side_by_side_with_a_timeline_and_refuses_it_elsewhere(capsys, tmp_path) -> None:
+    import json
+
+    from umctl.cli.main import main
+
+    png = tmp_path / "tl.png"
+    assert main(["replay", "hum-vectoradd", "--iters", "1", "-m", "none,hum-no-sched,hum", "--json",
+                 "--timeline", str(png)]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert [r["mode"] for r in rows] == ["none", "hum-no-sched", "hum"] and rows[2]["speedup"] > 1.0
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert main(["replay", "gpt2-l", "--iters", "1", "-m", "none,hum"]) != 0
+    err = capsys.readouterr().err
+    assert "mode hum does not apply" in err and len(err.strip().splitlines()) == 1

@@ -87,6 +87,10 @@ def _run_replay(target: str, modes: str, overrides: dict[str, str], seed: int, p
     if drain_us is not None and drain_us <= 0:
         raise UmctlError("--drain-us must be positive")
     workload = resolve_target(target, overrides)
+    if modes.strip() == "all":  # every mode that applies (a named mode that does not is refused)
+        from ..controller import make_controller
+
+        mode_list = [m for m in mode_list if not make_controller(m, **options[m]).applies_to(workload)]
     recorder_for = None
     if record:
         from ..events.trace import TraceWriter
