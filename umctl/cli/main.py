@@ -74,7 +74,8 @@ def _overrides(oversub, gpu_mem, iters, seed, params) -> dict[str, str]:
 
 def _run_replay(target: str, modes: str, overrides: dict[str, str], seed: int, png: Optional[str],
                 as_json: bool, record: Optional[str], mode_opts: Optional[List[str]] = None,
-                drain_us: Optional[float] = None, calibration: Optional[str] = None) -> None:
+                drain_us: Optional[float] = None, calibration: Optional[str] = None,
+                timeline: Optional[str] = None) -> None:
     from ..report.table import replay_table
     from ..sim.calibration import DEFAULT as DEFAULT_CALIBRATION
     from ..sim.calibration import Calibration
@@ -86,6 +87,10 @@ def _run_replay(target: str, modes: str, overrides: dict[str, str], seed: int, p
     if drain_us is not None and drain_us <= 0:
         raise UmctlError("--drain-us must be positive")
     workload = resolve_target(target, overrides)
+    if modes.strip() == "all":  # every mode that applies (a named mode that does not is refused)
+        from ..controller import make_controller
+
+        mode_list = [m for m in mode_list if not make_controller(m, **options[m]).applies_to(workload)]
     recorder_for = None
     if record:
         from ..events.trace import TraceWriter
@@ -108,7 +113,7 @@ def _run_replay(target: str, modes: str, overrides: dict[str, str], seed: int, p
 
         results = run_modes(workload, mode_list, seed=seed, progress=progress, recorder_for=recorder_for,
                             mode_options=options, drain_ns=None if drain_us is None else int(drain_us * 1000),
-                            calib=calib)
+                            calib=calib, timeline=bool(timeline))
     rows = result_rows(results)
     if as_json:
         keys = ("mode", "time_s", "speedup", "faults", "fault_batches", "bytes_h2d", "bytes_d2h",
@@ -128,6 +133,11 @@ def _run_replay(target: str, modes: str, overrides: dict[str, str], seed: int, p
 
         replay_png(results, rows, png, f"umctl replay — {_describe(workload)}")
         err.print(f"wrote {png}")
+    if timeline:
+        from ..report.png import timeline_png
+
+        timeline_png(results, timeline, f"umctl replay — {workload.name}: host, copy and kernel timelines")
+        err.print(f"wrote {timeline}")
 
 
 def _describe(w) -> str:
@@ -169,6 +179,8 @@ def replay(
                                              "controller, as a live source drains its ring (default 1000)."),
     calibration: Optional[str] = typer.Option(None, "--calibration", help="Calibration file written by "
                                               "benchmarks/gpu/calibrate.py, or a shipped one by name (h200-r580); default: the H100 figures of DESIGN §7."),
+    timeline: Optional[str] = typer.Option(None, "--timeline", help="Write host / copy / kernel timelines of every mode "
+                                           "to this PNG (HUM figure 8 style); for short programs."),
 ) -> None:
     """Replay a scenario or a recorded trace under controller modes, side by side.
 
@@ -185,7 +197,7 @@ def replay(
       [bold]umctl replay trace.parquet --mode none,oracle --oversub 1.5 --png report.png[/bold]
     """
     ov = _overrides(oversub, gpu_mem, iters, seed if seed else None, param)
-    _run_replay(target, mode, ov, seed, png, as_json, record, mode_opt, drain_us, calibration)
+    _run_replay(target, mode, ov, seed, png, as_json, record, mode_opt, drain_us, calibration, timeline)
 
 
 @app.command()

@@ -83,3 +83,37 @@ def sweep_png(sweeps: dict[str, list[dict]], path: str, title: str) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def timeline_png(results: list[SimResult], path: str, title: str, *, titles: list[str] | None = None) -> None:
+    """HUM figure 8-style timelines, one panel per run: host, staging (chunked copies only),
+    copy-engine and kernel lanes, bars coloured by the buffer they belong to. Needs results
+    simulated with ``timeline=True``."""
+    lanes = ["host", "stage", "copy", "kernel"]
+    lane_names = {"host": "host", "stage": "staging\n(host→UM)", "copy": "H2D / D2H\ncopies", "kernel": "kernels"}
+    end = max(r.time_ns for r in results) / 1e6
+    fig, axes = plt.subplots(len(results), 1, figsize=(13, 1.9 + 1.25 * len(results)), sharex=True, squeeze=False)
+    fig.suptitle(title, fontsize=11)
+    groups = sorted({g for r in results for *_, g in (r.timeline or []) if g >= 0})
+    palette = plt.cm.tab10(np.arange(max(1, len(groups))) % 10)
+    color = {g: palette[i] for i, g in enumerate(groups)}
+    for a, r, name in zip(axes[:, 0], results, titles or [r.mode for r in results]):
+        if r.timeline is None:
+            raise ValueError("timeline_png needs results simulated with timeline=True")
+        used = [ln for ln in lanes if any(t[0] == ln for t in r.timeline)]
+        y = {ln: len(used) - 1 - i for i, ln in enumerate(used)}
+        for lane, label, t0, t1, grp in r.timeline:
+            c = color.get(grp, "#999999" if "wait" not in label else "#d62728")
+            if lane == "kernel":
+                c = "#4c72b0"
+            a.broken_barh([(t0 / 1e6, max(t1 - t0, 1.0) / 1e6)], (y[lane] - 0.38, 0.76), facecolors=c,
+                          edgecolors="white" if lane != "copy" else "none", linewidth=0.3)
+        a.set_yticks([y[ln] for ln in used], [lane_names[ln] for ln in used], fontsize=8)
+        a.set_ylim(-0.6, len(used) - 0.4)
+        a.set_title(f"{name}: {r.time_ns / 1e6:.1f} ms", fontsize=9, loc="left")
+        a.set_xlim(0, end * 1.01)
+        a.grid(axis="x", alpha=0.3)
+    axes[-1, 0].set_xlabel("simulated time (ms); colours: buffers; red: host waiting on a write-protected page")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

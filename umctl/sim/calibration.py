@@ -65,6 +65,14 @@ class Calibration:
     discard_block_ns: int = 8_000
     #: Host touching GPU-resident managed memory: 80-140 ms/GiB (CPU faults + D2H).
     cpu_fault_ns_per_GiB: float = 110e6
+    #: HUM's copy (PPoPP'20 §4.4-4.5), benchmarks/gpu/hum_probe.py on the H100, 512 MiB: 8
+    #: threads memcpy-ing 2 MiB chunks from a malloc'd buffer into host-side managed pages run
+    #: at 9.3 GB/s into fresh pages and 10.5 GB/s into pages that live on the GPU (29 GB/s
+    #: into pages already on the host; 1 thread: 1.3 GB/s fresh).
+    um_stage_Bps: float = 10e9
+    #: One synchronous cuMemPrefetchAsync of a 2 MiB chunk took 95 us (22 GB/s serial); the
+    #: part beyond the bytes at prefetch_h2d_Bps is this per-chunk start-up and synchronisation.
+    um_migrate_latency_ns: int = 53_000
 
     # -- GPU ---------------------------------------------------------------------------------
     #: Device-to-device copy rate (read+write) 2.87 TB/s: bounds memory-bound kernels.

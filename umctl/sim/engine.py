@@ -30,6 +30,17 @@ What is modelled, and why at this grain:
 
   * Advice: read-mostly duplicates on read faults (writes collapse the copies); preferred
     location is recorded but has no effect yet.
+  * Explicit copies (``OpType.COPY``): ``cudaMemcpy`` is pageable (host blocks), ``cudaMemcpyAsync``
+    pinned (host goes on); both run in stream order, so a kernel waits for every copy before it.
+  * Chunked copies into managed memory (``OpType.UM_COPY``, a mode's rewrite of H2D copies, e.g.
+    HUM's): the host does not wait; the copy is split in 2 MiB chunks, staged by a thread pool
+    and migrated by one page-migration thread serving one queue per copy round-robin
+    (``umcopy.py``); the stream moves on once the copy is initiated, so the next kernel starts
+    early; each chunk is one in-flight transfer entry, so a GPU touch of a page not yet copied
+    faults and waits for its chunk; the source pages are write-protected until their chunk is
+    staged, so a host write to one waits for it and the program computes what plain CUDA does.
+    ``OpType.STREAM_WAIT`` makes the stream wait for the chunked copies issued on it (where the
+    mode's runtime keeps the ordinary stream order); a SYNC waits for them too.
 
 Invariants (tests/test_sim_invariants.py): chunks in use never exceed capacity, every faulting
 access completes, bytes are conserved (each migrated byte is counted once per move), the same
@@ -58,6 +69,7 @@ from ..units import CPU, GiB, PAGE_SIZE, PAGE_TO_BLOCK_SHIFT, PAGES_PER_BLOCK
 from . import core
 from .calibration import DEFAULT, Calibration
 from .pagespace import PageSpace
+from .umcopy import ChunkedCopies
 
 
 @dataclass
@@ -86,6 +98,11 @@ class SimResult:
     prefetch_wasted: int = 0
     stall_ns: int = 0
     compute_ns: int = 0
+    #: chunked copies into managed memory (OpType.UM_COPY), their 2 MiB chunks, and the host
+    #: time spent waiting on write-protected source pages
+    um_copies: int = 0
+    um_copy_chunks: int = 0
+    write_protect_wait_ns: int = 0
     kernels: int = 0
     accesses: int = 0
     commands: int = 0
@@ -110,6 +127,9 @@ class SimResult:
     harvest_writeback_bytes: int = 0
     harvest_drops: int = 0
     staged_bytes: int = 0
+    #: with Simulator(timeline=True): (lane, label, t0_ns, t1_ns, group) per host operation,
+    #: copy (per chunk for chunked copies) and kernel, for HUM figure 8-style timelines
+    timeline: list | None = None
 
     @property
     def time_s(self) -> float:
@@ -139,7 +159,8 @@ class SimResult:
         return self.prefetch_used / total if self.prefetch_pages and total else None
 
     def summary(self) -> dict:
-        d = {k: v for k, v in asdict(self).items() if not isinstance(v, np.ndarray) and v is not None}
+        d = {k: v for k, v in asdict(self).items()
+             if not isinstance(v, np.ndarray) and v is not None and k != "timeline"}
         d["time_s"] = self.time_s
         d["prefetch_accuracy"] = self.prefetch_accuracy
         d["prefetch_coverage"] = self.prefetch_coverage
@@ -161,7 +182,7 @@ class Simulator:
 
     def __init__(self, workload: Workload, controller: Controller, *, calib: Calibration = DEFAULT,
                  seed: int = 0, recorder=None, progress: Callable[[int, int], None] | None = None,
-                 controller_delay_ns: int = 20_000, drain_ns: int = 1_000_000):
+                 controller_delay_ns: int = 20_000, drain_ns: int = 1_000_000, timeline: bool = False):
         t_init = _time.perf_counter()
         workload = controller.prepare(workload)
         self.w = workload
@@ -224,6 +245,10 @@ class Simulator:
         self.stream = [0.0] * G
         self.host = 0.0
         self.r = SimResult(mode=controller.name, workload=workload.name)
+        self._um: dict[int, ChunkedCopies] = {}        # per GPU, created by the first UM_COPY
+        self._protect = np.zeros(npg)                  # source page write-protected until (ns)
+        self._tl: list | None = [] if timeline else None
+        self._tl_copies: list = []
         self.lib = core.lib()
         self.cs = core.SimState(
             npg=npg, nbl=nbl, ngpu=G, max_pending=maxp, max_active=self.max_active,
@@ -476,9 +501,27 @@ class Simulator:
             self._launch_idx.append(i)
 
     # ------------------------------------------------------------------ other ops
+    def _protect_wait(self, pages: np.ndarray, t0: float, dur: float) -> float:
+        """How long a host write of ``pages`` (in order, over ``dur`` from ``t0``) stalls on
+        pages write-protected by chunked copies: page j is written at t0 + dur*j/n unless an
+        earlier stall pushed it later, so the write ends at max(t0 + dur, max_j(protect_j +
+        dur*(n-j)/n))."""
+        if not self._um or len(pages) == 0:
+            return 0.0
+        prot = self._protect[pages]
+        n = len(pages)
+        late = prot - (t0 + dur * np.arange(n) / n)
+        return max(0.0, float(late.max()))
+
     def _host_write(self, op) -> None:
         lo, hi = int(op["acc_lo"]), int(op["acc_hi"])
         pages = self.acc[lo:hi]
+        wait = self._protect_wait(pages, self.host, float(op["compute_ns"]))
+        self.r.write_protect_wait_ns += int(wait)
+        if self._tl is not None and wait > 0:
+            self._tl.append(("host", "write-protect wait", self.host, self.host + wait, -1))
+        self.host += wait
+        t0 = self.host
         pages = pages[self.managed[pages]]
         t = self.host + float(op["compute_ns"])
         if len(pages):
@@ -501,6 +544,8 @@ class Simulator:
                 self.stats[core.ST["epoch"]] += 1
             self.cpu_valid[pages] = True
         self.host = t
+        if self._tl is not None:
+            self._tl.append(("host", f"write {self._alloc_name(int(op['addr']))}", t0, t, int(op["addr"])))
 
     def _copy(self, op) -> None:
         g = max(0, int(op["gpu"]))
@@ -514,6 +559,10 @@ class Simulator:
         if not asynchronous:
             self.host = end
         self.r.copy_bytes += nbytes
+        if self._tl is not None:
+            src = int(op["addr"]) if op["copy_kind"] == 0 else int(op["dst_addr"])
+            self._tl.append(("copy", f"{'H2D' if op['copy_kind'] == 0 else 'D2H'} {self._alloc_name(src)}",
+                             start, end, src))
         if op["copy_kind"] == 1:
             self.stats[core.ST["bytes_d2h"]] += nbytes
         elif op["copy_kind"] == 0:
@@ -523,6 +572,72 @@ class Simulator:
             ev["t_ns"], ev["t_end_ns"], ev["gpu"], ev["pid"] = int(start), int(end), g, int(op["pid"])
             ev["kind"], ev["src_addr"], ev["dst_addr"] = op["copy_kind"], op["addr"], op["dst_addr"]
             ev["bytes"], ev["is_async"] = nbytes, asynchronous
+            self._emit(Kind.COPY, ev)
+
+    def _alloc_name(self, addr: int) -> str:
+        a = self.w.allocations
+        i = np.nonzero((a["addr"] <= addr) & (addr < a["addr"] + a["bytes"]))[0]
+        return self.w.names[int(a["name_id"][i[0]])] if len(i) and a["name_id"][i[0]] >= 0 else hex(addr)
+
+    def _um_tail(self, g: int | None = None) -> float:
+        """When the chunked copies issued so far (on GPU g, or on any) have arrived."""
+        engines = self._um.values() if g is None or g < 0 else [self._um[g]] if g in self._um else []
+        return max([e.tail_ns() for e in engines] + [0.0])
+
+    def _set_entry_done(self, e: int, done: float) -> None:
+        self.entry_done[e] = done
+
+    def _um_copy(self, op) -> None:
+        """A host->device copy into managed memory as chunked UM migrations (see umcopy.py):
+        initiated once the stream reaches it, without blocking the host; every destination
+        page is unmapped from wherever it was (the copy overwrites it) and marked in flight
+        on its chunk's entry; the source pages are write-protected until their chunk is staged."""
+        g = max(0, int(op["gpu"]))
+        nbytes = int(op["bytes"])
+        if nbytes <= 0:
+            return
+        eng = self._um.get(g)
+        if eng is None:
+            eng = self._um[g] = ChunkedCopies(stage_Bps=self.c.um_stage_Bps, migrate_Bps=self.c.prefetch_h2d_Bps,
+                                              latency_ns=self.c.um_migrate_latency_ns, set_done=self._set_entry_done)
+        init = max(self.host, self.stream[g])
+        dst = self.space.local_range(int(op["dst_addr"]), nbytes)
+        if sum(hi - lo for lo, hi in dst) * PAGE_SIZE < nbytes or not self.managed[dst[0][0]:dst[-1][1]].all():
+            raise UmctlError("a chunked copy needs a managed destination (the mode's prepare() makes it managed)")
+        # byte offset -> chunk: the destination is 2 MiB aligned, so each block range is one chunk
+        n_chunks = -(-nbytes // (PAGES_PER_BLOCK * PAGE_SIZE))
+        if len(dst) != n_chunks:
+            raise UmctlError("a chunked copy's destination must start on a 2 MiB boundary")
+        self._ensure_entries(n_chunks)
+        entries = np.array([self._new_entry(np.inf) for _ in range(n_chunks)], np.int64)
+        c = eng.issue(g, init, nbytes, entries)
+        bit = np.uint8(1 << g)
+        for k, (lo, hi) in enumerate(dst):
+            self._invalidate(lo, hi, count=False)
+            b = lo >> PAGE_TO_BLOCK_SHIFT
+            if not self.has_chunk[g, b] and self._take_chunk(g, b, init) < 0:
+                raise UmctlError(f"GPU {g} has no memory left for a chunked copy; raise --gpu-mem")
+            self.gmask[lo:hi] |= bit
+            self.cpu_valid[lo:hi] = False
+            self.pf_entry[lo:hi] = int(entries[k])
+            self.rescount[g, b] += hi - lo
+            self.lru[g, b] = c.done_ns[k]
+        src = np.concatenate([np.arange(lo, hi) for lo, hi in self.space.local_range(int(op["addr"]), nbytes)])
+        chunk_of = np.minimum(np.arange(len(src)) * PAGE_SIZE // (PAGES_PER_BLOCK * PAGE_SIZE), n_chunks - 1)
+        self._protect[src] = np.maximum(self._protect[src], c.staged_ns[chunk_of])
+        self.stream[g] = init
+        self.r.copy_bytes += nbytes
+        self.r.um_copies += 1
+        self.r.um_copy_chunks += n_chunks
+        self.stats[core.ST["bytes_h2d"]] += nbytes
+        self.stats[core.ST["epoch"]] += 1
+        if self._tl is not None:
+            self._tl_copies.append((c, int(op["addr"])))
+        if Kind.COPY in self.emit:
+            ev = empty(Kind.COPY, 1)
+            ev["t_ns"], ev["t_end_ns"], ev["gpu"], ev["pid"] = int(init), int(c.end_ns), g, int(op["pid"])
+            ev["kind"], ev["src_addr"], ev["dst_addr"] = op["copy_kind"], op["addr"], op["dst_addr"]
+            ev["bytes"], ev["is_async"] = nbytes, True
             self._emit(Kind.COPY, ev)
 
     def _mem(self, i: int, op) -> None:
@@ -710,6 +825,8 @@ class Simulator:
             if typ == OpType.KERNEL:
                 self._kernel(i, op)
             elif typ == OpType.HOST:
+                if self._tl is not None:
+                    self._tl.append(("host", "compute", self.host, self.host + float(op["compute_ns"]), -1))
                 self.host += float(op["compute_ns"])
             elif typ == OpType.HOST_WRITE:
                 self._host_write(op)
@@ -717,14 +834,19 @@ class Simulator:
                 self._copy(op)
             elif typ == OpType.SYNC:
                 g = int(op["gpu"])
-                self.host = max([self.host] + (self.stream if g < 0 else [self.stream[g]]))
+                self.host = max([self.host, self._um_tail(g)] + (self.stream if g < 0 else [self.stream[g]]))
+            elif typ == OpType.UM_COPY:
+                self._um_copy(op)
+            elif typ == OpType.STREAM_WAIT:
+                g = max(0, int(op["gpu"]))
+                self.stream[g] = max(self.stream[g], self._um_tail(g))
             elif typ == OpType.MEM:
                 self._mem(i, op)
             if self.progress is not None and (i % every == 0 or i == nk - 1):
                 self.progress(i + 1, nk)
             if i == nk - 1 or iters[i + 1] != iters[i]:
-                it_end[iters[i]] = max([self.host] + self.stream)
-        end = max([self.host] + self.stream)
+                it_end[iters[i]] = max([self.host, self._um_tail()] + self.stream)
+        end = max([self.host, self._um_tail()] + self.stream)
         self._deliver(end)
         self._check_capacity()
         r = self.r
@@ -745,8 +867,25 @@ class Simulator:
             r.iteration_end_ns = np.maximum.accumulate(it_end[:n_it]).astype(np.int64)
             r.iteration_faults = np.bincount(iters[kmask], weights=r.kernel_faults, minlength=n_it).astype(np.int64)
         r.controller = self.ctl.stats()
+        if self._tl is not None:
+            self._finish_timeline(kmask)
         r.wall_s = self._init_s + _time.perf_counter() - t0
         return r
+
+    def _finish_timeline(self, kmask: np.ndarray) -> None:
+        """Kernels and the chunks of chunked copies join the host and copy intervals."""
+        tl = self._tl
+        ops = self.w.ops
+        for i in np.nonzero(kmask)[0].tolist():
+            nid = int(ops["name_id"][i])
+            tl.append(("kernel", self.w.names[nid] if nid >= 0 else "kernel", self._kstart[i], self._kend[i], -1))
+        for c, src in self._tl_copies:
+            name = self._alloc_name(src)
+            for k in range(c.n):
+                tl.append(("stage", f"stage {name}", c.staged_ns[k] - c.chunk_bytes[k] / self.c.um_stage_Bps * 1e9,
+                           c.staged_ns[k], src))
+                tl.append(("copy", f"H2D {name}", c.start_ns[k], c.done_ns[k], src))
+        self.r.timeline = [(lane, label, float(t0), float(t1), grp) for lane, label, t0, t1, grp in tl]
 
     def _check_capacity(self) -> None:
         for g in range(self.n_gpus):

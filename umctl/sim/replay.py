@@ -110,10 +110,12 @@ def parse_mode_options(items: list[str] | None, modes: list[str]) -> dict[str, d
 def run_modes(workload: Workload, modes: list[str], *, seed: int = 0, calib: Calibration = DEFAULT,
               progress: Callable[[str, int, int], None] | None = None,
               mode_options: dict[str, dict] | None = None, recorder_for: Callable[[str], object] | None = None,
-              drain_ns: int | None = None) -> list[SimResult]:
+              drain_ns: int | None = None, timeline: bool = False) -> list[SimResult]:
     """Simulate the workload once per mode (same seed)."""
     results = []
     extra = {} if drain_ns is None else {"drain_ns": int(drain_ns)}
+    if timeline:
+        extra["timeline"] = True
     ctls = [make_controller(mode, **(mode_options or {}).get(mode, {})) for mode in modes]
     for mode, ctl in zip(modes, ctls):
         why = ctl.applies_to(workload)

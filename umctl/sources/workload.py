@@ -26,6 +26,12 @@ class OpType(enum.IntEnum):
     COPY = 3        # explicit copy of `bytes` from addr to dst_addr (copy_kind, is_async)
     SYNC = 4        # host waits for ops.gpu's stream (-1: every GPU)
     MEM = 5         # allocator event (mem_op) on allocation alloc_id
+    #: A mode's runtime rewrite (never produced by a scenario): host->device copy of `bytes`
+    #: from addr into *managed* dst_addr as chunked UM migrations (umctl/sim/umcopy.py); the
+    #: host does not wait and the stream moves on once the copy is initiated.
+    UM_COPY = 6
+    #: ops.gpu's stream waits until every UM_COPY issued on it so far has arrived.
+    STREAM_WAIT = 7
 
 
 OP_DTYPE = np.dtype([

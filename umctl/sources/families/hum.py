@@ -12,12 +12,21 @@ copy was issued, before the kernels: legal CUDA (the source is pageable, so the 
 staged it), and exactly the case HUM must detect by write-protecting the source (§4.2, Fig. 4;
 lbm and tpacf in Parboil do this).
 
+Variants for the shapes of §4.5-4.6 (defaults keep the original shape): ``write_first`` writes
+every input before the copies, so the copies go back to back (Fig. 7, vector addition);
+``host_between_gbps`` adds host computation after each copy (host work between copies);
+``mixed_copies`` copies odd-numbered inputs with ``cudaMemcpyAsync`` and the others with
+``cudaMemcpy``; ``interleave`` makes each kernel read its slices element-wise across the inputs
+(``C[i] = A[i] + B[i]``) instead of one input after the other.
+
 The program fits in device memory (HUM uses "the largest dataset that fits", §5.1): ``fill``
 sets the device footprint as a fraction of ``gpu_mem``; ``oversub`` is accepted for uniformity
 and does not apply.
 """
 
 from __future__ import annotations
+
+import numpy as np
 
 from ...events.schema import CopyKind
 from ..workload import Buffer, Workload, WorkloadBuilder
@@ -33,6 +42,7 @@ def generate(params: dict) -> Workload:
     for key in ("host_write_gbps", "kernel_gbps"):
         check(params[key] > 0, f"{key} must be positive (got {params[key]})")
     at_least(params, "host_compute_gbps", 0)
+    at_least(params, "host_between_gbps", 0)
     n_in, n_out, n_k = params["inputs"], params["outputs"], params["kernels"]
     size = int(params["fill"] * params["gpu_mem"]) // (n_in + n_out)
     b = WorkloadBuilder("scenario", gpu_mem=params["gpu_mem"])
@@ -52,19 +62,30 @@ def generate(params: dict) -> Workload:
     in_bytes = size * n_in
     for it in range(params["iterations"]):
         b.iteration = it
+        if params["write_first"]:
+            for host, _ in inputs:
+                b.host_write(host, duration(size, params["host_write_gbps"]))
         for k, (host, dev) in enumerate(inputs):
-            b.host_write(host, duration(size, params["host_write_gbps"]))
-            b.copy(host, dev, kind=CopyKind.H2D, is_async=copy_async)
+            if not params["write_first"]:
+                b.host_write(host, duration(size, params["host_write_gbps"]))
+            b.copy(host, dev, kind=CopyKind.H2D, is_async=copy_async or (params["mixed_copies"] and k % 2 == 1))
             if params["rewrite"] and k == 0:
                 b.host_write(host, duration(size, params["host_write_gbps"]))
+            if params["host_between_gbps"] > 0:
+                b.host(duration(size, params["host_between_gbps"]))
         if params["host_compute_gbps"] > 0:
             b.host(duration(in_bytes, params["host_compute_gbps"]))
         for j in range(n_k):
             reads = [dev.split(n_k)[j] for _, dev in inputs]
             writes = [dev.split(n_k)[j] for _, dev in outputs]
             touched = sum(x.nbytes for x in reads + writes)
-            b.kernel(f"kernel{j}", reads=reads, writes=writes, compute_ns=duration(touched, params["kernel_gbps"]),
-                     args=(j,) + tuple(x.addr for x in reads + writes), grid=grid_for(touched / 4, 1024))
+            kw: dict = dict(reads=reads, writes=writes)
+            if params["interleave"] and len(reads) > 1:   # element-wise: A[i], B[i], ... then the outputs
+                n = min(len(x.pages()) for x in reads)
+                kw = dict(pages=[(np.stack([x.pages()[:n] for x in reads], 1).ravel(), False)]
+                          + [(x.pages()[n:], False) for x in reads] + [(x.pages(), True) for x in writes])
+            b.kernel(f"kernel{j}", compute_ns=duration(touched, params["kernel_gbps"]),
+                     args=(j,) + tuple(x.addr for x in reads + writes), grid=grid_for(touched / 4, 1024), **kw)
         for host, dev in outputs:
             b.copy(dev, host, kind=CopyKind.D2H, is_async=False)
     return b.build()
