@@ -16,7 +16,7 @@ from umctl.sources.workload import OpType, Workload
 SMALL = {"gpu_mem": "128MiB"}
 DNN = ["gpt2-xl", "gpt2-l", "bert-large", "resnet152"]
 #: Families whose managed footprint is oversub x gpu_mem (hum programs fit in device memory).
-SCALED = DNN + ["dlrm", "pagerank", "bfs", "mgpu-gemm", "mgpu-2mm", "mgpu-stencil"]
+SCALED = DNN + ["dlrm", "pagerank", "bfs"]
 
 
 def kernel_pages(w: Workload, mask: np.ndarray, written: bool = False) -> list[np.ndarray]:
@@ -167,31 +167,30 @@ def test_tenant_footprints() -> None:
     assert [t["scenario"] for t in w.meta["tenants"]] == ["gpt2-l", "resnet152", "pagerank", "resnet152"]
 
 
-@pytest.mark.parametrize("name", ["mgpu-gemm", "mgpu-2mm", "mgpu-stencil"])
-@pytest.mark.parametrize("gpus", [1, 2, 4, 8])
-def test_multigpu_kernels_cover_every_gpu(name: str, gpus: int) -> None:
+@pytest.mark.parametrize("name", [i.name for i in list_scenarios("multigpu")])
+@pytest.mark.parametrize("gpus", [1, 8])
+def test_multigpu_programs_are_single_gpu_with_thread_blocks(name: str, gpus: int) -> None:
+    """SnuRHAC's input: a program written for one GPU (cudaMalloc, copies, kernels on GPU 0)
+    on a machine of ``gpus``, each kernel describing its thread blocks."""
     w = load_scenario(name, {**SMALL, "gpus": str(gpus)})
     assert w.n_gpus == gpus and len(w.gpu_mem) == gpus
     k = w.kernels
-    assert set(k["gpu"].tolist()) == set(range(gpus))
-    steps = w.ops[(w.ops["type"] == OpType.KERNEL) | (w.ops["type"] == OpType.SYNC)]
-    syncs = steps[steps["type"] == OpType.SYNC]
-    assert (syncs["gpu"] == -1).all() and steps[-1]["type"] == OpType.SYNC
-    # Written pages are partitioned: no two GPUs write the same page in one step.
-    written = [set(np.concatenate(kernel_pages(w, (k["gpu"] == g) & (k["iteration"] == 0), written=True)).tolist())
-               for g in range(gpus)]
-    for g in range(gpus - 1):
-        assert len(written[g] & written[g + 1]) <= 2  # band edges may share a page (2mm writes 2 matrices)
-
-
-def test_stencil_reads_halo_rows_of_neighbours() -> None:
-    w = load_scenario("mgpu-stencil", {**SMALL, "gpus": "2"})
-    n, bands = w.meta["n"], w.meta["bands"]
-    k = w.kernels
-    cur = w.allocations[0]  # temp_a is read in iteration 0
-    reads1 = np.concatenate(kernel_pages(w, (k["gpu"] == 1) & (k["iteration"] == 0)))
-    halo = (int(cur["addr"]) + (bands[1] - 1) * n * 4) >> 12
-    assert halo in set(reads1.tolist())
+    assert (k["gpu"] == 0).all()
+    dev = w.allocations[~w.allocations["managed"] & (w.allocations["gpu"] == 0)]
+    assert dev["bytes"].sum() == pytest.approx(0.75 * (128 << 20), rel=0.10)
+    kernel_ops = np.flatnonzero(w.ops["type"] == OpType.KERNEL)
+    assert sorted(w.thread_blocks) == kernel_ops.tolist()
+    for i in kernel_ops:
+        kb, op = w.thread_blocks[i], w.ops[i]
+        assert kb.tb_off[-1] == op["acc_hi"] - op["acc_lo"] and tuple(op["grid"]) == kb.grid
+        # every affine range bounds what its thread blocks really touch
+        bx, by, bz = kb.coords(np.arange(kb.n_blocks))
+        bounds = [r.bounds(bx, by, bz) for r in kb.ranges]
+        for t in range(kb.n_blocks):
+            pages = w.acc_page[op["acc_lo"] + kb.tb_off[t]:op["acc_lo"] + kb.tb_off[t + 1]]
+            lo = min(int(b[0][t]) for b in bounds) >> 12
+            hi = (max(int(b[1][t]) for b in bounds) + 4095) >> 12
+            assert lo <= pages.min() and pages.max() < hi
 
 
 def test_hum_scenarios_copy_sync_async_and_rewrite_after_async() -> None:

@@ -59,6 +59,14 @@ class Controller:
     subscribes: ClassVar[frozenset[Kind]] = frozenset()
     #: True if the mode needs perfect future knowledge and so cannot run live.
     replay_only: ClassVar[bool] = False
+    #: True if the mode's in-process runtime wraps the launch call, so it sees every launch
+    #: before the kernel runs (SnuRHAC issues its static prefetches there): replay then hands
+    #: LAUNCH events over at each launch instead of in the next drain.
+    launch_sync: ClassVar[bool] = False
+    #: Where part of the mode runs inside the driver's fault handler (a kernel module), it
+    #: sees fault batches as they are serviced: replay then delivers events at most this
+    #: many ns apart instead of at the source's drain interval. None: the source's interval.
+    drain_ns: ClassVar[int | None] = None
 
     def __init__(self, **options):
         self.options = options

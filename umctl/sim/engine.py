@@ -191,7 +191,7 @@ class Simulator:
         self.recorder = recorder
         self.progress = progress
         self.delay = float(controller_delay_ns)
-        self.drain = float(drain_ns)
+        self.drain = float(drain_ns if controller.drain_ns is None else min(drain_ns, controller.drain_ns))
         self.n_gpus = G = workload.n_gpus
         if not 1 <= G <= 8:
             raise ValueError("the simulator models 1 to 8 GPUs")
@@ -416,7 +416,7 @@ class Simulator:
         self.r.compute_ns += int(compute)
         self.r.accesses += hi - lo
         self._launch_event(i, op, g, pid, start)
-        self._deliver(start, force=False)
+        self._deliver(start, force=self.ctl.launch_sync)
         pages = self.acc[lo:hi]
         writes = self.acc_write[lo:hi]
         n = hi - lo
@@ -801,11 +801,34 @@ class Simulator:
             self.read_mostly[b] = True
             self.cs.any_read_mostly = 1
         elif advice == Advice.UNSET_READ_MOSTLY:
+            if self.read_mostly[b]:
+                self._collapse(lo, hi)
             self.read_mostly[b] = False
         elif advice == Advice.PREFERRED_LOCATION:
             self.preferred[b] = dst
         elif advice == Advice.UNSET_PREFERRED_LOCATION:
             self.preferred[b] = -2
+
+    def _collapse(self, lo: int, hi: int) -> None:
+        """cudaMemAdviseUnsetReadMostly: read-duplicated copies of pages [lo, hi) (one block)
+        collapse into one (CUDA: "the location chosen is arbitrary" without a preferred
+        location). The host copy is kept where valid, else the lowest GPU's; the others are
+        dropped without a transfer (they were clean duplicates)."""
+        pages = np.arange(lo, hi)
+        m = self.gmask[lo:hi]
+        keep = np.where(self.cpu_valid[lo:hi], np.uint8(0), m & (~m + np.uint8(1)))  # lowest set bit
+        drop = m & ~keep
+        if not drop.any():
+            return
+        b = lo >> PAGE_TO_BLOCK_SHIFT
+        for g in range(self.n_gpus):
+            bit = np.uint8(1 << g)
+            sel = (drop & bit) != 0
+            n = int(sel.sum())
+            if n:
+                self.gmask[pages[sel]] &= ~bit
+                self._release_block(g, b, n)
+        self.stats[core.ST["epoch"]] += 1
 
     # ------------------------------------------------------------------ run
     def run(self) -> SimResult:

@@ -82,6 +82,9 @@ class Workload:
     gpu_mem: list[int] = field(default_factory=list)
     params: dict = field(default_factory=dict)
     meta: dict = field(default_factory=dict)
+    #: per kernel (index into ``ops``): its thread blocks and their static access ranges
+    #: (``threadblocks.KernelBlocks``), for grid-partitioning modes; empty when unknown
+    thread_blocks: dict = field(default_factory=dict)
 
     @property
     def kernels(self) -> np.ndarray:
@@ -150,6 +153,7 @@ class WorkloadBuilder:
         self._names: dict[str, int] = {}
         self._next_addr = VA_BASE
         self.iteration = 0
+        self._thread_blocks: dict = {}
 
     # -- names and allocations -------------------------------------------------------------
     def name_id(self, name: str) -> int:
@@ -190,11 +194,18 @@ class WorkloadBuilder:
 
     def kernel(self, name: str, *, reads: Sequence = (), writes: Sequence = (), compute_ns: int = 0,
                gpu: int = 0, pid: int = 0, args: Sequence | None = None, grid=(1, 1, 1),
-               block=(128, 1, 1), atomics: bool = False, pages: Sequence[tuple[np.ndarray, bool]] = ()) -> None:
+               block=(128, 1, 1), atomics: bool = False, pages: Sequence[tuple[np.ndarray, bool]] = (),
+               thread_blocks=None) -> None:
         """Launch a kernel. ``reads``/``writes`` are Buffers or Buffer slices (touched in
-        order, each page once); ``pages`` gives explicit (page array, is_write) parts."""
+        order, each page once); ``pages`` gives explicit (page array, is_write) parts;
+        ``thread_blocks`` (a ``threadblocks.KernelBlocks``) says which of them each thread
+        block makes."""
         parts = [(r.pages(), False) for r in reads] + [(w.pages(), True) for w in writes] + list(pages)
         lo, hi = self._accesses(parts)
+        if thread_blocks is not None:
+            if int(thread_blocks.tb_off[-1]) != hi - lo:
+                raise ValueError("thread-block offsets do not cover the kernel's accesses")
+            self._thread_blocks[len(self._ops)] = thread_blocks
         self._op(OpType.KERNEL, gpu=gpu, pid=pid, exec_hash=exec_hash(name, args), name_id=self.name_id(name),
                  compute_ns=int(compute_ns), acc_lo=lo, acc_hi=hi, grid=tuple(grid), block=tuple(block),
                  atomics=atomics)
@@ -228,7 +239,7 @@ class WorkloadBuilder:
         for n, i in self._names.items():
             names[i] = n
         w = Workload(self.name, ops, acc_page, acc_write, allocs, names, self.n_gpus, list(self.gpu_mem),
-                     dict(params or {}), dict(meta or {}))
+                     dict(params or {}), dict(meta or {}), dict(self._thread_blocks))
         w.validate()
         return w
 
