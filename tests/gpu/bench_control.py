@@ -27,14 +27,20 @@ def main() -> None:
     ap.add_argument("--layers", type=int, default=24)
     ap.add_argument("--mib", type=int, default=128)
     ap.add_argument("--iters", type=int, default=8)
-    ap.add_argument("--modes", default="none,deepum,deepum-prefetch")
+    ap.add_argument("--modes", default="none,deepum,deepum-prefetch", help="mode[@degree],...")
+    ap.add_argument("--no-plain", action="store_true")
     a = ap.parse_args()
     wl = [sys.executable, "tests/gpu/wl_layers.py", "--layers", str(a.layers), "--mib", str(a.mib),
           "--iters", str(a.iters)]
     rows = []
-    configs = [("plain", wl)] + [(m, ["umctl", "run", "--mode", m, "--budget", a.budget, "-q", "--"] + wl)
-                                 for m in a.modes.split(",")]
-    for name, cmd in configs:
+    def umctl(spec: str) -> list[str]:
+        """'deepum@4' = mode deepum with --degree 4."""
+        mode, _, degree = spec.partition("@")
+        return (["umctl", "run", "--mode", mode, "--budget", a.budget, "-q"]
+                + (["--degree", degree] if degree else []) + ["--"])
+
+    configs = [("plain", wl)] + [(m, umctl(m) + wl) for m in a.modes.split(",")]
+    for name, cmd in configs[1:] if a.no_plain else configs:
         out, err, rc = run(cmd, 240)
         iters = [float(x) for x in re.findall(r"^ITER \d+ ([\d.]+)", out, re.M)]
         ok = "check ok" in out
