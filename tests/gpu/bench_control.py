@@ -29,9 +29,10 @@ def main() -> None:
     ap.add_argument("--iters", type=int, default=8)
     ap.add_argument("--modes", default="none,deepum,deepum-prefetch", help="mode[@degree],...")
     ap.add_argument("--no-plain", action="store_true")
+    ap.add_argument("--sync-each", action="store_true", help="workload synchronises after every kernel")
     a = ap.parse_args()
     wl = [sys.executable, "tests/gpu/wl_layers.py", "--layers", str(a.layers), "--mib", str(a.mib),
-          "--iters", str(a.iters)]
+          "--iters", str(a.iters)] + (["--sync-each"] if a.sync_each else [])
     rows = []
     def umctl(spec: str) -> list[str]:
         """'deepum@4' = mode deepum with --degree 4."""

@@ -20,6 +20,8 @@ def main() -> None:
     ap.add_argument("--layers", type=int, default=24)
     ap.add_argument("--mib", type=int, default=128, help="per layer")
     ap.add_argument("--iters", type=int, default=8)
+    ap.add_argument("--sync-each", action="store_true",
+                    help="synchronise after every layer (the host does not queue kernels ahead)")
     ap.add_argument("--repeat", type=int, default=40, help="passes over the buffer inside one kernel")
     a = ap.parse_args()
     total = a.layers * (a.mib << 20)
@@ -43,6 +45,8 @@ def main() -> None:
         t = time.perf_counter()
         for x in bufs:
             k((264,), (256,), (x, cp.int64(n), cp.int32(a.repeat)))
+            if a.sync_each:
+                cp.cuda.Device().synchronize()
         cp.cuda.Device().synchronize()
         print(f"ITER {it} {(time.perf_counter() - t) * 1e3:.2f}", flush=True)
     # +1 per pass from x0 = layer index: exact in float32, so any lost or stale page shows
