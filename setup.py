@@ -13,6 +13,7 @@ from setuptools.command.build_ext import build_ext
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 BPF_SOURCES = ["launch.bpf.c"]   # bpf/NAME.c -> umctl/bpf/NAME.o
+RUNTIME_SOURCES = ["runtime/umctl_rt.c"]   # -> umctl/runtime/libumctl_rt.so (LD_PRELOAD runtime)
 
 
 class build_ext_and_bpf(build_ext):
@@ -27,6 +28,25 @@ class build_ext_and_bpf(build_ext):
         super().run()
         out_dir = os.path.join(HERE if self.inplace else self.build_lib, "umctl", "bpf")
         self._build_bpf(out_dir)
+        self._build_runtime(os.path.join(HERE if self.inplace else self.build_lib, "umctl", "runtime"))
+
+    def _build_runtime(self, out_dir: str) -> None:
+        """gcc the in-process runtime; no CUDA headers needed (it reaches CUDA through dlsym). A
+        failure is a warning: only `umctl run` needs the library, and it says so."""
+        cc = os.environ.get("CC") or shutil.which("gcc") or shutil.which("cc")
+        if not cc:
+            print("umctl: gcc not found; the in-process runtime (libumctl_rt.so) is not built", file=sys.stderr)
+            return
+        os.makedirs(out_dir, exist_ok=True)
+        cmd = [cc, "-O2", "-g", "-shared", "-fPIC", "-Wall", "-o", os.path.join(out_dir, "libumctl_rt.so"),
+               *[os.path.join(HERE, s) for s in RUNTIME_SOURCES], "-ldl", "-lpthread"]
+        try:
+            r = subprocess.run(cmd, capture_output=True, text=True)
+        except OSError as e:
+            print(f"umctl: runtime library not built ({e})", file=sys.stderr)
+            return
+        if r.returncode:
+            print(f"umctl: runtime library not built:\n{r.stderr[-2000:]}", file=sys.stderr)
 
     def _build_bpf(self, out_dir: str) -> None:
         clang = os.environ.get("BPF_CLANG") or shutil.which("clang")
@@ -55,7 +75,7 @@ class build_ext_and_bpf(build_ext):
 setup(
     packages=find_packages(include=["umctl", "umctl.*"]) + ["umctl.scenarios_data"],
     package_dir={"umctl": "umctl", "umctl.scenarios_data": "scenarios"},
-    package_data={"umctl.scenarios_data": ["*.toml"], "umctl.bpf": ["*.bpf.o"],
+    package_data={"umctl.scenarios_data": ["*.toml"], "umctl.bpf": ["*.bpf.o"], "umctl.runtime": ["*.so"],
                   "umctl.sim": ["calibrations/*.json"]},
     ext_modules=[Extension("umctl.sim._simcore", ["umctl/sim/_simcore.c"],
                            extra_compile_args=["-O2", "-fvisibility=default"])],

@@ -1,0 +1,1674 @@
+/* umctl in-process runtime, loaded with LD_PRELOAD into a program started by `umctl run`.
+ *
+ * What it does (each part off unless its environment variable asks for it; runtime/README.md):
+ *   - UMCTL_RT_MANAGED=1: cudaMalloc hands out managed memory (cudaMallocManaged), so DeepUM-style
+ *     prefetch/pre-eviction/invalidation commands can act on the program's device memory. The
+ *     PyTorch pluggable-allocator entry points umctl_rt_malloc/umctl_rt_free do the same for torch
+ *     and keep freed blocks cached, reporting them BLOCK_INACTIVE / BLOCK_ACTIVE.
+ *   - UMCTL_RT_HUM=1 (implies MANAGED): HUM (PPoPP'20 §4) for unmodified programs. A host->device
+ *     cudaMemcpy(Async) from pageable memory into one of our managed allocations returns at once;
+ *     a worker copies the data in 2 MiB chunks, one queue per copy command, served round-robin
+ *     (§4.6), and prefetches each chunk to the GPU. The source pages are write-protected until
+ *     their chunk is copied; a thread that writes one waits in our SIGSEGV handler (§4.2).
+ *     Every CUDA call that could observe the destination (launches, copies, syncs, events, frees,
+ *     at both the runtime and the driver API) first waits for the pending copies: without the HUM
+ *     kernel driver, a kernel that read a page not yet copied would see stale data, so "early
+ *     kernel start" here means the kernel starts while the chunks are still *migrating* to the
+ *     GPU (they are already in managed memory; the driver faults in what the prefetch has not
+ *     brought yet), never before the bytes are in place.
+ *   - UMCTL_RT_SOCKET=PATH: launches (exact kernel name, grid, block, stream, argument hash),
+ *     allocations and copies are reported as binary datagrams (umctl_rt.h) to PATH, batched and
+ *     non-blocking: a full socket drops records and counts them, never stalls the program.
+ *
+ * Rule above all: never change a program's results. Anything the HUM path cannot prove safe
+ * (pinned, managed or device source, a destination we did not allocate, a stream being captured,
+ * an unusual mapping, a device without concurrent managed access, ...) takes the original call.
+ *
+ * Built by setup.py: gcc -O2 -shared -fPIC umctl_rt.c -o libumctl_rt.so -ldl -lpthread. No CUDA
+ * headers: the runtime API is reached by symbol (dlsym RTLD_NEXT), the driver through dlopen of
+ * libcuda.so.1 (UMCTL_RT_LIBCUDA overrides the path). Only programs that link libcudart
+ * dynamically are interposed at the runtime level (torch, cupy, nvcc -cudart shared).
+ */
+#define _GNU_SOURCE
+#include "umctl_rt.h"
+
+#include <dlfcn.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <linux/futex.h>
+#include <malloc.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/syscall.h>
+#include <sys/types.h>
+#include <sys/uio.h>
+#include <sys/un.h>
+#include <time.h>
+#include <unistd.h>
+
+#define API __attribute__((visibility("default")))
+#define LOCAL static __attribute__((visibility("hidden")))
+
+typedef int cudaError_t;
+typedef void *cudaStream_t;
+typedef void *cudaEvent_t;
+typedef struct { unsigned x, y, z; } dim3;
+typedef uint64_t u64;
+
+enum { cudaMemcpyHostToHost = 0, cudaMemcpyHostToDevice = 1, cudaMemcpyDeviceToHost = 2,
+       cudaMemcpyDeviceToDevice = 3, cudaMemcpyDefault = 4 };
+
+#define CHUNK ((size_t)2 << 20)
+#define MAX_COPIES 64
+#define MAX_DEV 16
+
+/* ---------------------------------------------------------------- configuration and stats */
+
+static int cfg_managed, cfg_hum, cfg_stats;
+static size_t cfg_hum_min = (size_t)1 << 20, cfg_cap;
+static unsigned cfg_delay_us;
+static const char *cfg_socket;
+static struct sockaddr_un sock_addr;
+static socklen_t sock_len;
+static int sock_fd = -1;
+static size_t page_sz = 4096;
+
+static _Atomic u64 st_hum, st_fallback, st_waits, st_segv, st_launch, st_managed, st_wrapped, st_chunks,
+    st_prefetch;
+
+static __thread int tl_internal;   /* >0: our own call or our worker: no barrier, no HUM, no report */
+static __thread uintptr_t tl_last_fault;
+
+static int64_t now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000000000LL + ts.tv_nsec;
+}
+
+static size_t env_size(const char *name, size_t dflt)
+{
+    const char *v = getenv(name);
+    return v && *v ? (size_t)strtoull(v, NULL, 0) : dflt;
+}
+
+static int env_on(const char *name)
+{
+    const char *v = getenv(name);
+    return v && *v && strcmp(v, "0") != 0;
+}
+
+/* ---------------------------------------------------------------- symbol resolution */
+
+typedef void *(*dlsym_fn)(void *, const char *);
+static dlsym_fn real_dlsym;
+
+static void resolve_dlsym(void)
+{
+    if (real_dlsym)
+        return;
+    real_dlsym = (dlsym_fn)dlvsym(RTLD_NEXT, "dlsym", "GLIBC_2.34");
+    if (!real_dlsym)
+        real_dlsym = (dlsym_fn)dlvsym(RTLD_NEXT, "dlsym", "GLIBC_2.2.5");
+}
+
+static void *rdlsym(void *h, const char *name)
+{
+    resolve_dlsym();
+    return real_dlsym ? real_dlsym(h, name) : NULL;
+}
+
+/* The next definition of `name` after this library; when we were dlopen'ed (torch's pluggable
+   allocator) rather than preloaded, RTLD_NEXT may miss libcudart: take the global one then,
+   unless that is our own. */
+static int is_self(void *p)
+{
+    static void *self_base;
+    Dl_info di;
+    if (!self_base && dladdr((void *)&is_self, &di))
+        self_base = di.dli_fbase;
+    return p && dladdr(p, &di) && di.dli_fbase == self_base;
+}
+
+static void *next_sym(const char *name)
+{
+    void *p = rdlsym(RTLD_NEXT, name);
+    if (!p) {
+        p = rdlsym(RTLD_DEFAULT, name);
+        if (is_self(p))
+            p = NULL;
+    }
+    return p;
+}
+
+#define REAL(ret, name, ...)                                                     \
+    typedef ret (*name##_t)(__VA_ARGS__);                                        \
+    static name##_t real_##name;                                                 \
+    static name##_t get_##name(void)                                             \
+    {                                                                            \
+        if (!real_##name)                                                        \
+            real_##name = (name##_t)next_sym(#name);              \
+        return real_##name;                                                      \
+    }
+
+REAL(cudaError_t, cudaMalloc, void **, size_t)
+REAL(cudaError_t, cudaFree, void *)
+REAL(cudaError_t, cudaMemcpy, void *, const void *, size_t, int)
+REAL(cudaError_t, cudaMemcpyAsync, void *, const void *, size_t, int, cudaStream_t)
+REAL(cudaError_t, cudaLaunchKernel, const void *, dim3, dim3, void **, size_t, cudaStream_t)
+REAL(cudaError_t, cudaMallocManaged, void **, size_t, unsigned)
+REAL(cudaError_t, cudaGetDevice, int *)
+REAL(cudaError_t, cudaSetDevice, int)
+REAL(cudaError_t, cudaGetLastError, void)
+REAL(cudaError_t, cudaPointerGetAttributes, void *, const void *)
+REAL(cudaError_t, cudaDeviceGetAttribute, int *, int, int)
+REAL(cudaError_t, cudaEventCreateWithFlags, cudaEvent_t *, unsigned)
+REAL(cudaError_t, cudaEventRecord, cudaEvent_t, cudaStream_t)
+REAL(cudaError_t, cudaEventSynchronize, cudaEvent_t)
+REAL(cudaError_t, cudaStreamCreateWithFlags, cudaStream_t *, unsigned)
+REAL(cudaError_t, cudaStreamIsCapturing, cudaStream_t, int *)
+REAL(cudaError_t, cudaFuncGetName, const char **, const void *)
+REAL(cudaError_t, cudaGetFuncBySymbol, void **, const void *)
+
+/* Driver API, from libcuda.so.1 (absent or broken: the features that need it are skipped). */
+typedef int (*cuFuncGetParamInfo_t)(void *, size_t, size_t *, size_t *);
+typedef int (*cuMemPrefetchAsync_t)(u64, size_t, int, void *);
+typedef int (*cuGetProcAddress_t)(const char *, void **, int, u64);
+typedef int (*cuGetProcAddress_v2_t)(const char *, void **, int, u64, void *);
+static cuFuncGetParamInfo_t cu_param_info;
+static cuMemPrefetchAsync_t cu_prefetch;
+static cuGetProcAddress_t real_getproc;
+static cuGetProcAddress_v2_t real_getproc_v2;
+
+static pthread_once_t driver_once = PTHREAD_ONCE_INIT;
+static void load_driver(void)
+{
+    const char *path = getenv("UMCTL_RT_LIBCUDA");
+    void *h = dlopen(path && *path ? path : "libcuda.so.1", RTLD_NOW | RTLD_GLOBAL);
+    if (!h)
+        return;
+    cu_param_info = (cuFuncGetParamInfo_t)rdlsym(h, "cuFuncGetParamInfo");
+    cu_prefetch = (cuMemPrefetchAsync_t)rdlsym(h, "cuMemPrefetchAsync");
+}
+
+/* ---------------------------------------------------------------- reports */
+
+#define RBUF_BYTES 12288
+struct rbuf {
+    pthread_mutex_t mu;
+    uint8_t kind;
+    size_t recsz;
+    uint32_t n;
+    char data[RBUF_BYTES];
+};
+static struct rbuf rb[3] = {
+    {PTHREAD_MUTEX_INITIALIZER, UMRT_LAUNCH, sizeof(struct umrt_launch), 0, {0}},
+    {PTHREAD_MUTEX_INITIALIZER, UMRT_ALLOC, sizeof(struct umrt_alloc), 0, {0}},
+    {PTHREAD_MUTEX_INITIALIZER, UMRT_COPY, sizeof(struct umrt_copy), 0, {0}},
+};
+static _Atomic u64 drops[3];
+static int32_t my_pid;
+
+static pthread_mutex_t names_mu = PTHREAD_MUTEX_INITIALIZER;
+static char **names;
+static uint16_t *name_lens;
+static int n_names, cap_names, names_sent;
+
+static int send_dgram(uint8_t kind, uint32_t count, const void *body, size_t len)
+{
+    struct umrt_header h = {UMRT_MAGIC, UMRT_VERSION, kind, 0, count, my_pid, {0, 0, 0}};
+    for (int i = 0; i < 3; i++)
+        h.drops[i] = atomic_load(&drops[i]);
+    struct iovec iov[2] = {{&h, sizeof h}, {(void *)body, len}};
+    struct msghdr m = {0};
+    m.msg_name = &sock_addr;
+    m.msg_namelen = sock_len;
+    m.msg_iov = iov;
+    m.msg_iovlen = 2;
+    return sendmsg(sock_fd, &m, MSG_DONTWAIT | MSG_NOSIGNAL) < 0 ? -1 : 0;
+}
+
+/* Names go before the launches that use them; a name that could not be sent is retried at the
+   next flush (never dropped), since every later launch of that kernel needs it. */
+static void flush_names(void)
+{
+    char buf[RBUF_BYTES];
+    pthread_mutex_lock(&names_mu);
+    while (names_sent < n_names) {
+        size_t len = 0;
+        uint32_t cnt = 0;
+        int i = names_sent;
+        while (i < n_names && len + 6 + name_lens[i] <= sizeof buf) {
+            int32_t id = i;
+            memcpy(buf + len, &id, 4);
+            memcpy(buf + len + 4, &name_lens[i], 2);
+            memcpy(buf + len + 6, names[i], name_lens[i]);
+            len += 6 + name_lens[i];
+            cnt++;
+            i++;
+        }
+        if (!cnt || send_dgram(UMRT_NAMES, cnt, buf, len) < 0)
+            break;
+        names_sent = i;
+    }
+    pthread_mutex_unlock(&names_mu);
+}
+
+static void flush_kind(int k)
+{
+    char buf[RBUF_BYTES];
+    struct rbuf *b = &rb[k];
+    pthread_mutex_lock(&b->mu);
+    uint32_t n = b->n;
+    memcpy(buf, b->data, n * b->recsz);
+    b->n = 0;
+    pthread_mutex_unlock(&b->mu);
+    if (n && send_dgram(b->kind, n, buf, n * b->recsz) < 0)
+        atomic_fetch_add(&drops[k], n);
+}
+
+static void flush_all(void)
+{
+    if (sock_fd < 0)
+        return;
+    flush_names();
+    for (int k = 0; k < 3; k++)
+        flush_kind(k);
+}
+
+static void *flusher(void *arg)
+{
+    (void)arg;
+    tl_internal = 1;
+    struct timespec ts = {0, 2 * 1000 * 1000};
+    for (;;) {
+        nanosleep(&ts, NULL);
+        flush_all();
+    }
+    return NULL;
+}
+
+static pthread_once_t flusher_once = PTHREAD_ONCE_INIT;
+static void start_flusher(void)
+{
+    pthread_t t;
+    pthread_attr_t a;
+    pthread_attr_init(&a);
+    pthread_attr_setdetachstate(&a, PTHREAD_CREATE_DETACHED);
+    sigset_t all, old;
+    sigfillset(&all);
+    pthread_sigmask(SIG_SETMASK, &all, &old);   /* the program's signals go to its own threads */
+    pthread_create(&t, &a, flusher, NULL);
+    pthread_sigmask(SIG_SETMASK, &old, NULL);
+    pthread_attr_destroy(&a);
+}
+
+static void push(int k, const void *rec)
+{
+    struct rbuf *b = &rb[k];
+    pthread_once(&flusher_once, start_flusher);
+    int full;
+    pthread_mutex_lock(&b->mu);
+    memcpy(b->data + b->n * b->recsz, rec, b->recsz);
+    b->n++;
+    full = (b->n + 1) * b->recsz > RBUF_BYTES;
+    pthread_mutex_unlock(&b->mu);
+    if (full) {
+        if (k == 0)
+            flush_names();
+        flush_kind(k);
+    }
+}
+
+static int intern_name(const char *s)
+{
+    pthread_mutex_lock(&names_mu);
+    for (int i = n_names - 1; i >= 0; i--)   /* called once per new kernel (cached by caller) */
+        if (strcmp(names[i], s) == 0) {
+            pthread_mutex_unlock(&names_mu);
+            return i;
+        }
+    if (n_names == cap_names) {
+        int nc = cap_names ? 2 * cap_names : 256;
+        char **nn = realloc(names, nc * sizeof *nn);
+        uint16_t *nl = realloc(name_lens, nc * sizeof *nl);
+        if (!nn || !nl) {
+            if (nn) names = nn;
+            if (nl) name_lens = nl;
+            pthread_mutex_unlock(&names_mu);
+            return -1;
+        }
+        names = nn, name_lens = nl, cap_names = nc;
+    }
+    size_t len = strlen(s);
+    if (len > 4000)
+        len = 4000;
+    names[n_names] = strndup(s, len);
+    name_lens[n_names] = (uint16_t)len;
+    int id = names[n_names] ? n_names++ : -1;
+    pthread_mutex_unlock(&names_mu);
+    return id;
+}
+
+static void report_alloc(uint8_t op, const void *p, size_t n, int64_t id, int managed)
+{
+    if (sock_fd < 0 || tl_internal)
+        return;
+    struct umrt_alloc r = {now_ns(), my_pid, op, (u64)(uintptr_t)p, n, id, (uint8_t)managed};
+    push(1, &r);
+}
+
+static int current_device(void)
+{
+    int d = 0;
+    if (get_cudaGetDevice())
+        real_cudaGetDevice(&d);
+    return d;
+}
+
+static void report_copy(int64_t t0, int64_t t1, int kind, const void *dst, const void *src, size_t n, void *s,
+                        int is_async, int dev)
+{
+    if (sock_fd < 0)
+        return;
+    struct umrt_copy r = {t0, t1, (int16_t)dev, my_pid, (u64)(uintptr_t)s, (uint8_t)kind,
+                          (u64)(uintptr_t)src, (u64)(uintptr_t)dst, n, (uint8_t)is_async};
+    push(2, &r);
+}
+
+/* ---------------------------------------------------------------- allocations */
+
+struct alloc { uintptr_t addr; size_t n; int64_t id; int managed; };
+static pthread_mutex_t allocs_mu = PTHREAD_MUTEX_INITIALIZER;
+static struct alloc *allocs;   /* sorted by addr */
+static size_t n_allocs, cap_allocs;
+static _Atomic int64_t next_alloc_id;
+static _Atomic size_t managed_bytes;
+
+static size_t alloc_pos(uintptr_t a)   /* first index with addr >= a */
+{
+    size_t lo = 0, hi = n_allocs;
+    while (lo < hi) {
+        size_t mid = (lo + hi) / 2;
+        if (allocs[mid].addr < a)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return lo;
+}
+
+static int64_t track(const void *p, size_t n, int managed)
+{
+    int64_t id = atomic_fetch_add(&next_alloc_id, 1);
+    pthread_mutex_lock(&allocs_mu);
+    if (n_allocs == cap_allocs) {
+        size_t nc = cap_allocs ? 2 * cap_allocs : 1024;
+        struct alloc *na = realloc(allocs, nc * sizeof *na);
+        if (!na) {
+            pthread_mutex_unlock(&allocs_mu);
+            return id;   /* untracked: such memory is never a HUM destination */
+        }
+        allocs = na, cap_allocs = nc;
+    }
+    size_t i = alloc_pos((uintptr_t)p);
+    memmove(allocs + i + 1, allocs + i, (n_allocs - i) * sizeof *allocs);
+    allocs[i] = (struct alloc){(uintptr_t)p, n, id, managed};
+    n_allocs++;
+    pthread_mutex_unlock(&allocs_mu);
+    return id;
+}
+
+static int untrack(const void *p, struct alloc *out)
+{
+    int found = 0;
+    pthread_mutex_lock(&allocs_mu);
+    size_t i = alloc_pos((uintptr_t)p);
+    if (i < n_allocs && allocs[i].addr == (uintptr_t)p) {
+        *out = allocs[i];
+        memmove(allocs + i, allocs + i + 1, (n_allocs - i - 1) * sizeof *allocs);
+        n_allocs--;
+        found = 1;
+    }
+    pthread_mutex_unlock(&allocs_mu);
+    return found;
+}
+
+/* 1: [p, p+n) lies inside one allocation of ours (managed ones only when `managed`);
+   -1: it overlaps one; 0: it touches none. */
+static int alloc_lookup(const void *p, size_t n, int managed)
+{
+    uintptr_t a = (uintptr_t)p;
+    int r = 0;
+    pthread_mutex_lock(&allocs_mu);
+    size_t i = alloc_pos(a + 1);   /* allocations starting at or before a are at i-1 */
+    if (i > 0) {
+        struct alloc *x = &allocs[i - 1];
+        if (a < x->addr + x->n)
+            r = (a + n <= x->addr + x->n && (!managed || x->managed)) ? 1 : -1;
+    }
+    if (!r && i < n_allocs && allocs[i].addr < a + n)
+        r = -1;
+    pthread_mutex_unlock(&allocs_mu);
+    return r;
+}
+
+/* ---------------------------------------------------------------- HUM: pending copies */
+
+enum { SLOT_FREE = 0, SLOT_PENDING = 1, SLOT_BUSY = 2 };
+struct hcopy {
+    _Atomic int state;
+    char *dst;
+    const char *src;
+    size_t n;
+    uintptr_t a0, a1;              /* write-protected source pages [a0, a1) */
+    _Atomic uintptr_t unprot;      /* [a0, unprot) is writable again */
+    _Atomic uint32_t done;         /* chunks copied; futex word */
+    size_t nchunks;
+    char *head, *tail;             /* snapshots of the partial pages at either end */
+    size_t head_n, tail_n;
+    cudaEvent_t ev;                /* the stream's earlier work, which the copy must follow */
+    int ev_ok, dev, is_async;
+    void *stream;
+    int64_t t_issue;
+};
+static struct hcopy slots[MAX_COPIES];
+static _Atomic int hum_pending;
+static pthread_mutex_t hum_mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t hum_done_cv = PTHREAD_COND_INITIALIZER, hum_work_cv = PTHREAD_COND_INITIALIZER;
+static int hum_ready;   /* worker running, handler installed */
+static int rr_next;
+
+/* Wait until every pending copy is in managed memory. Called first by every interposed call that
+   could observe a destination (or a source) of a pending copy. */
+static void hum_barrier(void)
+{
+    if (!atomic_load_explicit(&hum_pending, memory_order_acquire) || tl_internal)
+        return;
+    atomic_fetch_add(&st_waits, 1);
+    pthread_mutex_lock(&hum_mu);
+    while (atomic_load(&hum_pending))
+        pthread_cond_wait(&hum_done_cv, &hum_mu);
+    pthread_mutex_unlock(&hum_mu);
+}
+
+/* Does [p, p+n) overlap a pending copy's source (any byte) or destination? */
+static int hum_overlaps(const void *p, size_t n)
+{
+    uintptr_t a = (uintptr_t)p, b = a + n;
+    for (int i = 0; i < MAX_COPIES; i++) {
+        struct hcopy *c = &slots[i];
+        if (atomic_load(&c->state) == SLOT_FREE)
+            continue;
+        uintptr_t s0 = (uintptr_t)c->src & ~(page_sz - 1), s1 = ((uintptr_t)c->src + c->n + page_sz - 1) & ~(page_sz - 1);
+        uintptr_t d0 = (uintptr_t)c->dst, d1 = d0 + c->n;
+        if ((a < s1 && s0 < b) || (a < d1 && d0 < b))
+            return 1;
+    }
+    return 0;
+}
+
+static void hum_wait_range(const void *p, size_t n)
+{
+    if (atomic_load_explicit(&hum_pending, memory_order_acquire) && !tl_internal && hum_overlaps(p, n))
+        hum_barrier();
+}
+
+static long futex(_Atomic uint32_t *w, int op, uint32_t v)
+{
+    return syscall(SYS_futex, (uint32_t *)w, op, v, NULL, NULL, 0);
+}
+
+static struct sigaction prev_segv;
+static int prev_segv_set;
+
+static void chain_segv(int sig, siginfo_t *si, void *ctx)
+{
+    struct sigaction p = prev_segv;
+    if ((p.sa_flags & SA_SIGINFO) && p.sa_sigaction) {
+        p.sa_sigaction(sig, si, ctx);
+    } else if (p.sa_handler != SIG_DFL && p.sa_handler != SIG_IGN && p.sa_handler) {
+        p.sa_handler(sig);
+    } else {
+        /* default action: restore it and return; the access faults again and kills as usual */
+        struct sigaction d;
+        memset(&d, 0, sizeof d);
+        d.sa_handler = SIG_DFL;
+        syscall(SYS_rt_sigaction, SIGSEGV, &d, NULL, 8);
+    }
+}
+
+/* A write to a protected source page: wait (futex, async-signal-safe) until the worker has copied
+   the chunk that holds the page and made it writable, then retry the access. A fault that is not
+   ours goes to the handler that was there before us. A fault in a range no pending copy holds
+   any more is retried once (the worker may have unprotected it between the fault and now). */
+static void segv_handler(int sig, siginfo_t *si, void *ctx)
+{
+    int saved = errno;
+    uintptr_t a = (uintptr_t)si->si_addr;
+    if (si->si_code == SEGV_ACCERR) {
+        for (int i = 0; i < MAX_COPIES; i++) {
+            struct hcopy *c = &slots[i];
+            if (atomic_load(&c->state) == SLOT_FREE || a < c->a0 || a >= c->a1)
+                continue;
+            atomic_fetch_add(&st_segv, 1);
+            for (;;) {
+                uint32_t d = atomic_load(&c->done);
+                if (atomic_load(&c->state) == SLOT_FREE || atomic_load(&c->unprot) > a || a < c->a0 || a >= c->a1)
+                    break;
+                futex(&c->done, FUTEX_WAIT, d);
+            }
+            tl_last_fault = 0;
+            errno = saved;
+            return;
+        }
+        if (tl_last_fault != a) {
+            tl_last_fault = a;
+            errno = saved;
+            return;
+        }
+    }
+    tl_last_fault = 0;
+    errno = saved;
+    chain_segv(sig, si, ctx);
+}
+
+static void copy_piece(struct hcopy *c, size_t off, size_t len)
+{
+    /* [0, head_n) from head, [n - tail_n, n) from tail, the rest from the (protected) source */
+    size_t end = off + len;
+    while (off < end) {
+        size_t stop;
+        const char *from;
+        if (off < c->head_n) {
+            stop = end < c->head_n ? end : c->head_n;
+            from = c->head + off;
+        } else if (off >= c->n - c->tail_n) {
+            stop = end;
+            from = c->tail + (off - (c->n - c->tail_n));
+        } else {
+            stop = end < c->n - c->tail_n ? end : c->n - c->tail_n;
+            from = c->src + off;
+        }
+        memcpy(c->dst + off, from, stop - off);
+        off = stop;
+    }
+}
+
+static void *prefetch_stream[MAX_DEV];
+
+static void finish_copy(struct hcopy *c)
+{
+    report_copy(c->t_issue, now_ns(), 0 /* H2D */, c->dst, c->src, c->n, c->stream, c->is_async, c->dev);
+}
+
+/* our own protection changes bypass the interposed mprotect (which waits and drops the maps cache) */
+static int sys_mprotect(uintptr_t a, size_t n, int prot) { return (int)syscall(SYS_mprotect, a, n, prot); }
+
+static void *hum_worker(void *arg)
+{
+    (void)arg;
+    tl_internal = 1;
+    int cur_dev = -1;
+    for (;;) {
+        struct hcopy *c = NULL;
+        pthread_mutex_lock(&hum_mu);
+        for (;;) {
+            for (int k = 0; k < MAX_COPIES; k++) {   /* round-robin over the copy queues (§4.6) */
+                int i = (rr_next + k) % MAX_COPIES;
+                if (atomic_load(&slots[i].state) == SLOT_PENDING) {
+                    c = &slots[i];
+                    rr_next = (i + 1) % MAX_COPIES;
+                    break;
+                }
+            }
+            if (c)
+                break;
+            pthread_cond_wait(&hum_work_cv, &hum_mu);
+        }
+        pthread_mutex_unlock(&hum_mu);
+
+        if (c->ev_ok) {   /* the copy follows the earlier work of its stream */
+            real_cudaEventSynchronize(c->ev);
+            c->ev_ok = 0;
+        }
+        uint32_t k = atomic_load(&c->done);
+        size_t off = (size_t)k * CHUNK, len = c->n - off < CHUNK ? c->n - off : CHUNK;
+        if (cfg_delay_us)
+            usleep(cfg_delay_us);
+        copy_piece(c, off, len);
+        atomic_fetch_add(&st_chunks, 1);
+        if (cu_prefetch && c->dev >= 0 && c->dev < MAX_DEV) {
+            if (cur_dev != c->dev && get_cudaSetDevice() && real_cudaSetDevice(c->dev) == 0)
+                cur_dev = c->dev;
+            if (!prefetch_stream[c->dev] && get_cudaStreamCreateWithFlags())
+                real_cudaStreamCreateWithFlags(&prefetch_stream[c->dev], 1 /* non-blocking */);
+            if (cur_dev == c->dev && cu_prefetch((u64)(uintptr_t)(c->dst + off), len, c->dev, prefetch_stream[c->dev]) == 0)
+                atomic_fetch_add(&st_prefetch, 1);
+            if (get_cudaGetLastError())
+                real_cudaGetLastError();
+        }
+        int last = k + 1 == c->nchunks;
+        uintptr_t upto = last ? c->a1 : (((uintptr_t)c->src + off + len) & ~(page_sz - 1));
+        if (upto > c->a1)
+            upto = c->a1;
+        uintptr_t u = atomic_load(&c->unprot);
+        if (upto > u) {
+            sys_mprotect(u, upto - u, PROT_READ | PROT_WRITE);
+            atomic_store(&c->unprot, upto);
+        }
+        atomic_store(&c->done, k + 1);
+        futex(&c->done, FUTEX_WAKE, 0x7fffffff);
+        if (last) {
+            finish_copy(c);
+            free(c->head);
+            free(c->tail);
+            c->head = c->tail = NULL;
+            pthread_mutex_lock(&hum_mu);
+            atomic_store(&c->state, SLOT_FREE);
+            futex(&c->done, FUTEX_WAKE, 0x7fffffff);
+            atomic_fetch_sub(&hum_pending, 1);
+            pthread_cond_broadcast(&hum_done_cv);
+            pthread_mutex_unlock(&hum_mu);
+        }
+    }
+    return NULL;
+}
+
+static void install_segv(void)
+{
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_sigaction = segv_handler;
+    sa.sa_flags = SA_SIGINFO | SA_ONSTACK | SA_RESTART | SA_NODEFER;
+    sigemptyset(&sa.sa_mask);
+    struct sigaction old;
+    /* through the syscall wrapper of libc, not our interposed sigaction */
+    typedef int (*sa_t)(int, const struct sigaction *, struct sigaction *);
+    sa_t real_sa = (sa_t)rdlsym(RTLD_NEXT, "sigaction");
+    if (real_sa && real_sa(SIGSEGV, &sa, &old) == 0) {
+        prev_segv = old;
+        prev_segv_set = 1;
+    }
+}
+
+static pthread_once_t hum_once = PTHREAD_ONCE_INIT;
+static void hum_start(void)
+{
+    int v = 0, d = current_device();
+    tl_internal++;
+    /* host writes to managed memory while kernels run need concurrent managed access */
+    if (!get_cudaDeviceGetAttribute() || real_cudaDeviceGetAttribute(&v, 89, d) != 0 || !v) {
+        if (get_cudaGetLastError())
+            real_cudaGetLastError();
+        tl_internal--;
+        return;
+    }
+    tl_internal--;
+    if (!get_cudaEventCreateWithFlags() || !get_cudaEventRecord() || !get_cudaEventSynchronize())
+        return;
+    pthread_once(&driver_once, load_driver);
+    install_segv();
+    if (!prev_segv_set)
+        return;
+    pthread_t t;
+    pthread_attr_t a;
+    pthread_attr_init(&a);
+    pthread_attr_setdetachstate(&a, PTHREAD_CREATE_DETACHED);
+    sigset_t all, old;
+    sigfillset(&all);
+    pthread_sigmask(SIG_SETMASK, &all, &old);
+    int ok = pthread_create(&t, &a, hum_worker, NULL) == 0;
+    pthread_sigmask(SIG_SETMASK, &old, NULL);
+    pthread_attr_destroy(&a);
+    hum_ready = ok;
+}
+
+/* /proc/self/maps, cached: ranges of private writable mappings that are not stacks. Refreshed
+   on a miss and dropped whenever the program maps, unmaps or reprotects memory through libc. */
+struct rng { uintptr_t lo, hi; };
+static pthread_mutex_t maps_mu = PTHREAD_MUTEX_INITIALIZER;
+static struct rng *maps;
+static size_t n_maps;
+static _Atomic int maps_valid;
+
+static void maps_refresh(void)
+{
+    int fd = open("/proc/self/maps", O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return;
+    size_t cap = 1 << 16, len = 0;
+    char *buf = malloc(cap);
+    for (;;) {
+        if (!buf)
+            break;
+        if (len + 4096 > cap) {
+            char *nb = realloc(buf, cap * 2);
+            if (!nb) { free(buf); buf = NULL; break; }
+            buf = nb, cap *= 2;
+        }
+        ssize_t r = read(fd, buf + len, cap - len - 1);
+        if (r <= 0)
+            break;
+        len += r;
+    }
+    close(fd);
+    if (!buf)
+        return;
+    buf[len] = 0;
+    size_t n = 0, ncap = 256;
+    struct rng *out = malloc(ncap * sizeof *out);
+    for (char *line = buf; out && line && *line;) {
+        char *nl = strchr(line, '\n');
+        if (nl)
+            *nl = 0;
+        unsigned long lo, hi;
+        char perms[8] = {0};
+        int pos = 0;
+        if (sscanf(line, "%lx-%lx %7s %*s %*s %*s%n", &lo, &hi, perms, &pos) >= 3) {
+            char *path = line + pos;
+            while (*path == ' ')
+                path++;
+            int ok = perms[0] == 'r' && perms[1] == 'w' && perms[3] == 'p' &&
+                     (*path == 0 || *path == '/' || strcmp(path, "[heap]") == 0);
+            if (ok) {
+                if (n && out[n - 1].hi == lo) {
+                    out[n - 1].hi = hi;
+                } else {
+                    if (n == ncap) {
+                        struct rng *no = realloc(out, 2 * ncap * sizeof *out);
+                        if (!no) { free(out); out = NULL; break; }
+                        out = no, ncap *= 2;
+                    }
+                    out[n++] = (struct rng){lo, hi};
+                }
+            }
+        }
+        line = nl ? nl + 1 : NULL;
+    }
+    free(buf);
+    if (!out)
+        return;
+    free(maps);
+    maps = out;
+    n_maps = n;
+    atomic_store(&maps_valid, 1);
+}
+
+static int maps_covers(uintptr_t lo, uintptr_t hi)
+{
+    for (size_t i = 0; i < n_maps; i++)
+        if (maps[i].lo <= lo && hi <= maps[i].hi)
+            return 1;
+    return 0;
+}
+
+static int plain_rw(uintptr_t lo, uintptr_t hi)
+{
+    pthread_mutex_lock(&maps_mu);
+    int ok = atomic_load(&maps_valid) && maps_covers(lo, hi);
+    if (!ok) {
+        maps_refresh();
+        ok = maps_covers(lo, hi);
+    }
+    pthread_mutex_unlock(&maps_mu);
+    if (ok) {   /* never the calling thread's own stack: the handler could not run on it */
+        pthread_attr_t at;
+        void *sa;
+        size_t ss;
+        if (pthread_getattr_np(pthread_self(), &at) == 0) {
+            if (pthread_attr_getstack(&at, &sa, &ss) == 0 && lo < (uintptr_t)sa + ss && (uintptr_t)sa < hi)
+                ok = 0;
+            pthread_attr_destroy(&at);
+        }
+    }
+    return ok;
+}
+
+static void maps_invalidate(void) { atomic_store(&maps_valid, 0); }
+
+/* Take the HUM path for this copy? Returns 1 when the copy was queued (the caller returns
+   success at once), 0 when the original call must run. */
+static pthread_mutex_t issue_mu = PTHREAD_MUTEX_INITIALIZER;
+static int hum_issue(void *dst, const void *src, size_t n, void *stream, int is_async, uintptr_t s, uintptr_t a0,
+                     uintptr_t a1);
+
+static int hum_try(void *dst, const void *src, size_t n, int kind, void *stream, int is_async)
+{
+    if (!cfg_hum || tl_internal || n < cfg_hum_min || (kind != cudaMemcpyHostToDevice && kind != cudaMemcpyDefault))
+        return 0;
+    if (alloc_lookup(dst, n, 1) != 1 || alloc_lookup(src, n, 0) != 0)
+        return 0;
+    uintptr_t s = (uintptr_t)src, a0 = (s + page_sz - 1) & ~(page_sz - 1), a1 = (s + n) & ~(page_sz - 1);
+    if (a1 <= a0 + page_sz)
+        return 0;
+    pthread_once(&hum_once, hum_start);
+    if (!hum_ready)
+        return 0;
+    tl_internal++;
+    int ok = 0;
+    unsigned char attr[256];
+    memset(attr, 0, sizeof attr);
+    int cap_status = 0;
+    if (get_cudaPointerGetAttributes() && real_cudaPointerGetAttributes(attr, src) == 0 && *(int *)attr == 0 &&
+        (!get_cudaStreamIsCapturing() || (real_cudaStreamIsCapturing(stream, &cap_status) == 0 && cap_status == 0)))
+        ok = 1;
+    if (get_cudaGetLastError())
+        real_cudaGetLastError();
+    tl_internal--;
+    if (!ok || !plain_rw(s & ~(page_sz - 1), (s + n + page_sz - 1) & ~(page_sz - 1))) {
+        atomic_fetch_add(&st_fallback, 1);
+        return 0;
+    }
+    /* one issue at a time: the overlap check and the protection must not interleave with another's */
+    pthread_mutex_lock(&issue_mu);
+    int queued = hum_issue(dst, src, n, stream, is_async, s, a0, a1);
+    pthread_mutex_unlock(&issue_mu);
+    if (queued)
+        atomic_fetch_add(&st_hum, 1);
+    else
+        atomic_fetch_add(&st_fallback, 1);
+    return queued;
+}
+
+static int hum_issue(void *dst, const void *src, size_t n, void *stream, int is_async, uintptr_t s, uintptr_t a0,
+                     uintptr_t a1)
+{
+    /* a copy that shares bytes or pages with a pending one waits for it (simple and safe) */
+    hum_wait_range(dst, n);
+    hum_wait_range((void *)(s & ~(page_sz - 1)), ((s + n + page_sz - 1) & ~(page_sz - 1)) - (s & ~(page_sz - 1)));
+
+    struct hcopy *c = NULL;
+    pthread_mutex_lock(&hum_mu);
+    for (int i = 0; i < MAX_COPIES && !c; i++)
+        if (atomic_load(&slots[i].state) == SLOT_FREE) {
+            c = &slots[i];
+            atomic_store(&c->state, SLOT_BUSY);
+        }
+    pthread_mutex_unlock(&hum_mu);
+    if (!c) {
+        hum_barrier();
+        return 0;
+    }
+    c->dst = dst, c->src = src, c->n = n, c->a0 = a0, c->a1 = a1;
+    c->head_n = a0 - s, c->tail_n = s + n - a1;
+    c->head = c->head_n ? malloc(c->head_n) : NULL;
+    c->tail = c->tail_n ? malloc(c->tail_n) : NULL;
+    c->nchunks = (n + CHUNK - 1) / CHUNK;
+    c->dev = current_device();
+    c->stream = stream, c->is_async = is_async, c->t_issue = now_ns();
+    atomic_store(&c->unprot, a0);
+    atomic_store(&c->done, 0);
+    tl_internal++;
+    int fail = (c->head_n && !c->head) || (c->tail_n && !c->tail);
+    if (!fail && !c->ev && real_cudaEventCreateWithFlags(&c->ev, 2 /* disable timing */) != 0)
+        fail = 1;
+    if (!fail && real_cudaEventRecord(c->ev, stream) != 0)
+        fail = 1;
+    if (fail && get_cudaGetLastError())
+        real_cudaGetLastError();
+    tl_internal--;
+    if (!fail && sys_mprotect(a0, a1 - a0, PROT_READ) != 0)
+        fail = 1;
+    if (fail) {
+        free(c->head);
+        free(c->tail);
+        c->head = c->tail = NULL;
+        atomic_store(&c->state, SLOT_FREE);
+        return 0;
+    }
+    /* snapshot the partial pages now: they are not protected (they hold other data too) */
+    if (c->head_n)
+        memcpy(c->head, src, c->head_n);
+    if (c->tail_n)
+        memcpy(c->tail, (const char *)src + n - c->tail_n, c->tail_n);
+    c->ev_ok = 1;
+    pthread_mutex_lock(&hum_mu);
+    atomic_fetch_add(&hum_pending, 1);
+    atomic_store(&c->state, SLOT_PENDING);
+    pthread_cond_signal(&hum_work_cv);
+    pthread_mutex_unlock(&hum_mu);
+    return 1;
+}
+
+/* ---------------------------------------------------------------- driver-level barriers */
+
+/* Work that reaches the driver without the runtime symbols we interpose (cuBLAS's private
+   cudart, Triton, a program using the driver API) must wait for pending copies too. libcudart
+   and the others find driver entry points through dlsym(libcuda, ...) and cuGetProcAddress; while
+   HUM is on, both hand out, for every entry point that enqueues GPU work, synchronises or
+   touches memory, a trampoline that runs the barrier and then the real function. The
+   trampolines pass 12 integer-class arguments through unchanged (x86-64 SysV: six registers and
+   six stack slots), which covers every such entry point (none takes floating-point arguments or
+   more than 48 bytes of stack arguments). */
+static const char *const barrier_prefixes[] = {
+    "cuLaunch", "cuGraphLaunch", "cuMemcpy", "cuMemset", "cuMemFree", "cuMemPrefetch", "cuMemAdvise",
+    "cuMemDiscard", "cuMemHostUnregister", "cuMemUnmap", "cuMemRelease", "cuStreamSynchronize", "cuStreamQuery",
+    "cuStreamWait", "cuStreamWrite", "cuStreamBatchMemOp", "cuStreamAddCallback", "cuStreamDestroy",
+    "cuStreamBeginCapture", "cuEventRecord", "cuEventSynchronize", "cuEventQuery", "cuCtxSynchronize",
+    "cuCtxDestroy", "cuDevicePrimaryCtxReset", "cuDevicePrimaryCtxRelease", "cuSignalExternalSemaphores",
+    "cuWaitExternalSemaphores", "cuIpcGetMemHandle", "cuModuleUnload", "cuLibraryUnload", NULL,
+};
+
+static int needs_barrier(const char *name)
+{
+    if (!name)
+        return 0;
+    for (int i = 0; barrier_prefixes[i]; i++)
+        if (strncmp(name, barrier_prefixes[i], strlen(barrier_prefixes[i])) == 0)
+            return 1;
+    return 0;
+}
+
+typedef u64 (*fn12)(u64, u64, u64, u64, u64, u64, u64, u64, u64, u64, u64, u64);
+#define NSLOTS 512
+static void *slot_real[NSLOTS];
+static int n_slots;
+static pthread_mutex_t slots_mu = PTHREAD_MUTEX_INITIALIZER;
+
+#define TRAMP(n)                                                                                           \
+    static u64 tramp_##n(u64 a, u64 b, u64 c, u64 d, u64 e, u64 f, u64 g, u64 h, u64 i, u64 j, u64 k, u64 l) \
+    {                                                                                                      \
+        hum_barrier();                                                                                     \
+        return ((fn12)slot_real[0b##n])(a, b, c, d, e, f, g, h, i, j, k, l);                               \
+    }
+#define T2(n) TRAMP(n##0) TRAMP(n##1)
+#define T4(n) T2(n##0) T2(n##1)
+#define T8(n) T4(n##0) T4(n##1)
+#define T16(n) T8(n##0) T8(n##1)
+#define T32(n) T16(n##0) T16(n##1)
+#define T64(n) T32(n##0) T32(n##1)
+#define T128(n) T64(n##0) T64(n##1)
+#define T256(n) T128(n##0) T128(n##1)
+#define T512(n) T256(n##0) T256(n##1)
+T512()
+#define P1(n) (void *)tramp_##n,
+#define P2(n) P1(n##0) P1(n##1)
+#define P4(n) P2(n##0) P2(n##1)
+#define P8(n) P4(n##0) P4(n##1)
+#define P16(n) P8(n##0) P8(n##1)
+#define P32(n) P16(n##0) P16(n##1)
+#define P64(n) P32(n##0) P32(n##1)
+#define P128(n) P64(n##0) P64(n##1)
+#define P256(n) P128(n##0) P128(n##1)
+#define P512(n) P256(n##0) P256(n##1)
+static void *const tramps[NSLOTS] = {P512()};
+
+static void *wrap_entry(void *real)
+{
+    if (!real)
+        return real;
+    void *out = real;
+    pthread_mutex_lock(&slots_mu);
+    int i;
+    for (i = 0; i < n_slots; i++)
+        if (slot_real[i] == real)
+            break;
+    if (i == n_slots && n_slots < NSLOTS)
+        slot_real[n_slots++] = real;
+    if (i < n_slots) {
+        out = tramps[i];
+        atomic_fetch_add(&st_wrapped, 1);
+    }
+    pthread_mutex_unlock(&slots_mu);
+    return out;
+}
+
+static int wrap_getproc(const char *sym, void **pfn);
+
+static int getproc_wrapper(const char *sym, void **pfn, int ver, u64 flags)
+{
+    if (!real_getproc)
+        return 1;
+    int r = real_getproc(sym, pfn, ver, flags);
+    if (r == 0)
+        wrap_getproc(sym, pfn);
+    return r;
+}
+
+static int getproc_v2_wrapper(const char *sym, void **pfn, int ver, u64 flags, void *status)
+{
+    if (!real_getproc_v2)
+        return 1;
+    int r = real_getproc_v2(sym, pfn, ver, flags, status);
+    if (r == 0)
+        wrap_getproc(sym, pfn);
+    return r;
+}
+
+static int wrap_getproc(const char *sym, void **pfn)
+{
+    if (!pfn || !*pfn || !sym)
+        return 0;
+    if (strcmp(sym, "cuGetProcAddress") == 0) {
+        /* cuGetProcAddress itself, asked through cuGetProcAddress: the version decides the ABI */
+        if (*pfn == (void *)real_getproc || *pfn == (void *)real_getproc_v2)
+            *pfn = *pfn == (void *)real_getproc ? (void *)getproc_wrapper : (void *)getproc_v2_wrapper;
+        return 0;
+    }
+    if (needs_barrier(sym))
+        *pfn = wrap_entry(*pfn);
+    return 0;
+}
+
+static void *dlsym_hum(void *h, const char *name)
+{
+    void *p = real_dlsym(h, name);
+    if (!p || !name || name[0] != 'c' || name[1] != 'u' || name[2] == 'd')
+        return p;
+    if (strcmp(name, "cuGetProcAddress") == 0) {
+        real_getproc = (cuGetProcAddress_t)p;
+        return (void *)getproc_wrapper;
+    }
+    if (strncmp(name, "cuGetProcAddress_v2", 19) == 0) {
+        real_getproc_v2 = (cuGetProcAddress_v2_t)p;
+        return (void *)getproc_v2_wrapper;
+    }
+    return needs_barrier(name) ? wrap_entry(p) : p;
+}
+
+/* glibc resolves RTLD_NEXT relative to dlsym's return address: the plain case must therefore be
+   a tail call (a jump), so that the real dlsym sees our caller's address, not ours. */
+API void *dlsym(void *h, const char *name)
+{
+    if (__builtin_expect(!real_dlsym, 0))
+        resolve_dlsym();
+    if (h == RTLD_NEXT || !cfg_hum)
+        return real_dlsym(h, name);
+    return dlsym_hum(h, name);
+}
+
+/* ---------------------------------------------------------------- launch identity */
+
+struct finfo { const void *f; int32_t name_id; int nparams; uint32_t *sizes; uint64_t name_hash; };
+#define FTAB 8192
+static struct finfo ftab[FTAB];
+static pthread_mutex_t ftab_mu = PTHREAD_MUTEX_INITIALIZER;
+
+static u64 fnv(u64 h, const void *p, size_t n)
+{
+    const unsigned char *b = p;
+    for (size_t i = 0; i < n; i++)
+        h = (h ^ b[i]) * 0x100000001b3ULL;
+    return h;
+}
+#define FNV0 0xcbf29ce484222325ULL
+
+static struct finfo *func_info(const void *f)
+{
+    size_t i = ((uintptr_t)f >> 4) * 0x9E3779B97F4A7C15ULL >> 51;   /* 13 bits */
+    pthread_mutex_lock(&ftab_mu);
+    for (size_t k = 0; k < FTAB; k++, i = (i + 1) & (FTAB - 1)) {
+        if (ftab[i].f == f) {
+            pthread_mutex_unlock(&ftab_mu);
+            return &ftab[i];
+        }
+        if (!ftab[i].f)
+            break;
+    }
+    struct finfo *e = ftab[i].f ? NULL : &ftab[i];
+    pthread_mutex_unlock(&ftab_mu);
+    struct finfo fi = {f, -1, -1, NULL, FNV0};
+    tl_internal++;
+    const char *name = NULL;
+    if (get_cudaFuncGetName() && real_cudaFuncGetName(&name, f) == 0 && name && *name) {
+        fi.name_id = intern_name(name);
+        fi.name_hash = fnv(FNV0, name, strlen(name));
+    } else {
+        fi.name_hash = fnv(FNV0, &f, sizeof f);   /* unnamed: the host stub's address */
+    }
+    pthread_once(&driver_once, load_driver);
+    void *cf = NULL;
+    if (cu_param_info && get_cudaGetFuncBySymbol() && real_cudaGetFuncBySymbol(&cf, f) == 0 && cf) {
+        uint32_t tmp[256];
+        int np = 0;
+        size_t off, sz;
+        while (np < 256 && cu_param_info(cf, np, &off, &sz) == 0)
+            tmp[np++] = (uint32_t)sz;
+        fi.nparams = np;
+        if (np) {
+            fi.sizes = malloc(np * sizeof *fi.sizes);
+            if (fi.sizes)
+                memcpy(fi.sizes, tmp, np * sizeof *tmp);
+            else
+                fi.nparams = -1;
+        }
+    }
+    if (get_cudaGetLastError())
+        real_cudaGetLastError();
+    tl_internal--;
+    if (!e)
+        return NULL;   /* table full: not cached, identity without arguments */
+    pthread_mutex_lock(&ftab_mu);
+    if (!e->f)
+        *e = fi;
+    else
+        free(fi.sizes);
+    pthread_mutex_unlock(&ftab_mu);
+    return e;
+}
+
+/* Execution identity (DeepUM §3.1: kernel + arguments): FNV-1a 64 over the kernel name, grid,
+   block, dynamic shared memory and each argument's bytes, with sizes from cuFuncGetParamInfo
+   (CUDA >= 12.4). Without sizes the arguments are left out (bytes past an argument are not the
+   argument and would make repeated launches differ). */
+static u64 exec_hash(struct finfo *fi, const void *f, dim3 g, dim3 b, void **args, size_t smem)
+{
+    u64 h = fi ? fi->name_hash : fnv(FNV0, &f, sizeof f);
+    h = fnv(h, &g, sizeof g);
+    h = fnv(h, &b, sizeof b);
+    h = fnv(h, &smem, sizeof smem);
+    if (fi && fi->nparams > 0 && fi->sizes && args)
+        for (int i = 0; i < fi->nparams; i++)
+            if (args[i])
+                h = fnv(h, args[i], fi->sizes[i]);
+    return h;
+}
+
+static _Atomic int64_t launch_seq;
+
+/* ---------------------------------------------------------------- init */
+
+__attribute__((constructor)) static void rt_init(void)
+{
+    resolve_dlsym();
+    long ps = sysconf(_SC_PAGESIZE);
+    if (ps > 0)
+        page_sz = (size_t)ps;
+    my_pid = (int32_t)getpid();
+    cfg_hum = env_on("UMCTL_RT_HUM");
+    cfg_managed = cfg_hum || env_on("UMCTL_RT_MANAGED");
+    cfg_stats = env_on("UMCTL_RT_STATS");
+    cfg_hum_min = env_size("UMCTL_RT_HUM_MIN", cfg_hum_min);
+    cfg_cap = env_size("UMCTL_RT_MANAGED_CAP", 0);
+    cfg_delay_us = (unsigned)env_size("UMCTL_RT_HUM_DELAY_US", 0);
+    cfg_socket = getenv("UMCTL_RT_SOCKET");
+    if (cfg_socket && *cfg_socket && strlen(cfg_socket) < sizeof sock_addr.sun_path) {
+        memset(&sock_addr, 0, sizeof sock_addr);
+        sock_addr.sun_family = AF_UNIX;
+        strcpy(sock_addr.sun_path, cfg_socket);
+        sock_len = (socklen_t)(offsetof(struct sockaddr_un, sun_path) + strlen(cfg_socket) + 1);
+        sock_fd = socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+    }
+}
+
+__attribute__((destructor)) static void rt_fini(void)
+{
+    flush_all();
+    if (cfg_stats)
+        fprintf(stderr,
+                "umctl_rt: pid=%d hum_copies=%llu fallbacks=%llu barrier_waits=%llu segv_waits=%llu launches=%llu "
+                "managed_allocs=%llu driver_wrapped=%llu chunks=%llu prefetches=%llu drops=%llu,%llu,%llu\n",
+                (int)getpid(), (unsigned long long)st_hum, (unsigned long long)st_fallback,
+                (unsigned long long)st_waits, (unsigned long long)st_segv, (unsigned long long)st_launch,
+                (unsigned long long)st_managed, (unsigned long long)st_wrapped, (unsigned long long)st_chunks,
+                (unsigned long long)st_prefetch, (unsigned long long)drops[0], (unsigned long long)drops[1],
+                (unsigned long long)drops[2]);
+}
+
+/* ---------------------------------------------------------------- the runtime API we interpose */
+
+API cudaError_t cudaMalloc(void **p, size_t n)
+{
+    if (!get_cudaMalloc())
+        return 1;   /* cudaErrorInvalidValue: no runtime below us (cannot happen when linked) */
+    if (cfg_managed && !tl_internal && p && n && get_cudaMallocManaged() &&
+        (!cfg_cap || atomic_load(&managed_bytes) + n <= cfg_cap)) {
+        if (real_cudaMallocManaged(p, n, 1 /* cudaMemAttachGlobal */) == 0) {
+            atomic_fetch_add(&managed_bytes, n);
+            atomic_fetch_add(&st_managed, 1);
+            int64_t id = track(*p, n, 1);
+            report_alloc(0, *p, n, id, 1);
+            return 0;
+        }
+        if (get_cudaGetLastError())
+            real_cudaGetLastError();   /* our attempt must not leave an error behind */
+    }
+    cudaError_t r = real_cudaMalloc(p, n);
+    if (r == 0 && p && *p && !tl_internal && (sock_fd >= 0 || cfg_managed)) {
+        int64_t id = track(*p, n, 0);
+        report_alloc(0, *p, n, id, 0);
+    }
+    return r;
+}
+
+API cudaError_t cudaFree(void *p)
+{
+    if (!get_cudaFree())
+        return 1;
+    hum_barrier();
+    struct alloc a;
+    if (p && !tl_internal && untrack(p, &a)) {
+        if (a.managed)
+            atomic_fetch_sub(&managed_bytes, a.n);
+        report_alloc(1, p, a.n, a.id, a.managed);
+    }
+    return real_cudaFree(p);
+}
+
+static int copy_kind(int kind, const void *dst, const void *src)
+{
+    switch (kind) {
+    case cudaMemcpyHostToDevice: return 0;
+    case cudaMemcpyDeviceToHost: return 1;
+    case cudaMemcpyDeviceToDevice: return 2;
+    case cudaMemcpyDefault: {
+        int d = alloc_lookup(dst, 1, 0) != 0, s = alloc_lookup(src, 1, 0) != 0;
+        return d && s ? 2 : s ? 1 : d ? 0 : -1;
+    }
+    default: return -1;
+    }
+}
+
+API cudaError_t cudaMemcpy(void *dst, const void *src, size_t n, int kind)
+{
+    if (!get_cudaMemcpy())
+        return 1;
+    if (hum_try(dst, src, n, kind, NULL, 0))
+        return 0;
+    hum_barrier();
+    int64_t t0 = sock_fd >= 0 ? now_ns() : 0;
+    cudaError_t r = real_cudaMemcpy(dst, src, n, kind);
+    if (sock_fd >= 0 && !tl_internal && r == 0) {
+        int k = copy_kind(kind, dst, src);
+        if (k >= 0)
+            report_copy(t0, now_ns(), k, dst, src, n, NULL, 0, current_device());
+    }
+    return r;
+}
+
+API cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t n, int kind, cudaStream_t s)
+{
+    if (!get_cudaMemcpyAsync())
+        return 1;
+    if (hum_try(dst, src, n, kind, s, 1))
+        return 0;
+    hum_barrier();
+    int64_t t0 = sock_fd >= 0 ? now_ns() : 0;
+    cudaError_t r = real_cudaMemcpyAsync(dst, src, n, kind, s);
+    if (sock_fd >= 0 && !tl_internal && r == 0) {
+        int k = copy_kind(kind, dst, src);
+        if (k >= 0)
+            report_copy(t0, 0, k, dst, src, n, s, 1, current_device());
+    }
+    return r;
+}
+
+API cudaError_t cudaLaunchKernel(const void *f, dim3 g, dim3 b, void **args, size_t smem, cudaStream_t s)
+{
+    if (!get_cudaLaunchKernel())
+        return 1;
+    hum_barrier();
+    if (sock_fd >= 0 && !tl_internal) {
+        struct finfo *fi = func_info(f);
+        struct umrt_launch r;
+        memset(&r, 0, sizeof r);
+        r.t_ns = now_ns();
+        r.gpu = (int16_t)current_device();
+        r.pid = my_pid;
+        r.stream = (u64)(uintptr_t)s;
+        r.func = (u64)(uintptr_t)f;
+        r.grid[0] = g.x, r.grid[1] = g.y, r.grid[2] = g.z;
+        r.block[0] = b.x, r.block[1] = b.y, r.block[2] = b.z;
+        r.exec_hash = exec_hash(fi, f, g, b, args, smem);
+        r.name_id = fi ? fi->name_id : -1;
+        r.seq = atomic_fetch_add(&launch_seq, 1);
+        push(0, &r);
+        atomic_fetch_add(&st_launch, 1);
+    }
+    return real_cudaLaunchKernel(f, g, b, args, smem, s);
+}
+
+/* Everything else that enqueues work, synchronises or touches memory: barrier, then the real
+   call, arguments passed through unchanged (see the trampolines above for why this is exact). */
+#define PASS(name)                                                                                     \
+    API u64 name(u64 a, u64 b, u64 c, u64 d, u64 e, u64 f, u64 g, u64 h, u64 i, u64 j, u64 k, u64 l)   \
+    {                                                                                                  \
+        static fn12 real;                                                                              \
+        if (!real)                                                                                     \
+            real = (fn12)next_sym(#name);                                               \
+        if (!real)                                                                                     \
+            return 1;                                                                                  \
+        hum_barrier();                                                                                 \
+        return real(a, b, c, d, e, f, g, h, i, j, k, l);                                               \
+    }
+PASS(cudaDeviceSynchronize)
+PASS(cudaStreamSynchronize)
+PASS(cudaStreamQuery)
+PASS(cudaStreamWaitEvent)
+PASS(cudaStreamAddCallback)
+PASS(cudaStreamDestroy)
+PASS(cudaStreamBeginCapture)
+PASS(cudaEventRecord)
+PASS(cudaEventRecordWithFlags)
+PASS(cudaEventSynchronize)
+PASS(cudaEventQuery)
+PASS(cudaLaunchHostFunc)
+PASS(cudaLaunchCooperativeKernel)
+PASS(cudaLaunchKernelExC)
+PASS(cudaGraphLaunch)
+PASS(cudaMemset)
+PASS(cudaMemsetAsync)
+PASS(cudaMemset2D)
+PASS(cudaMemset2DAsync)
+PASS(cudaMemcpy2D)
+PASS(cudaMemcpy2DAsync)
+PASS(cudaMemcpy3D)
+PASS(cudaMemcpy3DAsync)
+PASS(cudaMemcpyPeer)
+PASS(cudaMemcpyPeerAsync)
+PASS(cudaMemcpyToSymbol)
+PASS(cudaMemcpyFromSymbol)
+PASS(cudaMemcpyToSymbolAsync)
+PASS(cudaMemcpyFromSymbolAsync)
+PASS(cudaMemPrefetchAsync)
+PASS(cudaMemAdvise)
+PASS(cudaFreeAsync)
+PASS(cudaDeviceReset)
+PASS(cudaHostUnregister)
+PASS(cudaIpcGetMemHandle)
+PASS(cudaMemcpy_ptds)
+PASS(cudaMemcpyAsync_ptsz)
+PASS(cudaLaunchKernel_ptsz)
+PASS(cudaMemset_ptds)
+PASS(cudaMemsetAsync_ptsz)
+PASS(cudaStreamSynchronize_ptsz)
+PASS(cudaStreamQuery_ptsz)
+PASS(cudaStreamWaitEvent_ptsz)
+PASS(cudaEventRecord_ptsz)
+PASS(cudaGraphLaunch_ptsz)
+PASS(cudaMemcpy2D_ptds)
+PASS(cudaMemcpy2DAsync_ptsz)
+PASS(cudaMemPrefetchAsync_ptsz)
+
+/* ---------------------------------------------------------------- libc: the sources' guards */
+
+/* Freeing, unmapping, reprotecting or reading into (through the kernel, where a write to a
+   protected page would be EFAULT rather than a signal) a pending copy's source first waits. */
+#define LIBC(ret, name, ...)                                                          \
+    typedef ret (*name##_lt)(__VA_ARGS__);                                            \
+    static name##_lt libc_##name;                                                     \
+    static inline name##_lt get_libc_##name(void)                                     \
+    {                                                                                 \
+        if (!libc_##name)                                                             \
+            libc_##name = (name##_lt)rdlsym(RTLD_NEXT, #name);                        \
+        return libc_##name;                                                           \
+    }
+LIBC(void, free, void *)
+LIBC(void *, realloc, void *, size_t)
+LIBC(int, munmap, void *, size_t)
+LIBC(int, mprotect, void *, size_t, int)
+LIBC(void *, mremap, void *, size_t, size_t, int, ...)
+LIBC(int, madvise, void *, size_t, int)
+LIBC(ssize_t, read, int, void *, size_t)
+LIBC(ssize_t, pread, int, void *, size_t, off_t)
+LIBC(ssize_t, pread64, int, void *, size_t, off_t)
+LIBC(ssize_t, readv, int, const struct iovec *, int)
+LIBC(ssize_t, recv, int, void *, size_t, int)
+LIBC(ssize_t, recvfrom, int, void *, size_t, int, struct sockaddr *, socklen_t *)
+LIBC(size_t, fread, void *, size_t, size_t, FILE *)
+LIBC(pid_t, fork, void)
+LIBC(int, sigaction, int, const struct sigaction *, struct sigaction *)
+
+extern void __libc_free(void *);
+static __thread int tl_resolving;
+
+static inline int pending(void) { return atomic_load_explicit(&hum_pending, memory_order_acquire) != 0; }
+
+API void free(void *p)
+{
+    if (!libc_free) {
+        if (tl_resolving) {
+            __libc_free(p);
+            return;
+        }
+        tl_resolving = 1;
+        get_libc_free();
+        tl_resolving = 0;
+        if (!libc_free) {
+            __libc_free(p);
+            return;
+        }
+    }
+    if (p && pending())
+        hum_wait_range(p, malloc_usable_size(p));
+    libc_free(p);
+}
+
+API void *realloc(void *p, size_t n)
+{
+    if (p && pending())
+        hum_wait_range(p, malloc_usable_size(p));
+    return get_libc_realloc()(p, n);
+}
+
+API int munmap(void *p, size_t n)
+{
+    if (pending())
+        hum_wait_range(p, n);
+    maps_invalidate();
+    return get_libc_munmap()(p, n);
+}
+
+API int mprotect(void *p, size_t n, int prot)
+{
+    if (pending() && !tl_internal)
+        hum_wait_range(p, n);
+    if (!tl_internal)
+        maps_invalidate();
+    return get_libc_mprotect()(p, n, prot);
+}
+
+API void *mremap(void *p, size_t o, size_t n, int flags, ...)
+{
+    va_list ap;
+    va_start(ap, flags);
+    void *na = va_arg(ap, void *);
+    va_end(ap);
+    if (pending())
+        hum_wait_range(p, o);
+    maps_invalidate();
+    return get_libc_mremap()(p, o, n, flags, na);
+}
+
+API int madvise(void *p, size_t n, int adv)
+{
+    if (pending())
+        hum_wait_range(p, n);
+    return get_libc_madvise()(p, n, adv);
+}
+
+API ssize_t read(int fd, void *b, size_t n)
+{
+    if (pending())
+        hum_wait_range(b, n);
+    return get_libc_read()(fd, b, n);
+}
+
+API ssize_t pread(int fd, void *b, size_t n, off_t o)
+{
+    if (pending())
+        hum_wait_range(b, n);
+    return get_libc_pread()(fd, b, n, o);
+}
+
+API ssize_t pread64(int fd, void *b, size_t n, off_t o)
+{
+    if (pending())
+        hum_wait_range(b, n);
+    return get_libc_pread64()(fd, b, n, o);
+}
+
+API ssize_t readv(int fd, const struct iovec *v, int cnt)
+{
+    if (pending())
+        for (int i = 0; i < cnt; i++)
+            hum_wait_range(v[i].iov_base, v[i].iov_len);
+    return get_libc_readv()(fd, v, cnt);
+}
+
+API ssize_t recv(int fd, void *b, size_t n, int fl)
+{
+    if (pending())
+        hum_wait_range(b, n);
+    return get_libc_recv()(fd, b, n, fl);
+}
+
+API ssize_t recvfrom(int fd, void *b, size_t n, int fl, struct sockaddr *a, socklen_t *al)
+{
+    if (pending())
+        hum_wait_range(b, n);
+    return get_libc_recvfrom()(fd, b, n, fl, a, al);
+}
+
+API size_t fread(void *b, size_t sz, size_t n, FILE *f)
+{
+    if (pending())
+        hum_wait_range(b, sz * n);
+    return get_libc_fread()(b, sz, n, f);
+}
+
+/* A child would inherit protected pages without the worker that unprotects them. */
+API pid_t fork(void)
+{
+    hum_barrier();
+    flush_all();
+    pid_t r = get_libc_fork()();
+    if (r == 0) {   /* no worker and no flusher in the child: HUM off there, flusher restarted */
+        my_pid = (int32_t)getpid();
+        cfg_hum = 0;
+        for (int k = 0; k < 3; k++)
+            rb[k].n = 0;
+        pthread_once_t fresh = PTHREAD_ONCE_INIT;
+        flusher_once = fresh;
+    }
+    return r;
+}
+
+/* A SIGSEGV handler installed after ours becomes the one we chain to; ours stays first. */
+API int sigaction(int sig, const struct sigaction *act, struct sigaction *old)
+{
+    if (sig == SIGSEGV && prev_segv_set) {
+        if (old)
+            *old = prev_segv;
+        if (act)
+            prev_segv = *act;
+        return 0;
+    }
+    return get_libc_sigaction()(sig, act, old);
+}
+
+/* ---------------------------------------------------------------- PyTorch pluggable allocator */
+
+/* torch.cuda.memory.CUDAPluggableAllocator(path, "umctl_rt_malloc", "umctl_rt_free"): managed
+   memory for every tensor, with a small exact-size cache so that freed blocks are kept and
+   reported BLOCK_INACTIVE (their contents are dead: DeepUM may invalidate them) and BLOCK_ACTIVE
+   when handed out again. UMCTL_RT_CACHE bytes (default 1 GiB) bound what the cache holds. */
+struct cblock { void *p; size_t n; int dev; int64_t id; };
+static pthread_mutex_t cache_mu = PTHREAD_MUTEX_INITIALIZER;
+static struct cblock *cache;
+static size_t n_cache, cap_cache, cache_bytes, cache_cap = (size_t)1 << 30;
+static int cache_cfg;
+
+static size_t round_block(size_t n)
+{
+    size_t q = n >= ((size_t)1 << 20) ? CHUNK : 512;
+    return (n + q - 1) / q * q;
+}
+
+API void *umctl_rt_malloc(ssize_t size, int device, void *stream)
+{
+    (void)stream;
+    if (size <= 0)
+        return NULL;
+    size_t n = round_block((size_t)size);
+    pthread_mutex_lock(&cache_mu);
+    if (!cache_cfg) {
+        cache_cap = env_size("UMCTL_RT_CACHE", cache_cap);
+        cache_cfg = 1;
+    }
+    for (size_t i = n_cache; i-- > 0;)
+        if (cache[i].n == n && cache[i].dev == device) {
+            struct cblock b = cache[i];
+            cache[i] = cache[--n_cache];
+            cache_bytes -= n;
+            pthread_mutex_unlock(&cache_mu);
+            report_alloc(3, b.p, b.n, b.id, 1);
+            return b.p;
+        }
+    pthread_mutex_unlock(&cache_mu);
+    if (!get_cudaMallocManaged() || !get_cudaGetDevice() || !get_cudaSetDevice())
+        return NULL;
+    if (cfg_cap && atomic_load(&managed_bytes) + n > cfg_cap)
+        return NULL;
+    int prev = -1;
+    real_cudaGetDevice(&prev);
+    if (prev != device)
+        real_cudaSetDevice(device);
+    void *p = NULL;
+    tl_internal++;
+    cudaError_t r = real_cudaMallocManaged(&p, n, 1);
+    tl_internal--;
+    if (prev != device && prev >= 0)
+        real_cudaSetDevice(prev);
+    if (r != 0) {
+        if (get_cudaGetLastError())
+            real_cudaGetLastError();
+        return NULL;
+    }
+    atomic_fetch_add(&managed_bytes, n);
+    atomic_fetch_add(&st_managed, 1);
+    int64_t id = track(p, n, 1);
+    report_alloc(0, p, n, id, 1);
+    return p;
+}
+
+API void umctl_rt_free(void *p, ssize_t size, int device, void *stream)
+{
+    (void)stream;
+    if (!p)
+        return;
+    size_t n = round_block((size_t)size);
+    struct alloc a = {0};
+    int known = alloc_lookup(p, 1, 1) == 1;
+    pthread_mutex_lock(&allocs_mu);
+    size_t i = alloc_pos((uintptr_t)p);
+    if (known && i < n_allocs && allocs[i].addr == (uintptr_t)p)
+        a = allocs[i];
+    pthread_mutex_unlock(&allocs_mu);
+    pthread_mutex_lock(&cache_mu);
+    if (cache_bytes + n <= cache_cap) {
+        if (n_cache == cap_cache) {
+            size_t nc = cap_cache ? 2 * cap_cache : 256;
+            struct cblock *ncb = realloc(cache, nc * sizeof *ncb);
+            if (ncb)
+                cache = ncb, cap_cache = nc;
+        }
+        if (n_cache < cap_cache) {
+            cache[n_cache++] = (struct cblock){p, n, device, a.id};
+            cache_bytes += n;
+            pthread_mutex_unlock(&cache_mu);
+            report_alloc(2, p, n, a.id, 1);
+            return;
+        }
+    }
+    pthread_mutex_unlock(&cache_mu);
+    struct alloc gone;
+    if (untrack(p, &gone)) {
+        atomic_fetch_sub(&managed_bytes, gone.n);
+        report_alloc(1, p, gone.n, gone.id, 1);
+    }
+    hum_barrier();
+    tl_internal++;
+    if (get_cudaFree())
+        real_cudaFree(p);
+    tl_internal--;
+}

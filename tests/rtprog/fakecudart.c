@@ -1,0 +1,169 @@
+/* A stand-in for libcudart.so (and, built with -DFAKE_LIBCUDA, for libcuda.so.1) so that the
+ * umctl runtime (runtime/umctl_rt.c) is tested without a GPU. "Device" memory is host memory;
+ * a "kernel" is a host function void k(void **args) that cudaLaunchKernel calls at once; every
+ * copy is a memcpy. The library records which API allocated each pointer, so a test can see
+ * whether cudaMalloc was routed to cudaMallocManaged.
+ *
+ *   gcc -O1 -shared -fPIC fakecudart.c -o DIR/libcudart.so -ldl
+ *   gcc -O1 -shared -fPIC -DFAKE_LIBCUDA fakecudart.c -o DIR/libcuda.so.1
+ */
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define API __attribute__((visibility("default")))
+typedef void (*kernel_fn)(void **);
+
+#ifdef FAKE_LIBCUDA
+/* -- the driver: launches, parameter sizes, prefetch, cuGetProcAddress ------------------------ */
+API int fake_prefetches;
+static struct { void *f; int n; size_t sizes[16]; } params[64];
+static int n_params;
+
+API void fake_set_params(void *f, int n, const size_t *sizes)
+{
+    params[n_params].f = f;
+    params[n_params].n = n;
+    memcpy(params[n_params].sizes, sizes, n * sizeof *sizes);
+    n_params++;
+}
+
+API int cuFuncGetParamInfo(void *f, size_t i, size_t *off, size_t *size)
+{
+    for (int k = 0; k < n_params; k++)
+        if (params[k].f == f) {
+            if ((int)i >= params[k].n)
+                return 1;
+            *off = 0;
+            for (size_t j = 0; j < i; j++)
+                *off += params[k].sizes[j];
+            *size = params[k].sizes[i];
+            return 0;
+        }
+    return 1;
+}
+
+API int cuLaunchKernel(void *f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz,
+                       unsigned smem, void *stream, void **args, void **extra)
+{
+    (void)gx, (void)gy, (void)gz, (void)bx, (void)by, (void)bz, (void)smem, (void)stream, (void)extra;
+    ((kernel_fn)f)(args);
+    return 0;
+}
+
+API int cuMemPrefetchAsync(uint64_t p, size_t n, int dev, void *stream)
+{
+    (void)p, (void)n, (void)dev, (void)stream;
+    __sync_fetch_and_add(&fake_prefetches, 1);
+    return 0;
+}
+
+API int cuGetProcAddress_v2(const char *sym, void **pfn, int ver, uint64_t flags, void *status)
+{
+    (void)ver, (void)flags, (void)status;
+    if (strcmp(sym, "cuLaunchKernel") == 0) *pfn = (void *)cuLaunchKernel;
+    else if (strcmp(sym, "cuMemPrefetchAsync") == 0) *pfn = (void *)cuMemPrefetchAsync;
+    else { *pfn = NULL; return 500; }
+    return 0;
+}
+
+#else
+/* -- the runtime ------------------------------------------------------------------------------- */
+enum { T_UNREG = 0, T_HOST = 1, T_DEVICE = 2, T_MANAGED = 3 };
+static struct { char *p; size_t n; int type; } tab[4096];
+static int n_tab, last_error;
+API int fake_device_allocs, fake_managed_allocs, fake_copies, fake_launches;
+
+static int put(void **out, size_t n, int type)
+{
+    void *p = NULL;
+    if (posix_memalign(&p, 4096, n ? n : 1))
+        return (last_error = 2);
+    tab[n_tab].p = p, tab[n_tab].n = n, tab[n_tab].type = type;
+    n_tab++;
+    *out = p;
+    return 0;
+}
+
+static int find(const void *p)
+{
+    for (int i = 0; i < n_tab; i++)
+        if (tab[i].p && (const char *)p >= tab[i].p && (const char *)p < tab[i].p + tab[i].n)
+            return i;
+    return -1;
+}
+
+API int cudaMalloc(void **p, size_t n) { fake_device_allocs++; return put(p, n, T_DEVICE); }
+API int cudaMallocManaged(void **p, size_t n, unsigned flags) { (void)flags; fake_managed_allocs++; return put(p, n, T_MANAGED); }
+API int cudaMallocHost(void **p, size_t n) { return put(p, n, T_HOST); }
+static int drop(void *p) { int i = find(p); if (i < 0 || tab[i].p != p) return (last_error = 1); free(p); tab[i].p = NULL; return 0; }
+API int cudaFree(void *p) { return p ? drop(p) : 0; }
+API int cudaFreeHost(void *p) { return drop(p); }
+
+static int copy(void *d, const void *s, size_t n) { fake_copies++; memmove(d, s, n); return 0; }
+API int cudaMemcpy(void *d, const void *s, size_t n, int kind) { (void)kind; return copy(d, s, n); }
+API int cudaMemcpyAsync(void *d, const void *s, size_t n, int kind, void *st) { (void)kind, (void)st; return copy(d, s, n); }
+API int cudaMemset(void *d, int v, size_t n) { memset(d, v, n); return 0; }
+
+typedef struct { unsigned x, y, z; } dim3;
+API int cudaLaunchKernel(const void *f, dim3 g, dim3 b, void **args, size_t smem, void *s)
+{
+    (void)g, (void)b, (void)smem, (void)s;
+    fake_launches++;
+    ((kernel_fn)f)(args);
+    return 0;
+}
+
+API int cudaFuncGetName(const char **name, const void *f)
+{
+    Dl_info di;
+    if (!dladdr(f, &di) || !di.dli_sname)
+        return (last_error = 98);
+    *name = di.dli_sname;
+    return 0;
+}
+API int cudaGetFuncBySymbol(void **out, const void *f) { *out = (void *)f; return 0; }
+
+API int cudaPointerGetAttributes(void *attr, const void *p)
+{
+    int i = find(p);
+    memset(attr, 0, 64);
+    *(int *)attr = i < 0 ? T_UNREG : tab[i].type;
+    return 0;
+}
+
+API int cudaDeviceGetAttribute(int *v, int attr, int dev)
+{
+    (void)dev;
+    *v = attr == 89 ? !getenv("FAKE_NO_CONCURRENT") : 0;
+    return 0;
+}
+API int cudaGetDevice(int *d) { *d = 0; return 0; }
+API int cudaSetDevice(int d) { (void)d; return 0; }
+API int cudaGetLastError(void) { int e = last_error; last_error = 0; return e; }
+API int cudaEventCreateWithFlags(void **e, unsigned f) { (void)f; *e = malloc(8); return 0; }
+API int cudaEventRecord(void *e, void *s) { (void)e, (void)s; return 0; }
+API int cudaEventSynchronize(void *e) { (void)e; return 0; }
+API int cudaStreamCreateWithFlags(void **s, unsigned f) { (void)f; *s = malloc(8); return 0; }
+API int cudaStreamIsCapturing(void *s, int *st) { (void)s; *st = 0; return 0; }
+API int cudaStreamSynchronize(void *s) { (void)s; return 0; }
+API int cudaDeviceSynchronize(void) { return 0; }
+
+/* What cuBLAS does: reach the driver's launch through dlsym(libcuda, cuGetProcAddress). */
+API int fake_driver_launch(const void *f, void **args)
+{
+    const char *path = getenv("FAKE_LIBCUDA");
+    void *h = dlopen(path ? path : "libcuda.so.1", RTLD_NOW);
+    if (!h)
+        return 99;
+    int (*gpa)(const char *, void **, int, uint64_t, void *) = (int (*)(const char *, void **, int, uint64_t, void *))dlsym(h, "cuGetProcAddress_v2");
+    void *fn = NULL;
+    if (!gpa || gpa("cuLaunchKernel", &fn, 13000, 0, NULL) || !fn)
+        return 98;
+    int (*launch)(const void *, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, void *, void **, void **) =
+        (int (*)(const void *, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, void *, void **, void **))fn;
+    return launch(f, 1, 1, 1, 1, 1, 1, 0, NULL, args, NULL);
+}
+#endif

@@ -1,0 +1,180 @@
+/* A small CUDA-runtime program for tests/test_runtime.py, linked against the fake libcudart
+ * (fakecudart.c) and run with and without LD_PRELOAD of the umctl runtime. It prints one line
+ * "RESULT {json}" whose values must not depend on the runtime (checksums, copy checks), plus what
+ * the fake saw (which API allocated the buffers).
+ *
+ *   gcc -O1 -rdynamic rtprog.c -o DIR/rtprog -LDIR -lcudart -Wl,-rpath,DIR -ldl
+ *   rtprog basic|race|driver
+ */
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct { unsigned x, y, z; } dim3;
+int cudaMalloc(void **, size_t);
+int cudaFree(void *);
+int cudaMemcpy(void *, const void *, size_t, int);
+int cudaMemcpyAsync(void *, const void *, size_t, int, void *);
+int cudaLaunchKernel(const void *, dim3, dim3, void **, size_t, void *);
+int cudaDeviceSynchronize(void);
+int cudaPointerGetAttributes(void *, const void *);
+int fake_driver_launch(const void *, void **);
+extern int fake_device_allocs, fake_managed_allocs, fake_copies, fake_launches;
+
+#define MB ((size_t)1 << 20)
+enum { H2D = 1, D2H = 2 };
+
+void vec_add(void **args)
+{
+    const uint32_t *a = *(uint32_t **)args[0], *b = *(uint32_t **)args[1];
+    uint32_t *c = *(uint32_t **)args[2];
+    uint64_t n = *(uint64_t *)args[3];
+    for (uint64_t i = 0; i < n; i++)
+        c[i] = a[i] + b[i];
+}
+
+static uint64_t sum_out;
+void sum_bytes(void **args)
+{
+    const unsigned char *a = *(unsigned char **)args[0];
+    uint64_t n = *(uint64_t *)args[1], s = 0;
+    for (uint64_t i = 0; i < n; i++)
+        s = s * 31 + a[i];
+    sum_out = s;
+}
+
+static uint64_t checksum(const unsigned char *p, size_t n)
+{
+    uint64_t s = 1469598103934665603ULL;
+    for (size_t i = 0; i < n; i++)
+        s = (s ^ p[i]) * 1099511628211ULL;
+    return s;
+}
+
+static int type_of(const void *p)
+{
+    int attr[64] = {0};
+    cudaPointerGetAttributes(attr, p);
+    return attr[0];
+}
+
+static void register_params(void)
+{
+    const char *path = getenv("FAKE_LIBCUDA");
+    void *h = path ? dlopen(path, RTLD_NOW | RTLD_GLOBAL) : NULL;
+    void (*set)(void *, int, const size_t *) = h ? (void (*)(void *, int, const size_t *))dlsym(h, "fake_set_params") : NULL;
+    size_t four[4] = {8, 8, 8, 8}, two[2] = {8, 8};
+    if (set) {
+        set((void *)vec_add, 4, four);
+        set((void *)sum_bytes, 2, two);
+    }
+}
+
+static int basic(void)
+{
+    size_t n = 2 * MB, bytes = n * 4;
+    uint32_t *hA = malloc(bytes), *hB = malloc(bytes), *hC = malloc(bytes);
+    for (size_t i = 0; i < n; i++)
+        hA[i] = (uint32_t)(i * 2654435761u), hB[i] = (uint32_t)(i ^ 0x5a5a);
+    void *dA, *dB, *dC;
+    if (cudaMalloc(&dA, bytes) || cudaMalloc(&dB, bytes) || cudaMalloc(&dC, bytes))
+        return 1;
+    cudaMemcpy(dA, hA, bytes, H2D);
+    cudaMemcpyAsync(dB, hB, bytes, H2D, NULL);
+    dim3 g = {(unsigned)(n / 256), 1, 1}, b = {256, 1, 1};
+    uint64_t nn = n;
+    void *args[4] = {&dA, &dB, &dC, &nn};
+    cudaLaunchKernel((void *)vec_add, g, b, args, 0, NULL);
+    uint64_t half = n / 2;
+    void *args2[4] = {&dA, &dB, &dC, &half};
+    cudaLaunchKernel((void *)vec_add, g, b, args2, 0, NULL);
+    cudaLaunchKernel((void *)vec_add, g, b, args2, 0, NULL);
+    cudaMemcpy(hC, dC, bytes, D2H);
+    cudaDeviceSynchronize();
+    printf("RESULT {\"checksum\": %llu, \"type_dA\": %d, \"device_allocs\": %d, \"managed_allocs\": %d, "
+           "\"launches\": %d, \"dA\": %llu, \"dB\": %llu, \"dC\": %llu, \"hA\": %llu, \"bytes\": %zu}\n",
+           (unsigned long long)checksum((unsigned char *)hC, bytes), type_of(dA), fake_device_allocs,
+           fake_managed_allocs, fake_launches, (unsigned long long)(uintptr_t)dA, (unsigned long long)(uintptr_t)dB,
+           (unsigned long long)(uintptr_t)dC, (unsigned long long)(uintptr_t)hA, bytes);
+    cudaFree(dA), cudaFree(dB), cudaFree(dC);
+    return 0;
+}
+
+static void fill(unsigned char *p, size_t n, unsigned seed)
+{
+    for (size_t i = 0; i < n; i++)
+        p[i] = (unsigned char)(i * seed + (i >> 12));
+}
+
+/* HUM §4.2: the host rewrites (or frees) the source right after the copy returned; the device
+   must still receive the bytes as they were at the call. */
+static int race(void)
+{
+    size_t n = 16 * MB + 1000;
+    unsigned char *base = malloc(n + 200), *src = base + 100, *exp = malloc(n), *out = malloc(n);
+    void *dst;
+    if (cudaMalloc(&dst, n))
+        return 1;
+    fill(src, n, 7);
+    memcpy(exp, src, n);
+    cudaMemcpyAsync(dst, src, n, H2D, NULL);
+    memset(src, 0xEE, n);                    /* the whole source, at once */
+    cudaMemcpy(out, dst, n, D2H);
+    int race_ok = memcmp(out, exp, n) == 0;
+
+    fill(src, n, 13);
+    memcpy(exp, src, n);
+    cudaMemcpy(dst, src, n, H2D);
+    src[n - 5000] ^= 0xFF;                   /* one page near the end, not yet copied */
+    unsigned char after = src[n - 5000];
+    cudaMemcpy(out, dst, n, D2H);
+    int tail_ok = memcmp(out, exp, n) == 0 && src[n - 5000] == after;
+
+    fill(src, n, 29);
+    memcpy(exp, src, n);
+    cudaMemcpy(dst, src, n, H2D);
+    free(base);                              /* the source freed while its copy is pending */
+    cudaMemcpy(out, dst, n, D2H);
+    int free_ok = memcmp(out, exp, n) == 0;
+    printf("RESULT {\"race_ok\": %d, \"tail_ok\": %d, \"free_ok\": %d, \"checksum\": %llu}\n", race_ok, tail_ok,
+           free_ok, (unsigned long long)checksum(out, n));
+    cudaFree(dst);
+    return 0;
+}
+
+/* A launch that bypasses cudaLaunchKernel (like cuBLAS) must still see the copied bytes. */
+static int driver(void)
+{
+    size_t n = 8 * MB;
+    unsigned char *src = malloc(n);
+    void *dst;
+    if (cudaMalloc(&dst, n))
+        return 1;
+    fill(src, n, 3);
+    cudaMemcpyAsync(dst, src, n, H2D, NULL);
+    uint64_t nn = n;
+    void *args[2] = {&dst, &nn};
+    int r = fake_driver_launch((void *)sum_bytes, args);
+    uint64_t got = sum_out;
+    void *args2[2] = {&src, &nn};
+    sum_bytes(args2);
+    printf("RESULT {\"driver_rc\": %d, \"driver_ok\": %d, \"checksum\": %llu}\n", r, got == sum_out,
+           (unsigned long long)got);
+    return 0;
+}
+
+int main(int argc, char **argv)
+{
+    register_params();
+    const char *mode = argc > 1 ? argv[1] : "basic";
+    if (!strcmp(mode, "basic"))
+        return basic();
+    if (!strcmp(mode, "race"))
+        return race();
+    if (!strcmp(mode, "driver"))
+        return driver();
+    return 2;
+}

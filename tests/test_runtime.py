@@ -1,0 +1,186 @@
+"""The in-process runtime (runtime/umctl_rt.c) on a fake CUDA runtime and driver of ours
+(tests/rtprog/fakecudart.c: "device" memory is host memory, kernels are host functions), so that
+routing, HUM copies and reports are tested without a GPU. A missing gcc is a failure (CI has it)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from umctl.events.schema import KIND_CODES, AllocOp, CopyKind, Kind
+from umctl.runtime import child_env
+from umctl.sources.runtime import HEADER_DTYPE, MAGIC, RuntimeDecoder, RuntimeSource
+
+ROOT = Path(__file__).resolve().parent.parent
+SRC = ROOT / "tests" / "rtprog"
+
+
+def _gcc(*args: str) -> None:
+    subprocess.run(["gcc", *args], check=True, capture_output=True, text=True)
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory) -> dict[str, Path]:
+    d = tmp_path_factory.mktemp("rt")
+    _gcc("-O2", "-shared", "-fPIC", "-Wall", str(ROOT / "runtime" / "umctl_rt.c"), "-o", str(d / "libumctl_rt.so"),
+         "-ldl", "-lpthread")
+    _gcc("-O1", "-shared", "-fPIC", str(SRC / "fakecudart.c"), "-o", str(d / "libcudart.so"), "-ldl")
+    _gcc("-O1", "-shared", "-fPIC", "-DFAKE_LIBCUDA", str(SRC / "fakecudart.c"), "-o", str(d / "libcuda.so.1"))
+    _gcc("-O1", "-rdynamic", str(SRC / "rtprog.c"), "-o", str(d / "rtprog"), f"-L{d}", "-lcudart",
+         f"-Wl,-rpath,{d}", "-ldl")
+    return {"dir": d, "lib": d / "libumctl_rt.so", "prog": d / "rtprog", "libcuda": d / "libcuda.so.1"}
+
+
+def run(built, mode: str, *, preload: bool = True, libcuda: str | None = None, **kw) -> tuple[dict, str]:
+    base = {k: v for k, v in os.environ.items() if not k.startswith(("UMCTL_RT_", "LD_PRELOAD"))}
+    base["FAKE_LIBCUDA"] = str(built["libcuda"])
+    env = child_env(base, library=built["lib"], **kw) if preload else base
+    env["UMCTL_RT_LIBCUDA"] = libcuda if libcuda is not None else str(built["libcuda"])
+    env["UMCTL_RT_STATS"] = "1"
+    p = subprocess.run([str(built["prog"]), mode], env=env, capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0, p.stderr
+    line = next(ln for ln in p.stdout.splitlines() if ln.startswith("RESULT "))
+    return json.loads(line[len("RESULT "):]), p.stderr
+
+
+def stats(stderr: str) -> dict[str, str]:
+    line = next(ln for ln in stderr.splitlines() if ln.startswith("umctl_rt:"))
+    return dict(kv.split("=", 1) for kv in line.split()[1:])
+
+
+# -- decoding -----------------------------------------------------------------------------------
+
+def _dgram(kind: int, body: bytes, count: int, pid: int = 7, drops=(0, 0, 0)) -> bytes:
+    h = np.zeros(1, HEADER_DTYPE)
+    h["magic"], h["version"], h["kind"], h["count"], h["pid"], h["drops"] = MAGIC, 1, kind, count, pid, drops
+    return h.tobytes() + body
+
+
+def test_decoder_maps_names_per_process_and_counts_drops():
+    dec = RuntimeDecoder()
+    names = b"".join(i.to_bytes(4, "little") + len(n).to_bytes(2, "little") + n for i, n in [(0, b"k0"), (1, b"k1")])
+    assert dec.decode(_dgram(4, names, 2, pid=7)) == []
+    dec.decode(_dgram(4, (0).to_bytes(4, "little") + b"\x02\x00k1", 1, pid=8))   # pid 8's id 0 is "k1"
+    from umctl.events.schema import empty
+    la = empty(Kind.LAUNCH, 3)
+    la["name_id"] = [1, 0, -1]
+    out = dec.decode(_dgram(1, la.tobytes(), 3, pid=7, drops=(5, 0, 0)), now_ns=11)
+    kinds = dict(out)
+    assert list(kinds[Kind.LAUNCH]["name_id"]) == [1, 0, -1]
+    assert dec.names == ["k0", "k1"]
+    assert kinds[Kind.DROPS]["kind"][0] == KIND_CODES[Kind.LAUNCH] and kinds[Kind.DROPS]["count"][0] == 5
+    la["name_id"] = [0, 0, 0]
+    out = dict(dec.decode(_dgram(1, la.tobytes(), 3, pid=8, drops=(0, 0, 0))))
+    assert list(out[Kind.LAUNCH]["name_id"]) == [1, 1, 1] and Kind.DROPS not in out
+    assert dec.decode(b"garbage" * 10) == [] and dec.bad == 1
+
+
+# -- the library on the fake runtime ---------------------------------------------------------
+
+def test_no_runtime_results_unchanged_and_routing(built):
+    plain, _ = run(built, "basic", preload=False)
+    quiet, err = run(built, "basic")                       # preloaded, nothing asked for
+    assert quiet["checksum"] == plain["checksum"] and quiet["type_dA"] == 2 and quiet["managed_allocs"] == 0
+    assert stats(err)["launches"] == "0"                   # no socket: no reports
+    managed, _ = run(built, "basic", managed=True)
+    assert managed["checksum"] == plain["checksum"]
+    assert managed["type_dA"] == 3 and managed["managed_allocs"] == 3 and managed["device_allocs"] == 0
+
+
+def test_reports_decode_to_launch_alloc_copy(built):
+    with RuntimeSource() as src:
+        res, err = run(built, "basic", socket=src.path, managed=True)
+    batch = src.drain()
+    la, al, cp = batch[Kind.LAUNCH], batch[Kind.ALLOC], batch[Kind.COPY]
+    assert len(la) == 3 and list(la["seq"]) == [0, 1, 2]
+    assert {batch.names[i] for i in la["name_id"]} == {"vec_add"}
+    assert list(la["grid"][0]) == [2 * (1 << 20) // 256, 1, 1] and list(la["block"][0]) == [256, 1, 1]
+    # same kernel, same geometry: the argument bytes (n vs n/2) make the identity
+    assert la["exec_hash"][0] != la["exec_hash"][1] and la["exec_hash"][1] == la["exec_hash"][2]
+    allocs = al[al["op"] == AllocOp.ALLOC]
+    frees = al[al["op"] == AllocOp.FREE]
+    assert sorted(allocs["addr"]) == sorted([res["dA"], res["dB"], res["dC"]]) and allocs["managed"].all()
+    assert set(frees["alloc_id"]) == set(allocs["alloc_id"]) and (allocs["bytes"] == res["bytes"]).all()
+    kinds = sorted(int(k) for k in cp["kind"])
+    assert kinds == [CopyKind.H2D, CopyKind.H2D, CopyKind.D2H]
+    h2d = cp[(cp["kind"] == CopyKind.H2D) & (cp["is_async"] == 0)][0]
+    assert h2d["dst_addr"] == res["dA"] and h2d["src_addr"] == res["hA"] and h2d["bytes"] == res["bytes"]
+    assert Kind.DROPS not in batch and stats(err)["drops"] == "0,0,0"
+
+
+def test_hum_copies_equal_plain_even_when_source_is_rewritten(built):
+    """PPoPP'20 §4.2: the host rewrites the whole source right after the asynchronous copy,
+    rewrites one not-yet-copied page, and frees the source: the device gets the old bytes each
+    time. The worker is slowed down so that the writes really meet protected pages."""
+    plain, _ = run(built, "race", preload=False)
+    assert plain["race_ok"] == plain["tail_ok"] == plain["free_ok"] == 1
+    hum, err = run(built, "race", hum=True, hum_delay_us=3000)
+    assert hum == plain
+    st = stats(err)
+    assert int(st["hum_copies"]) == 3 and int(st["segv_waits"]) > 0 and int(st["barrier_waits"]) > 0
+    assert int(st["chunks"]) == 3 * 9 and int(st["prefetches"]) == int(st["chunks"])
+
+
+def test_hum_basic_results_and_copy_reports(built):
+    plain, _ = run(built, "basic", preload=False)
+    with RuntimeSource() as src:
+        hum, err = run(built, "basic", hum=True, socket=src.path, hum_delay_us=500)
+    assert hum["checksum"] == plain["checksum"]
+    assert int(stats(err)["hum_copies"]) == 2
+    cp = src.drain()[Kind.COPY]
+    h2d = cp[cp["kind"] == CopyKind.H2D]
+    assert len(h2d) == 2 and (h2d["t_end_ns"] >= h2d["t_ns"]).all() and (h2d["t_end_ns"] > 0).all()
+
+
+def test_driver_launch_waits_for_pending_copies(built):
+    """A launch through cuGetProcAddress (as cuBLAS does) bypasses cudaLaunchKernel: the runtime's
+    trampoline must still make it wait for the copy, or the kernel reads stale bytes."""
+    plain, _ = run(built, "driver", preload=False)
+    hum, err = run(built, "driver", hum=True, hum_delay_us=3000)
+    assert hum == plain and hum["driver_ok"] == 1
+    assert int(stats(err)["driver_wrapped"]) >= 1 and int(stats(err)["hum_copies"]) == 1
+
+
+def test_small_copies_and_no_concurrent_access_fall_back(built):
+    plain, _ = run(built, "basic", preload=False)
+    res, err = run(built, "basic", hum=True, hum_min=1 << 30)
+    assert res["checksum"] == plain["checksum"] and stats(err)["hum_copies"] == "0"
+    base_env = os.environ.copy()
+    os.environ["FAKE_NO_CONCURRENT"] = "1"
+    try:
+        res, err = run(built, "race", hum=True)
+    finally:
+        os.environ.clear()
+        os.environ.update(base_env)
+    assert res["race_ok"] == 1 and stats(err)["hum_copies"] == "0"
+
+
+@pytest.mark.parametrize("libcuda", ["/nonexistent/libcuda.so.1", "/etc/hostname"])
+def test_absent_or_broken_libcuda_is_a_clean_fallback(built, libcuda):
+    plain, _ = run(built, "race", preload=False)
+    with RuntimeSource() as src:
+        res, err = run(built, "race", hum=True, libcuda=libcuda, socket=src.path)
+    assert res == plain
+    st = stats(err)
+    assert st["prefetches"] == "0" and int(st["hum_copies"]) == 3   # copies still asynchronous, just not prefetched
+
+
+def test_program_without_cuda_runs_unchanged(built, tmp_path):
+    env = child_env({"PATH": os.environ.get("PATH", "")}, library=built["lib"], hum=True, socket=str(tmp_path / "s"))
+    p = subprocess.run(["sh", "-c", "echo hello; cat /etc/hostname > /dev/null"], env=env, capture_output=True,
+                       text=True, timeout=30)
+    assert p.returncode == 0 and p.stdout == "hello\n" and p.stderr == ""
+
+
+def test_unreachable_socket_drops_and_counts_never_blocks(built, tmp_path):
+    """No listener (or a full one): sends fail at once, records are dropped and counted, and the
+    program finishes with the same results."""
+    res, err = run(built, "basic", socket=str(tmp_path / "nobody.sock"), managed=True)
+    assert res["checksum"] == run(built, "basic", preload=False)[0]["checksum"]
+    launch, alloc, copy = (int(x) for x in stats(err)["drops"].split(","))
+    assert launch == 3 and alloc == 6 and copy == 3

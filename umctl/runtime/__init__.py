@@ -1,0 +1,46 @@
+"""The in-process runtime (``runtime/umctl_rt.c``, built by setup.py into this package as
+``libumctl_rt.so``): what ``umctl run --mode ... -- CMD`` preloads into the program. This module
+only finds the library and builds the child's environment; the reports it sends are received by
+:mod:`umctl.sources.runtime`."""
+
+from __future__ import annotations
+
+import os
+from importlib import resources
+from pathlib import Path
+
+from .. import UmctlError
+
+LIBRARY = "libumctl_rt.so"
+
+
+def library_path() -> Path:
+    """Path of the shipped runtime library; UmctlError when the package was built without gcc."""
+    p = Path(str(resources.files(__name__) / LIBRARY))
+    if not p.is_file():
+        raise UmctlError(f"{LIBRARY} is missing from the umctl package (it was built without gcc); "
+                         "install gcc and reinstall umctl")
+    return p
+
+
+def child_env(base: dict[str, str] | None = None, *, socket: str | None = None, managed: bool = False,
+              hum: bool = False, library: str | os.PathLike | None = None, **extra: str) -> dict[str, str]:
+    """The environment for a program run under the runtime: LD_PRELOAD (prepended to any the
+    caller has) and the UMCTL_RT_* switches (runtime/README.md). ``extra`` adds UMCTL_RT_<KEY>."""
+    env = dict(os.environ if base is None else base)
+    lib = str(library or library_path())
+    env["LD_PRELOAD"] = lib + (":" + env["LD_PRELOAD"] if env.get("LD_PRELOAD") else "")
+    for key in ("UMCTL_RT_SOCKET", "UMCTL_RT_MANAGED", "UMCTL_RT_HUM"):
+        env.pop(key, None)
+    if socket:
+        env["UMCTL_RT_SOCKET"] = str(socket)
+    if managed:
+        env["UMCTL_RT_MANAGED"] = "1"
+    if hum:
+        env["UMCTL_RT_HUM"] = "1"
+    for k, v in extra.items():
+        env["UMCTL_RT_" + k.upper()] = str(v)
+    return env
+
+
+__all__ = ["LIBRARY", "library_path", "child_env"]

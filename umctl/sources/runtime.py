@@ -1,0 +1,210 @@
+"""Source ``runtime``: what the in-process runtime (``runtime/umctl_rt.c``, preloaded by
+``umctl run``) reports from inside the program — launches with exact kernel names and argument
+hashes, allocations (incl. allocator blocks going inactive/active) and copies.
+
+The runtime sends unix datagrams (never blocking the program: a full socket drops records, and
+the next datagram that gets through carries the cumulative drop counts, which become
+Kind.DROPS records here). Each datagram is a header plus records laid out exactly like
+``DTYPES[Kind.LAUNCH|ALLOC|COPY]``, so a datagram decodes with one ``np.frombuffer``. Kernel names
+arrive in NAMES datagrams keyed by a per-process id, which this source maps into one
+session-wide, append-only name list (``EventBatch.names``). Several processes (a program and its
+exec'ed children) may share one socket.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import tempfile
+import threading
+import time
+
+import numpy as np
+
+from .. import UmctlError
+from ..events.schema import DTYPES, KIND_CODES, EventBatch, Kind, empty
+
+MAGIC = 0x54524D55
+VERSION = 1
+HEADER_DTYPE = np.dtype([("magic", "<u4"), ("version", "<u2"), ("kind", "u1"), ("pad", "u1"),
+                         ("count", "<u4"), ("pid", "<i4"), ("drops", "<u8", (3,))])
+assert HEADER_DTYPE.itemsize == 40   # struct umrt_header in runtime/umctl_rt.h
+WIRE_KINDS: dict[int, Kind] = {1: Kind.LAUNCH, 2: Kind.ALLOC, 3: Kind.COPY}
+NAMES_KIND = 4
+RECORD_SIZES = {Kind.LAUNCH: 82, Kind.ALLOC: 38, Kind.COPY: 56}   # _Static_assert-ed in umctl_rt.h
+for _k, _n in RECORD_SIZES.items():
+    assert DTYPES[_k].itemsize == _n, (_k, DTYPES[_k].itemsize)
+MAX_DGRAM = 1 << 16
+
+
+class RuntimeDecoder:
+    """Datagrams -> event arrays. Kept apart from the socket so the decoding is tested on bytes."""
+
+    def __init__(self) -> None:
+        self.names: list[str] = []
+        self._index: dict[str, int] = {}
+        self._ids: dict[tuple[int, int], int] = {}   # (pid, runtime name id) -> index in names
+        self._drops: dict[tuple[int, int], int] = {}  # (pid, wire kind) -> cumulative drops seen
+        self.bad = 0   # datagrams that were not ours (wrong magic/version/size)
+
+    def _intern(self, name: str) -> int:
+        i = self._index.get(name)
+        if i is None:
+            i = self._index[name] = len(self.names)
+            self.names.append(name)
+        return i
+
+    def decode(self, data: bytes, now_ns: int = 0) -> list[tuple[Kind, np.ndarray]]:
+        """The records of one datagram (plus DROPS records when its drop counters grew)."""
+        if len(data) < HEADER_DTYPE.itemsize:
+            self.bad += 1
+            return []
+        h = np.frombuffer(data, HEADER_DTYPE, count=1)[0]
+        if int(h["magic"]) != MAGIC or int(h["version"]) != VERSION:
+            self.bad += 1
+            return []
+        pid, kind, count = int(h["pid"]), int(h["kind"]), int(h["count"])
+        body = data[HEADER_DTYPE.itemsize:]
+        out: list[tuple[Kind, np.ndarray]] = []
+        for w, k in WIRE_KINDS.items():
+            total = int(h["drops"][w - 1])
+            prev = self._drops.get((pid, w), 0)
+            if total > prev:
+                d = empty(Kind.DROPS, 1)
+                d["t_ns"], d["kind"], d["count"] = now_ns, KIND_CODES[k], total - prev
+                out.append((Kind.DROPS, d))
+                self._drops[(pid, w)] = total
+        if kind == NAMES_KIND:
+            off = 0
+            for _ in range(count):
+                if off + 6 > len(body):
+                    self.bad += 1
+                    break
+                rid = int.from_bytes(body[off:off + 4], "little", signed=True)
+                n = int.from_bytes(body[off + 4:off + 6], "little")
+                name = body[off + 6:off + 6 + n].decode(errors="replace")
+                self._ids[(pid, rid)] = self._intern(name)
+                off += 6 + n
+            return out
+        k = WIRE_KINDS.get(kind)
+        if k is None or len(body) != count * DTYPES[k].itemsize:
+            self.bad += 1
+            return out
+        recs = np.frombuffer(body, DTYPES[k], count=count).copy()
+        if k is Kind.LAUNCH and len(recs):
+            ids = self._ids
+            recs["name_id"] = [ids.get((pid, int(i)), -1) if i >= 0 else -1 for i in recs["name_id"]]
+        out.append((k, recs))
+        return out
+
+
+class RuntimeSource:
+    """Listens on a unix datagram socket for the runtime's reports. Usage::
+
+        with RuntimeSource() as src:                 # binds a fresh socket path
+            env = umctl.runtime.child_env(socket=src.path, hum=True)
+            subprocess.Popen(cmd, env=env)
+            batch = src.drain()                      # records since the last drain
+
+    ``path`` None: a fresh path in a private temporary directory. The receive buffer is enlarged
+    (``rcvbuf`` bytes) so that bursts of launches are not dropped while the drain thread sleeps.
+    """
+
+    def __init__(self, path: str | os.PathLike | None = None, *, rcvbuf: int = 8 << 20) -> None:
+        self._tmpdir: str | None = None
+        if path is None:
+            self._tmpdir = tempfile.mkdtemp(prefix="umctl-rt-")
+            path = os.path.join(self._tmpdir, "rt.sock")
+        self.path = str(path)
+        if len(self.path.encode()) >= 108:
+            raise UmctlError(f"runtime socket path is too long for a unix socket: {self.path}")
+        self.decoder = RuntimeDecoder()
+        self.names = self.decoder.names
+        self._lock = threading.Lock()
+        self._pending: dict[Kind, list[np.ndarray]] = {}
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._sock: socket.socket | None = None
+        self._rcvbuf = rcvbuf
+        self.datagrams = 0
+
+    def start(self) -> None:
+        if self._sock is not None:
+            raise UmctlError("RuntimeSource already started")
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        try:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, self._rcvbuf)
+            if os.path.exists(self.path):
+                os.unlink(self.path)
+            s.bind(self.path)
+        except OSError as e:
+            s.close()
+            raise UmctlError(f"cannot listen on {self.path}: {e.strerror or e}") from None
+        s.settimeout(0.05)
+        self._sock = s
+        self._thread = threading.Thread(target=self._loop, name="umctl-runtime-source", daemon=True)
+        self._thread.start()
+
+    def _loop(self) -> None:
+        assert self._sock is not None
+        while not self._stop.is_set():
+            try:
+                data = self._sock.recv(MAX_DGRAM)
+            except TimeoutError:
+                continue
+            except OSError:
+                return
+            self._take(data)
+
+    def _take(self, data: bytes) -> None:
+        parts = self.decoder.decode(data, time.monotonic_ns())
+        with self._lock:
+            self.datagrams += 1
+            for k, a in parts:
+                self._pending.setdefault(k, []).append(a)
+
+    def drain(self) -> EventBatch:
+        """Records received since the last call, by kind, with ``names`` = the session's names."""
+        with self._lock:
+            pend, self._pending = self._pending, {}
+        batch = EventBatch(now_ns=time.monotonic_ns(), names=self.names)
+        for k, parts in pend.items():
+            batch.add(k, np.concatenate(parts) if len(parts) > 1 else parts[0])
+        return batch
+
+    def close(self) -> None:
+        """Stop listening (idempotent); datagrams already queued in the socket are read first."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+        if self._sock is not None:
+            self._sock.setblocking(False)
+            while True:
+                try:
+                    self._take(self._sock.recv(MAX_DGRAM))
+                except OSError:
+                    break
+            self._sock.close()
+            self._sock = None
+        for p in (self.path,):
+            try:
+                os.unlink(p)
+            except OSError:
+                pass
+        if self._tmpdir is not None:
+            try:
+                os.rmdir(self._tmpdir)
+            except OSError:
+                pass
+            self._tmpdir = None
+
+    def __enter__(self) -> RuntimeSource:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+__all__ = ["RuntimeSource", "RuntimeDecoder", "HEADER_DTYPE", "MAGIC"]
