@@ -57,6 +57,7 @@ class FakeUvm(abi.Ioctl):
 
 
 def act(io: FakeUvm, **kw) -> UvmActuator:
+    kw.setdefault("workers", 1)  # one worker: the order of ioctls is the queue's order
     return UvmActuator(3, {0: GPU0}, CPU_UUID, io=io, pidfd=7, **kw)
 
 
@@ -197,4 +198,30 @@ def test_rejects_wrong_dtype():
     a = act(FakeUvm())
     with pytest.raises(TypeError):
         a.submit(np.zeros(2, dtype=np.int64))
+    a.close()
+
+
+def test_two_workers_prefetch_while_an_eviction_is_in_flight():
+    """Opposite link directions overlap: with the default two workers a prefetch is issued
+    while a long pre-eviction is still inside the driver."""
+    io = FakeUvm()
+    release = threading.Event()
+    seen_prefetch_during_evict = []
+    plain = io.ioctl
+
+    def ioctl(fd, cmd, p):
+        if cmd == abi.UVM_MIGRATE and bytes(p.destinationUuid.uuid) == CPU_UUID:
+            release.wait(5)                       # the eviction takes "long"
+        elif cmd == abi.UVM_MIGRATE:
+            seen_prefetch_during_evict.append(not release.is_set())
+            release.set()
+        return plain(fd, cmd, p)
+
+    io.ioctl = ioctl
+    a = act(io, workers=2)
+    a.submit(commands(Op.PREEVICT, blk(0), BLOCK_SIZE, dst=CPU))
+    time.sleep(0.05)
+    a.submit(commands(Op.PREFETCH, blk(5), BLOCK_SIZE, dst=0))
+    assert a.wait_idle()
+    assert seen_prefetch_during_evict == [True]
     a.close()

@@ -27,7 +27,7 @@ def main() -> None:
     ap.add_argument("--layers", type=int, default=24)
     ap.add_argument("--mib", type=int, default=128)
     ap.add_argument("--iters", type=int, default=8)
-    ap.add_argument("--modes", default="none,deepum,deepum-prefetch", help="mode[@degree],...")
+    ap.add_argument("--modes", default="none,deepum,deepum-prefetch", help="mode[@degree][+rt],...")
     ap.add_argument("--no-plain", action="store_true")
     ap.add_argument("--sync-each", action="store_true", help="workload synchronises after every kernel")
     a = ap.parse_args()
@@ -36,9 +36,10 @@ def main() -> None:
     rows = []
     def umctl(spec: str) -> list[str]:
         """'deepum@4' = mode deepum with --degree 4."""
-        mode, _, degree = spec.partition("@")
+        rt = spec.endswith("+rt")   # launches and allocations from the preloaded runtime
+        mode, _, degree = spec.removesuffix("+rt").partition("@")
         return (["umctl", "run", "--mode", mode, "--budget", a.budget, "-q"]
-                + (["--degree", degree] if degree else []) + ["--"])
+                + (["--degree", degree] if degree else []) + (["--runtime"] if rt else []) + ["--"])
 
     configs = [("plain", wl)] + [(m, umctl(m) + wl) for m in a.modes.split(",")]
     for name, cmd in configs[1:] if a.no_plain else configs:

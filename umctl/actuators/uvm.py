@@ -67,7 +67,8 @@ class UvmActuator:
     def __init__(self, va_fd: int, gpu_uuids: dict[int, bytes] | Callable[[int], bytes | None],
                  cpu_uuid: bytes = bytes(16), *,
                  io: abi.Ioctl | None = None, pidfd: int = -1, max_bytes_per_s: float = 0.0,
-                 max_ioctl_bytes: int = 64 << 20, max_pending_blocks: int = 1 << 16, start: bool = True):
+                 max_ioctl_bytes: int = 64 << 20, max_pending_blocks: int = 1 << 16, workers: int = 2,
+                 start: bool = True):
         self.va_fd = va_fd
         # a callable lets the source answer from its current UUID table (a GPU the target
         # starts using after attach appears there later)
@@ -85,7 +86,7 @@ class UvmActuator:
         self._cv = threading.Condition()
         self._results: list[tuple] = []
         self._stop = False
-        self._idle = True
+        self._busy = 0
         self._tokens_t = time.monotonic()
         self._tokens = 0.0
         self.gone = False
@@ -96,9 +97,14 @@ class UvmActuator:
         self.bytes = {op.name.lower(): 0 for op in Op}
         self.latency_ns = {op.name.lower(): 0 for op in Op}
         self.errors: dict[str, int] = {}
-        self._thread = threading.Thread(target=self._run, name="umctl-actuator", daemon=True)
+        # Two workers by default: a pre-eviction (GPU->host) and a prefetch (host->GPU) use
+        # opposite directions of the link and run together; one worker would serialise them
+        # (measured on the H100: evictions then delayed the prefetches they made room for).
+        self._threads = [threading.Thread(target=self._run, name=f"umctl-actuator-{i}", daemon=True)
+                         for i in range(max(1, int(workers)))]
         if start:
-            self._thread.start()
+            for t in self._threads:
+                t.start()
 
     # ------------------------------------------------------------------ submit
     def submit(self, cmds: np.ndarray) -> np.ndarray:
@@ -201,17 +207,20 @@ class UvmActuator:
         while True:
             with self._cv:
                 while not self._stop and not self._live_any():
-                    self._idle = True
                     self._cv.notify_all()
                     self._cv.wait()
                 if self._stop:
-                    self._idle = True
                     self._cv.notify_all()
                     return
-                self._idle = False
                 run = self._pop_run()
-            if run:
-                self._execute(run)
+                self._busy += 1
+            try:
+                if run:
+                    self._execute(run)
+            finally:
+                with self._cv:
+                    self._busy -= 1
+                    self._cv.notify_all()
 
     def _live_any(self) -> bool:
         while self._heap and not self._heap[0].live:
@@ -342,7 +351,7 @@ class UvmActuator:
         """Block until the queue is empty and nothing is executing (tests, detach)."""
         deadline = time.monotonic() + timeout
         with self._cv:
-            while not (self._idle and not self._live_any()):
+            while self._busy or self._live_any():
                 left = deadline - time.monotonic()
                 if left <= 0:
                     return False
@@ -370,8 +379,9 @@ class UvmActuator:
             self._by_block.clear()
             self._stop = True
             self._cv.notify_all()
-        if self._thread.is_alive():
-            self._thread.join(timeout)
+        for t in self._threads:
+            if t.is_alive():
+                t.join(timeout)
         if not self.gone:
             for (advice, base, length) in list(self._advised):
                 undo = Advice.UNSET_PREFERRED_LOCATION if advice == Advice.PREFERRED_LOCATION else Advice.UNSET_READ_MOSTLY

@@ -65,8 +65,9 @@ def _merge(batch: EventBatch, probe) -> EventBatch:
     except Exception as e:  # noqa: BLE001 - a probe failure must not end the recording
         err.print(f"umctl: launch probe stopped ({e}); continuing without launch events", highlight=False)
         return batch
-    if Kind.LAUNCH in lb:
-        batch.add(Kind.LAUNCH, lb[Kind.LAUNCH])
+    for kind, records in lb.arrays.items():  # launches; the runtime also reports allocations, copies
+        if len(records):
+            batch.add(kind, records)
     if lb.names:
         batch.names = lb.names
     return batch
@@ -114,11 +115,13 @@ def _trace_meta(src: UvmToolsSource, command: str, extra: dict) -> dict:
 
 def _observe(src: UvmToolsSource, *, command: str, duration: float | None, output: str | None,
              interval: float, launches: bool, live: bool, child: subprocess.Popen | None = None,
-             extra_meta: dict | None = None, control: "ControlSpec | None" = None) -> tuple[LiveStats, dict, str]:
-    """Run the loop until the end condition; returns (stats, source stats, end reason)."""
+             extra_meta: dict | None = None, control: "ControlSpec | None" = None,
+             launch_source=None) -> tuple[LiveStats, dict, str]:
+    """Run the loop until the end condition; returns (stats, source stats, end reason).
+    ``launch_source`` (the in-process runtime's reports) replaces the BPF launch probe."""
     from rich.live import Live
 
-    probe = _start_launch_probe(src.pid, launches)
+    probe = launch_source if launch_source is not None else _start_launch_probe(src.pid, launches)
     ctl = None
     if control is not None:
         try:
@@ -295,6 +298,22 @@ class ControlSpec:
         from ..units import parse_size
 
         self.mode = mode or "none"
+        self.label = self.mode
+        if self.mode.startswith("snurhac"):
+            raise UmctlError("snurhac partitions kernel grids over GPUs inside the program, which the live runtime "
+                             "does not do yet: try it on replay (umctl replay mgpu-gemm --mode snurhac-sp-dp)")
+        if self.mode.startswith("hum"):
+            raise UmctlError("hum changes how the program copies, so it must start under umctl: "
+                             "umctl run --mode hum -- CMD")
+        if self.mode.startswith("harvest"):
+            # Live, with the stock driver, memHarvester is its victim cache: what the budget
+            # evicts goes to the neighbours' spare memory (round-robin) and faults fetch it
+            # back over NVLink. The HUVM driver features (parallel fetch, large-page
+            # write-back, multi-path prefetch) exist only on replay.
+            if not spare_gpus:
+                raise UmctlError("--mode harvest needs --spare-gpus N (the neighbour GPUs whose spare memory it uses) "
+                                 "and --budget")
+            self.label, self.mode = self.mode, "none"
         opts = list(options or [])
         if degree is not None:
             opts.append(f"{self.mode}.degree={degree}")
@@ -353,6 +372,10 @@ def _print_control(st: dict) -> None:
               f"({n['ok']:,} ok, {n['failed']:,} failed, {n['target_gone']:,} after exit, {n['superseded']:,} superseded, "
               f"{n['dropped']:,} dropped); moved {moved}; controller {c['controller_ms']:.0f} ms", highlight=False,
               soft_wrap=True)
+    lat = [f"{k} {a['latency_ms'][k] / max(1, a['bytes'][k] / (2 << 20)):.2f} ms/2MiB"
+           for k in ("prefetch", "preevict") if a["bytes"].get(k)]
+    if lat:
+        out.print("  actuator     " + ", ".join(lat), highlight=False)
     if a["errors"]:
         out.print("  errors       " + ", ".join(f"{k} x{v}" for k, v in a["errors"].items()), highlight=False)
     b = c.get("budget")
@@ -475,8 +498,14 @@ def run_command(
     degree: Optional[int] = typer.Option(None, "--degree", help="DeepUM's prefetch degree N (kernels ahead)."),
     spare_gpus: int = typer.Option(0, "--spare-gpus", help="Evict over the budget into this many neighbour GPUs' memory."),
     rate: Optional[str] = typer.Option(None, "--rate", help="Cap on the data umctl itself moves, per second."),
+    runtime: bool = typer.Option(False, "--runtime", help="Preload umctl's in-process runtime: exact kernel names and "
+                                 "argument hashes, allocator events (replaces the BPF launch probe)."),
+    managed: bool = typer.Option(False, "--managed", help="Runtime: cudaMalloc becomes cudaMallocManaged (DeepUM's runtime), "
+                                 "so the program can use more memory than the GPU has."),
+    hum: bool = typer.Option(False, "--hum", help="Runtime: host-to-device cudaMemcpy(Async) become HUM's asynchronous "
+                             "chunked migrations with write-protected sources (same as --mode hum)."),
 ) -> None:
-    """Start a program and record its UVM events from its first CUDA use; exits with its status.
+    """Start a program and record or control it from its first CUDA use; exits with its status.
 
     As the program's parent umctl may duplicate its fds without sudo (Yama ptrace_scope <= 1).
 
@@ -485,16 +514,35 @@ def run_command(
       [bold]umctl run -o train.parquet -- python3 train.py --epochs 1[/bold]
 
       [bold]umctl run -o sweep.parquet --kinds all -- ./sweep 1GiB[/bold]
+
+      [bold]umctl run --mode deepum --budget 8GiB --runtime --managed -- python3 train.py[/bold]
+
+      [bold]umctl run --mode hum -- ./app[/bold]   (HUM: copies overlap host work; results unchanged)
     """
     if not cmd:
         raise UmctlError("no program given (umctl run -o trace.parquet -- CMD ...)")
     control = (ControlSpec(mode, budget, option, degree, spare_gpus, rate)
                if (mode or budget or option or degree is not None or spare_gpus or rate) else None)
-    if output is None and control is None:
+    if mode == "hum":
+        # HUM is a runtime mechanism (the program's copies change); there is nothing to steer
+        hum, control = True, (None if not (budget or option or degree is not None or spare_gpus or rate)
+                              else ControlSpec("none", budget, option, degree, spare_gpus, rate))
+    if output is None and control is None and not hum:
         raise UmctlError("nothing to do: give -o TRACE to record, --mode/--budget to control, or both")
+    rt_source = None
+    env = None
+    if runtime or managed or hum:
+        from ..runtime import child_env
+        from ..sources.runtime import RuntimeSource
+
+        rt_source = RuntimeSource()
+        rt_source.start()
+        env = child_env(socket=rt_source.path, managed=managed, hum=hum)
     try:
-        child = subprocess.Popen(cmd)
+        child = subprocess.Popen(cmd, env=env)
     except OSError as e:
+        if rt_source is not None:
+            rt_source.close()
         raise UmctlError(f"cannot start {cmd[0]}: {e.strerror or e}") from e
     rc: int | None = None
     try:
@@ -510,8 +558,9 @@ def run_command(
                 time.sleep(0.002)
         stats, st, reason = _observe(src, command="run", duration=duration, output=output, interval=1.0,
                                      launches=launches, live=not quiet, child=child,
-                                     extra_meta={"command": cmd, "mode": control.mode if control else None},
-                                     control=control)
+                                     extra_meta={"command": cmd, "mode": "hum" if hum else (control.mode if control else None),
+                                                 "runtime": {"managed": managed, "hum": hum} if rt_source else None},
+                                     control=control, launch_source=rt_source)
         _print_summary("run", stats, st, reason)
         _print_control(st)
         rc = child.wait()
@@ -519,6 +568,8 @@ def run_command(
         rc = child.wait()
         raise
     finally:
+        if rt_source is not None:
+            rt_source.close()  # idempotent: _observe closes it too
         if rc is None and child.poll() is None:
             child.terminate()
             try:
