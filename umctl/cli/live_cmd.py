@@ -380,7 +380,8 @@ def _print_control(st: dict) -> None:
         out.print("  errors       " + ", ".join(f"{k} x{v}" for k, v in a["errors"].items()), highlight=False)
     b = c.get("budget")
     if b:
-        out.print(f"  budget       {_fmt_bytes(b['bytes'])}: peak estimate {_fmt_bytes(b['peak_estimate_bytes'])}, "
+        out.print(f"  budget       {_fmt_bytes(b['bytes'])}: peak estimate {_fmt_bytes(b['peak_estimate_bytes'])} "
+                  f"({_fmt_bytes(b['peak_before_enforcement_bytes'])} within a control period), "
                   f"{b['overflow_blocks_evicted']:,} blocks evicted on overflow to "
                   f"{', '.join('CPU' if d < 0 else f'GPU {d}' for d in b['dst'])}", highlight=False)
 
@@ -521,12 +522,12 @@ def run_command(
     """
     if not cmd:
         raise UmctlError("no program given (umctl run -o trace.parquet -- CMD ...)")
+    if mode is not None and mode.startswith("hum"):
+        # HUM is a runtime mechanism (the program's copies change): nothing to steer, unless
+        # a budget is asked for too
+        hum, mode = True, None
     control = (ControlSpec(mode, budget, option, degree, spare_gpus, rate)
                if (mode or budget or option or degree is not None or spare_gpus or rate) else None)
-    if mode == "hum":
-        # HUM is a runtime mechanism (the program's copies change); there is nothing to steer
-        hum, control = True, (None if not (budget or option or degree is not None or spare_gpus or rate)
-                              else ControlSpec("none", budget, option, degree, spare_gpus, rate))
     if output is None and control is None and not hum:
         raise UmctlError("nothing to do: give -o TRACE to record, --mode/--budget to control, or both")
     rt_source = None

@@ -117,7 +117,11 @@ class Budget:
         self._rr = 0
         self.slack_blocks = max(1, int(self.nbytes * slack) // BLOCK_SIZE)
         self.enforced_blocks = 0
+        #: estimated residency at its highest after each enforcement (what the budget holds)
+        #: and before it (how far faults and the controller's prefetches overshoot in one
+        #: control period; the evictions that undo it are queued ahead of any prefetch)
         self.peak_bytes = 0
+        self.peak_before = 0
 
     def free_memory(self, g: int) -> int:
         return max(0, self.nbytes - self.res.resident_bytes(g))
@@ -129,14 +133,16 @@ class Budget:
         out = []
         for g in gpus:
             used = self.res.resident_bytes(g)
-            self.peak_bytes = max(self.peak_bytes, used)
+            self.peak_before = max(self.peak_before, used)
             if used <= self.nbytes:
+                self.peak_bytes = max(self.peak_bytes, used)
                 continue
             n = (used - self.nbytes) // BLOCK_SIZE + self.slack_blocks
             victims = self.res.oldest(g, n)
             if not victims:
                 continue
             self.res.leave(g, victims)
+            self.peak_bytes = max(self.peak_bytes, self.res.resident_bytes(g))
             self.enforced_blocks += len(victims)
             dsts = [d for d in self.dst if d != g] or [CPU]
             dst = np.array([dsts[(self._rr + i) % len(dsts)] for i in range(len(victims))], np.int16)
@@ -266,5 +272,6 @@ class LiveControl:
              "resident_bytes": [self.res.resident_bytes(g) for g in range(len(self.res.blocks))]}
         if self.budget is not None:
             s["budget"] = {"bytes": self.budget.nbytes, "peak_estimate_bytes": self.budget.peak_bytes,
+                           "peak_before_enforcement_bytes": self.budget.peak_before,
                            "overflow_blocks_evicted": self.budget.enforced_blocks, "dst": self.budget.dst}
         return s
