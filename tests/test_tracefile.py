@@ -272,14 +272,40 @@ def test_host_writes_between_launches_become_host_ops(tmp_path: Path) -> None:
     K, S, HW, H = OpType.KERNEL, OpType.SYNC, OpType.HOST_WRITE, OpType.HOST
     assert types == [K, S, HW, H, K, S, HW, H, K]
     hw = w.ops[w.ops["type"] == HW]
-    assert (w.acc_page[hw["acc_lo"][0]:hw["acc_hi"][0]] - BASE_PAGE).tolist() == [0, 1]
+    # faults at pages 0 and 1: the run extends by twice the last gap (see _fill_host_runs)
+    assert (w.acc_page[hw["acc_lo"][0]:hw["acc_hi"][0]] - BASE_PAGE).tolist() == [0, 1, 2]
     assert w.acc_write[hw["acc_lo"][0]:hw["acc_hi"][0]].all()
     host = w.ops[w.ops["type"] == H]["compute_ns"].tolist()
     assert host == [10 * ms - (5 * ms + 20), 20 * ms - (15 * ms + 10)]
     assert w.kernels["compute_ns"][0] == 5 * ms       # capped at the burst, not 10 ms
     # the replay faults the input back every step, as the recorded run did
     r = simulate(w, NoneController())
-    assert r.faults == 6
+    assert r.faults == 2 + 3 + 3   # then pages 0-2 (the burst's run) every step
     no_host = workload_from_trace(make(tmp_path / "u.parquet", {Kind.LAUNCH: la, Kind.FAULT: f},
                                        names=["k0", "k1", "k2"], meta={"gpu_mem": 64 << 20}))
     assert simulate(no_host, NoneController()).faults == 2
+
+
+def test_cpu_fault_runs_cover_what_the_driver_moved():
+    """The H100 pattern: a host sweeping a GPU-resident block faults at page offsets 0, 16, 32,
+    64, 128, 256 and the driver moves the whole block; one fault alone covers a median gap."""
+    from umctl.sources.tracefile import _fill_host_runs
+
+    blk = 7 << 9
+    got = _fill_host_runs(np.array([blk + o for o in (0, 16, 32, 64, 128, 256)], np.int64))
+    assert got.tolist() == list(range(blk, blk + 512))
+    two = _fill_host_runs(np.array([blk, blk + 4, (blk + 512) + 100], np.int64))
+    assert two.tolist() == list(range(blk, blk + 12)) + list(range(blk + 612, blk + 616))
+
+
+def test_first_kernel_after_a_burst_rereads_the_written_blocks(tmp_path: Path) -> None:
+    """Only some pages of a host-written block fault when the GPU reads it back (the driver's
+    prefetcher brings the rest); the replay gives the first kernel that faults the block all
+    of the burst's pages in it, so it moves the block back as the recorded run did."""
+    ms = 1_000_000
+    la = launches([0, 10 * ms, 20 * ms])
+    f = faults([ms, 11 * ms, 21 * ms], [0, 0, 0])
+    cf = cpu_faults([5 * ms + i for i in range(6)], [0, 16, 32, 64, 128, 256])
+    w = workload_from_trace(make(tmp_path / "t.parquet", {Kind.LAUNCH: la, Kind.FAULT: f, Kind.CPU_FAULT: cf},
+                                 names=["k0", "k1", "k2"], meta={"gpu_mem": 64 << 20}))
+    assert len(kernel_pages(w, 0)) == 1 and len(kernel_pages(w, 1)) == 512 and len(kernel_pages(w, 2)) == 1

@@ -89,6 +89,9 @@ def workload_from_trace(trace: Trace, *, gpu_mem: int | None = None, oversub: fl
     else:
         raise TraceError(f"{trace.path}: nothing to replay (the trace has no access or fault events)")
     bursts = _host_bursts(trace.events(Kind.CPU_FAULT), kernels, launches, len(acc_page))
+    if bursts is not None and derived_from == "fault events":
+        acc_page, acc_write = _reread_after_bursts(kernels, acc_page, acc_write, bursts)
+        bursts = _host_bursts(trace.events(Kind.CPU_FAULT), kernels, launches, len(acc_page))
     if bursts is not None:
         _cap_at_bursts(kernels, launches, bursts)
         acc_page = np.concatenate([acc_page, bursts.pages])
@@ -321,7 +324,7 @@ def _host_bursts(cpu: np.ndarray, kernels: np.ndarray, launches: np.ndarray, acc
     pos = acc_base
     for i, (a, b) in enumerate(zip(starts.tolist(), ends.tolist())):
         u, first = np.unique(page[a:b], return_index=True)
-        u = u[np.argsort(first)]          # order of first touch
+        u = _fill_host_runs(u)
         pages_out.append(u)
         lo[i], hi[i] = pos, pos + len(u)
         pos += len(u)
@@ -332,6 +335,84 @@ def _host_bursts(cpu: np.ndarray, kernels: np.ndarray, launches: np.ndarray, acc
     pages = np.concatenate(pages_out) if pages_out else np.zeros(0, np.int64)
     page_pid = np.repeat(cpu["pid"][starts], hi - lo).astype(np.int32)
     return _Bursts(t0, t1, cpu["pid"][starts], lo, hi, host_ns, pages, page_pid)
+
+
+def _fill_host_runs(pages: np.ndarray) -> np.ndarray:
+    """The pages a burst of CPU faults really moved, from the faulted ones (sorted, unique).
+
+    One CPU fault migrates a run of pages, not one (on the H100, 4 KiB strided host writes over
+    a 64 MiB GPU-resident batch raised 192 CPU faults per pass yet moved all 64 MiB back), and
+    the tools API reports only the faulting address. The driver grows the run it migrates as a
+    host sweeps a block: the faults of one block landed at page offsets 0, 16, 32, 64, 128, 256,
+    each moving the pages up to about twice its distance from the previous fault. So within
+    each 2 MiB block the burst covers its first faulted page to its last one plus twice the
+    last gap (one median gap for a block with one fault), clipped to the block: the whole
+    block for that sweep, and never more than the blocks it faulted in."""
+    if len(pages) < 2:
+        return pages
+    blk = pages >> PAGE_TO_BLOCK_SHIFT
+    same = blk[1:] == blk[:-1]
+    gaps = np.diff(pages)[same]
+    step = int(np.median(gaps)) if len(gaps) else 1
+    starts = np.flatnonzero(np.r_[True, ~same])
+    ends = np.r_[starts[1:], len(pages)]
+    out = []
+    for a, b in zip(starts.tolist(), ends.tolist()):
+        lo = int(pages[a])
+        block_end = (int(blk[a]) + 1) << PAGE_TO_BLOCK_SHIFT
+        reach = 2 * int(pages[b - 1] - pages[b - 2]) if b - a >= 2 else step
+        hi = min(block_end, int(pages[b - 1]) + max(reach, 1))
+        out.append(np.arange(lo, hi, dtype=np.int64))
+    return np.concatenate(out)
+
+
+def _reread_after_bursts(kernels: np.ndarray, acc_page: np.ndarray, acc_write: np.ndarray, bursts: "_Bursts"
+                         ) -> tuple[np.ndarray, np.ndarray]:
+    """Recorded traces list only the pages that faulted; the driver's density prefetcher
+    brings the rest of a block without a fault. After a host burst that is what hides most of
+    the re-read: on the H100 torch loop the GPU faulted 3.7 K of the 16 K pages the host had
+    just written, yet moved all 64 MiB back. So the first kernel after a burst that faults a
+    block the burst covered is taken to read all of the burst's pages in that block (a host
+    writes data for the GPU to use). Returns new access arrays; kernels' ranges are updated."""
+    k_pid = kernels["pid"]
+    order = np.argsort(kernels["t_ns"], kind="stable")
+    add: dict[int, list[np.ndarray]] = {}
+    base = int(bursts.lo[0]) if len(bursts) else 0
+    for i in range(len(bursts)):
+        pages = bursts.pages[int(bursts.lo[i]) - base:int(bursts.hi[i]) - base]
+        if len(pages) == 0:
+            continue
+        blocks = pages >> PAGE_TO_BLOCK_SHIFT
+        pending = set(np.unique(blocks).tolist())
+        nxt = bursts.t0[(bursts.pid == bursts.pid[i]) & (bursts.t0 > bursts.t0[i])]
+        t_end = int(nxt.min()) if len(nxt) else np.iinfo(np.int64).max
+        for k in order.tolist():
+            if not pending:
+                break
+            if k_pid[k] != bursts.pid[i] or not (bursts.t1[i] <= kernels["t_ns"][k] < t_end):
+                continue
+            kb = np.unique(acc_page[kernels["acc_lo"][k]:kernels["acc_hi"][k]] >> PAGE_TO_BLOCK_SHIFT)
+            hit = [b for b in kb.tolist() if b in pending]
+            if hit:
+                add.setdefault(k, []).append(pages[np.isin(blocks, hit)])
+                pending.difference_update(hit)
+    if not add:
+        return acc_page, acc_write
+    pages_out, write_out = [], []
+    pos = 0
+    for k in range(len(kernels)):
+        lo, hi = int(kernels["acc_lo"][k]), int(kernels["acc_hi"][k])
+        p, wr = acc_page[lo:hi], acc_write[lo:hi]
+        if k in add:
+            extra = np.concatenate(add[k])
+            extra = extra[~np.isin(extra, p)]
+            p = np.concatenate([p, extra])
+            wr = np.concatenate([wr, np.zeros(len(extra), np.bool_)])
+        pages_out.append(p)
+        write_out.append(wr)
+        kernels["acc_lo"][k], kernels["acc_hi"][k] = pos, pos + len(p)
+        pos += len(p)
+    return np.concatenate(pages_out), np.concatenate(write_out)
 
 
 def _cap_at_bursts(kernels: np.ndarray, launches: np.ndarray, bursts: _Bursts) -> None:
