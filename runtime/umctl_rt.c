@@ -1302,11 +1302,8 @@ API cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t n, int kind, 
     return r;
 }
 
-API cudaError_t cudaLaunchKernel(const void *f, dim3 g, dim3 b, void **args, size_t smem, cudaStream_t s)
+static void report_launch(const void *f, dim3 g, dim3 b, void **args, size_t smem, cudaStream_t s)
 {
-    if (!get_cudaLaunchKernel())
-        return 1;
-    hum_barrier();
     if (sock_fd >= 0 && !tl_internal) {
         struct finfo *fi = func_info(f);
         struct umrt_launch r;
@@ -1324,7 +1321,68 @@ API cudaError_t cudaLaunchKernel(const void *f, dim3 g, dim3 b, void **args, siz
         push(0, &r);
         atomic_fetch_add(&st_launch, 1);
     }
+}
+
+API cudaError_t cudaLaunchKernel(const void *f, dim3 g, dim3 b, void **args, size_t smem, cudaStream_t s)
+{
+    if (!get_cudaLaunchKernel())
+        return 1;
+    hum_barrier();
+    report_launch(f, g, b, args, smem, s);
     return real_cudaLaunchKernel(f, g, b, args, smem, s);
+}
+
+/* cudaLaunchConfig_t of cuda_runtime_api.h (CUDA >= 11.8): the layout the ExC entry points
+   take. PyTorch 2.11 on CUDA 13 launches every kernel through cudaLaunchKernelExC (measured on
+   the H100: libtorch_cuda imports it and not cudaLaunchKernel), so it must be reported too. */
+typedef struct {
+    dim3 gridDim;
+    dim3 blockDim;
+    size_t dynamicSmemBytes;
+    cudaStream_t stream;
+    void *attrs;
+    unsigned int numAttrs;
+} umrt_launch_config;
+
+typedef cudaError_t (*launch_exc_t)(const umrt_launch_config *, const void *, void **);
+
+static cudaError_t launch_exc(const char *name, launch_exc_t *real, const umrt_launch_config *c, const void *f,
+                              void **args)
+{
+    if (!*real)
+        *real = (launch_exc_t)next_sym(name);
+    if (!*real)
+        return 1;
+    hum_barrier();
+    if (c)
+        report_launch(f, c->gridDim, c->blockDim, args, c->dynamicSmemBytes, c->stream);
+    return (*real)(c, f, args);
+}
+
+API cudaError_t cudaLaunchKernelExC(const umrt_launch_config *c, const void *f, void **args)
+{
+    static launch_exc_t real;
+    return launch_exc("cudaLaunchKernelExC", &real, c, f, args);
+}
+
+API cudaError_t cudaLaunchKernelExC_ptsz(const umrt_launch_config *c, const void *f, void **args)
+{
+    static launch_exc_t real;
+    return launch_exc("cudaLaunchKernelExC_ptsz", &real, c, f, args);
+}
+
+typedef cudaError_t (*launch_ptsz_t)(const void *, dim3, dim3, void **, size_t, cudaStream_t);
+
+API cudaError_t cudaLaunchKernel_ptsz(const void *f, dim3 g, dim3 b, void **args, size_t smem, cudaStream_t s)
+{
+    static launch_ptsz_t real;
+    if (!real)
+        real = (launch_ptsz_t)next_sym("cudaLaunchKernel_ptsz");
+    if (!real)
+        return 1;
+    hum_barrier();
+    report_launch(f, g, b, args, smem, s);
+    return real(f, g, b, args, smem, s);
 }
 
 /* Everything else that enqueues work, synchronises or touches memory: barrier, then the real
@@ -1353,7 +1411,6 @@ PASS(cudaEventSynchronize)
 PASS(cudaEventQuery)
 PASS(cudaLaunchHostFunc)
 PASS(cudaLaunchCooperativeKernel)
-PASS(cudaLaunchKernelExC)
 PASS(cudaGraphLaunch)
 PASS(cudaMemset)
 PASS(cudaMemsetAsync)
@@ -1377,7 +1434,6 @@ PASS(cudaHostUnregister)
 PASS(cudaIpcGetMemHandle)
 PASS(cudaMemcpy_ptds)
 PASS(cudaMemcpyAsync_ptsz)
-PASS(cudaLaunchKernel_ptsz)
 PASS(cudaMemset_ptds)
 PASS(cudaMemsetAsync_ptsz)
 PASS(cudaStreamSynchronize_ptsz)

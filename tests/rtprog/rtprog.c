@@ -19,6 +19,8 @@ int cudaFree(void *);
 int cudaMemcpy(void *, const void *, size_t, int);
 int cudaMemcpyAsync(void *, const void *, size_t, int, void *);
 int cudaLaunchKernel(const void *, dim3, dim3, void **, size_t, void *);
+typedef struct { dim3 grid, block; size_t smem; void *stream; void *attrs; unsigned nattrs; } launch_config;
+int cudaLaunchKernelExC(const launch_config *, const void *, void **);
 int cudaDeviceSynchronize(void);
 int cudaPointerGetAttributes(void *, const void *);
 int fake_driver_launch(const void *, void **);
@@ -91,7 +93,9 @@ static int basic(void)
     uint64_t half = n / 2;
     void *args2[4] = {&dA, &dB, &dC, &half};
     cudaLaunchKernel((void *)vec_add, g, b, args2, 0, NULL);
-    cudaLaunchKernel((void *)vec_add, g, b, args2, 0, NULL);
+    /* PyTorch on CUDA 13 launches through cudaLaunchKernelExC: same kernel, same identity */
+    launch_config cfg = {g, b, 0, NULL, NULL, 0};
+    cudaLaunchKernelExC(&cfg, (void *)vec_add, args2);
     cudaMemcpy(hC, dC, bytes, D2H);
     cudaDeviceSynchronize();
     printf("RESULT {\"checksum\": %llu, \"type_dA\": %d, \"device_allocs\": %d, \"managed_allocs\": %d, "
