@@ -29,16 +29,19 @@ def main() -> None:
     ap.add_argument("--iters", type=int, default=8)
     ap.add_argument("--modes", default="none,deepum,deepum-prefetch", help="mode[@degree][+rt],...")
     ap.add_argument("--no-plain", action="store_true")
+    ap.add_argument("--spare-gpus", type=int, default=1, help="for mode harvest")
     ap.add_argument("--sync-each", action="store_true", help="workload synchronises after every kernel")
     a = ap.parse_args()
     wl = [sys.executable, "tests/gpu/wl_layers.py", "--layers", str(a.layers), "--mib", str(a.mib),
-          "--iters", str(a.iters)] + (["--sync-each"] if a.sync_each else [])
+          "--iters", str(a.iters)] + (["--sync-each"] if a.sync_each else []) + (
+          ["--register-gpus", str(1 + a.spare_gpus)] if "harvest" in a.modes else [])
     rows = []
     def umctl(spec: str) -> list[str]:
         """'deepum@4' = mode deepum with --degree 4."""
         rt = spec.endswith("+rt")   # launches and allocations from the preloaded runtime
         mode, _, degree = spec.removesuffix("+rt").partition("@")
-        return (["umctl", "run", "--mode", mode, "--budget", a.budget, "-q"]
+        spare = ["--spare-gpus", str(a.spare_gpus)] if mode == "harvest" else []
+        return (["umctl", "run", "--mode", mode, "--budget", a.budget, "-q"] + spare
                 + (["--degree", degree] if degree else []) + (["--runtime"] if rt else []) + ["--"])
 
     configs = [("plain", wl)] + [(m, umctl(m) + wl) for m in a.modes.split(",")]

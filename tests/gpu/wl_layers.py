@@ -20,10 +20,16 @@ def main() -> None:
     ap.add_argument("--layers", type=int, default=24)
     ap.add_argument("--mib", type=int, default=128, help="per layer")
     ap.add_argument("--iters", type=int, default=8)
+    ap.add_argument("--register-gpus", type=int, default=1,
+                    help="also create a context on GPUs 1..N-1 (registers them in the UVM va_space, so umctl may "
+                         "move this process's data into their memory); the layers still run on GPU 0")
     ap.add_argument("--sync-each", action="store_true",
                     help="synchronise after every layer (the host does not queue kernels ahead)")
     ap.add_argument("--repeat", type=int, default=40, help="passes over the buffer inside one kernel")
     a = ap.parse_args()
+    for g in range(1, a.register_gpus):
+        with cp.cuda.Device(g):
+            cp.zeros(1).sum()
     total = a.layers * (a.mib << 20)
     free, _ = cp.cuda.runtime.memGetInfo()
     assert total <= min(8 << 30, free // 2), (total, free)
