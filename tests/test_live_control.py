@@ -169,7 +169,5 @@ def test_replay_only_modes_and_bad_budgets_are_refused():
         LiveControl(make_controller("oracle"), FakeActuator(), pid=1, gpus=GPUS)
     with pytest.raises(UmctlError, match="at least 2 MiB"):
         LiveControl(make_controller("none"), FakeActuator(), pid=1, gpus=GPUS, budget_bytes=4096)
-    with pytest.raises(UmctlError, match="spare-gpus"):
-        LiveControl(make_controller("none"), FakeActuator(), pid=1, gpus=GPUS, budget_bytes=1 << 30, spare_gpus=1)
     with pytest.raises(UmctlError, match="memory size unknown"):
         LiveControl(make_controller("none"), FakeActuator(), pid=1, gpus=[{"gpu": 0}])
