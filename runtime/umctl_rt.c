@@ -1371,6 +1371,38 @@ API cudaError_t cudaLaunchKernelExC_ptsz(const umrt_launch_config *c, const void
     return launch_exc("cudaLaunchKernelExC_ptsz", &real, c, f, args);
 }
 
+/* The <<<>>> stub of CUDA >= 12.8 calls __cudaLaunchKernel(func, grid, block, args, smem, stream)
+   (PyTorch 2.11 on CUDA 13 launches its kernels this way: on the H100 the runtime saw 0 launches
+   through the public entry points). It is forwarded with the generic trampoline, so the call
+   is exact whatever the signature; the report decodes the registers as the header declares
+   them: rdi func, rsi grid.x|grid.y<<32, rdx grid.z, rcx block.x|block.y<<32, r8 block.z,
+   r9 args, then smem and stream on the stack. */
+static u64 stub_launch(const char *name, fn12 *real, u64 a, u64 b, u64 c, u64 d, u64 e, u64 f, u64 g, u64 h,
+                       u64 i, u64 j, u64 k, u64 l)
+{
+    if (!*real)
+        *real = (fn12)next_sym(name);
+    if (!*real)
+        return 1;
+    hum_barrier();
+    dim3 gd = {(unsigned)b, (unsigned)(b >> 32), (unsigned)c};
+    dim3 bd = {(unsigned)d, (unsigned)(d >> 32), (unsigned)e};
+    report_launch((const void *)(uintptr_t)a, gd, bd, (void **)(uintptr_t)f, (size_t)g, (cudaStream_t)(uintptr_t)h);
+    return (*real)(a, b, c, d, e, f, g, h, i, j, k, l);
+}
+
+API u64 __cudaLaunchKernel(u64 a, u64 b, u64 c, u64 d, u64 e, u64 f, u64 g, u64 h, u64 i, u64 j, u64 k, u64 l)
+{
+    static fn12 real;
+    return stub_launch("__cudaLaunchKernel", &real, a, b, c, d, e, f, g, h, i, j, k, l);
+}
+
+API u64 __cudaLaunchKernel_ptsz(u64 a, u64 b, u64 c, u64 d, u64 e, u64 f, u64 g, u64 h, u64 i, u64 j, u64 k, u64 l)
+{
+    static fn12 real;
+    return stub_launch("__cudaLaunchKernel_ptsz", &real, a, b, c, d, e, f, g, h, i, j, k, l);
+}
+
 typedef cudaError_t (*launch_ptsz_t)(const void *, dim3, dim3, void **, size_t, cudaStream_t);
 
 API cudaError_t cudaLaunchKernel_ptsz(const void *f, dim3 g, dim3 b, void **args, size_t smem, cudaStream_t s)

@@ -120,6 +120,12 @@ API int cudaLaunchKernel(const void *f, dim3 g, dim3 b, void **args, size_t smem
     return launch(f, args);
 }
 
+/* the <<<>>> stub's entry point of CUDA >= 12.8 */
+API int __cudaLaunchKernel(const void *f, dim3 g, dim3 b, void **args, size_t smem, void *s)
+{
+    (void)g, (void)b, (void)smem, (void)s;
+    return launch(f, args);
+}
 typedef struct { dim3 grid, block; size_t smem; void *stream; void *attrs; unsigned nattrs; } launch_config;
 API int cudaLaunchKernelExC(const launch_config *c, const void *f, void **args)
 {

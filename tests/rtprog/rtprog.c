@@ -19,6 +19,7 @@ int cudaFree(void *);
 int cudaMemcpy(void *, const void *, size_t, int);
 int cudaMemcpyAsync(void *, const void *, size_t, int, void *);
 int cudaLaunchKernel(const void *, dim3, dim3, void **, size_t, void *);
+int __cudaLaunchKernel(const void *, dim3, dim3, void **, size_t, void *);
 typedef struct { dim3 grid, block; size_t smem; void *stream; void *attrs; unsigned nattrs; } launch_config;
 int cudaLaunchKernelExC(const launch_config *, const void *, void **);
 int cudaDeviceSynchronize(void);
@@ -92,7 +93,7 @@ static int basic(void)
     cudaLaunchKernel((void *)vec_add, g, b, args, 0, NULL);
     uint64_t half = n / 2;
     void *args2[4] = {&dA, &dB, &dC, &half};
-    cudaLaunchKernel((void *)vec_add, g, b, args2, 0, NULL);
+    __cudaLaunchKernel((void *)vec_add, g, b, args2, 0, NULL);   /* what a <<<>>> stub calls */
     /* PyTorch on CUDA 13 launches through cudaLaunchKernelExC: same kernel, same identity */
     launch_config cfg = {g, b, 0, NULL, NULL, 0};
     cudaLaunchKernelExC(&cfg, (void *)vec_add, args2);
