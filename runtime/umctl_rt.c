@@ -72,7 +72,7 @@ enum { cudaMemcpyHostToHost = 0, cudaMemcpyHostToDevice = 1, cudaMemcpyDeviceToH
 
 /* ---------------------------------------------------------------- configuration and stats */
 
-static int cfg_managed, cfg_hum, cfg_stats;
+static int cfg_managed, cfg_hum, cfg_stats, cfg_track_end;
 static size_t cfg_hum_min = (size_t)1 << 20, cfg_cap;
 static unsigned cfg_delay_us;
 static const char *cfg_socket;
@@ -173,6 +173,7 @@ REAL(cudaError_t, cudaDeviceGetAttribute, int *, int, int)
 REAL(cudaError_t, cudaEventCreateWithFlags, cudaEvent_t *, unsigned)
 REAL(cudaError_t, cudaEventRecord, cudaEvent_t, cudaStream_t)
 REAL(cudaError_t, cudaEventSynchronize, cudaEvent_t)
+REAL(cudaError_t, cudaEventQuery, cudaEvent_t)
 REAL(cudaError_t, cudaStreamCreateWithFlags, cudaStream_t *, unsigned)
 REAL(cudaError_t, cudaStreamIsCapturing, cudaStream_t, int *)
 REAL(cudaError_t, cudaFuncGetName, const char **, const void *)
@@ -1187,6 +1188,7 @@ __attribute__((constructor)) static void rt_init(void)
     cfg_hum = env_on("UMCTL_RT_HUM");
     cfg_managed = cfg_hum || env_on("UMCTL_RT_MANAGED");
     cfg_stats = env_on("UMCTL_RT_STATS");
+    cfg_track_end = env_on("UMCTL_RT_TRACK_END");
     cfg_hum_min = env_size("UMCTL_RT_HUM_MIN", cfg_hum_min);
     cfg_cap = env_size("UMCTL_RT_MANAGED_CAP", 0);
     cfg_delay_us = (unsigned)env_size("UMCTL_RT_HUM_DELAY_US", 0);
@@ -1302,8 +1304,109 @@ API cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t n, int kind, 
     return r;
 }
 
-static void report_launch(const void *f, dim3 g, dim3 b, void **args, size_t smem, cudaStream_t s)
+/* ---------------------------------------------------------------- kernel ends (UMCTL_RT_TRACK_END)
+
+   DeepUM's runtime tells its driver which kernel is *executing* (a stream callback before each
+   launch); a host that queues a whole training step ahead makes launch times useless for that.
+   A stream callback would stall the stream on the host, so instead an event is recorded after
+   each reported launch and a tracker thread polls the pending events (in order, ~50 us apart)
+   and reports each kernel's end as a LAUNCH record with t_ns = -1, t_end_ns = when the end was
+   seen and the launch's seq. umctl.sources.runtime turns those into start times (a kernel
+   starts when the one before it on its stream ended). Costs one cudaEventRecord per launch. */
+#define TRK 8192
+struct trk { int64_t seq; int dev; cudaEvent_t ev; };
+static struct trk trk_q[TRK];
+static unsigned trk_head, trk_tail;          /* ring: [head, tail) pending */
+static cudaEvent_t trk_pool[TRK];
+static int trk_npool;
+static pthread_mutex_t trk_mu = PTHREAD_MUTEX_INITIALIZER;
+static _Atomic u64 st_trk_drop;
+
+static void report_end(const struct trk *t)
 {
+    struct umrt_launch r;
+    memset(&r, 0, sizeof r);
+    r.t_ns = -1;
+    r.t_end_ns = now_ns();
+    r.gpu = (int16_t)t->dev;
+    r.pid = my_pid;
+    r.name_id = -1;
+    r.seq = t->seq;
+    push(0, &r);
+}
+
+static void *trk_worker(void *arg)
+{
+    (void)arg;
+    tl_internal = 1;
+    int cur_dev = -1;
+    for (;;) {
+        pthread_mutex_lock(&trk_mu);
+        unsigned n = trk_tail - trk_head;
+        /* scan the pending window: kernels on different streams end out of order */
+        for (unsigned i = 0; i < n && i < 512; i++) {
+            struct trk *t = &trk_q[(trk_head + i) % TRK];
+            if (!t->ev)
+                continue;
+            if (t->dev != cur_dev && real_cudaSetDevice(t->dev) == 0)
+                cur_dev = t->dev;
+            if (real_cudaEventQuery(t->ev) == 0) {
+                report_end(t);
+                trk_pool[trk_npool++] = t->ev;
+                t->ev = NULL;
+            }
+        }
+        while (trk_head != trk_tail && !trk_q[trk_head % TRK].ev)
+            trk_head++;
+        pthread_mutex_unlock(&trk_mu);
+        usleep(50);
+    }
+    return NULL;
+}
+
+static pthread_once_t trk_once = PTHREAD_ONCE_INIT;
+static int trk_ok;
+static void trk_start(void)
+{
+    if (!get_cudaEventCreateWithFlags() || !get_cudaEventRecord() || !get_cudaEventQuery() || !get_cudaSetDevice())
+        return;
+    pthread_t t;
+    pthread_attr_t a;
+    pthread_attr_init(&a);
+    pthread_attr_setdetachstate(&a, PTHREAD_CREATE_DETACHED);
+    trk_ok = pthread_create(&t, &a, trk_worker, NULL) == 0;
+    pthread_attr_destroy(&a);
+}
+
+static void track_end(int64_t seq, cudaStream_t s)
+{
+    if (seq < 0 || !cfg_track_end)
+        return;
+    pthread_once(&trk_once, trk_start);
+    if (!trk_ok)
+        return;
+    tl_internal++;
+    pthread_mutex_lock(&trk_mu);
+    if (trk_tail - trk_head >= TRK) {
+        atomic_fetch_add(&st_trk_drop, 1);   /* the kernel's end is not reported: never block */
+    } else {
+        cudaEvent_t ev = trk_npool ? trk_pool[--trk_npool] : NULL;
+        if (!ev && real_cudaEventCreateWithFlags(&ev, 2 /* disable timing */) != 0)
+            ev = NULL;
+        if (ev && real_cudaEventRecord(ev, s) == 0) {
+            struct trk *t = &trk_q[trk_tail++ % TRK];
+            t->seq = seq, t->dev = current_device(), t->ev = ev;
+        } else if (ev) {
+            trk_pool[trk_npool++] = ev;
+        }
+    }
+    pthread_mutex_unlock(&trk_mu);
+    tl_internal--;
+}
+
+static int64_t report_launch(const void *f, dim3 g, dim3 b, void **args, size_t smem, cudaStream_t s)
+{
+    int64_t seq = -1;
     if (sock_fd >= 0 && !tl_internal) {
         struct finfo *fi = func_info(f);
         struct umrt_launch r;
@@ -1317,10 +1420,11 @@ static void report_launch(const void *f, dim3 g, dim3 b, void **args, size_t sme
         r.block[0] = b.x, r.block[1] = b.y, r.block[2] = b.z;
         r.exec_hash = exec_hash(fi, f, g, b, args, smem);
         r.name_id = fi ? fi->name_id : -1;
-        r.seq = atomic_fetch_add(&launch_seq, 1);
+        r.seq = seq = atomic_fetch_add(&launch_seq, 1);
         push(0, &r);
         atomic_fetch_add(&st_launch, 1);
     }
+    return seq;
 }
 
 API cudaError_t cudaLaunchKernel(const void *f, dim3 g, dim3 b, void **args, size_t smem, cudaStream_t s)
@@ -1328,8 +1432,11 @@ API cudaError_t cudaLaunchKernel(const void *f, dim3 g, dim3 b, void **args, siz
     if (!get_cudaLaunchKernel())
         return 1;
     hum_barrier();
-    report_launch(f, g, b, args, smem, s);
-    return real_cudaLaunchKernel(f, g, b, args, smem, s);
+    int64_t q = report_launch(f, g, b, args, smem, s);
+    cudaError_t r = real_cudaLaunchKernel(f, g, b, args, smem, s);
+    if (r == 0)
+        track_end(q, s);
+    return r;
 }
 
 /* cudaLaunchConfig_t of cuda_runtime_api.h (CUDA >= 11.8): the layout the ExC entry points
@@ -1354,9 +1461,11 @@ static cudaError_t launch_exc(const char *name, launch_exc_t *real, const umrt_l
     if (!*real)
         return 1;
     hum_barrier();
-    if (c)
-        report_launch(f, c->gridDim, c->blockDim, args, c->dynamicSmemBytes, c->stream);
-    return (*real)(c, f, args);
+    int64_t q = c ? report_launch(f, c->gridDim, c->blockDim, args, c->dynamicSmemBytes, c->stream) : -1;
+    cudaError_t r = (*real)(c, f, args);
+    if (r == 0 && c)
+        track_end(q, c->stream);
+    return r;
 }
 
 API cudaError_t cudaLaunchKernelExC(const umrt_launch_config *c, const void *f, void **args)
@@ -1387,8 +1496,12 @@ static u64 stub_launch(const char *name, fn12 *real, u64 a, u64 b, u64 c, u64 d,
     hum_barrier();
     dim3 gd = {(unsigned)b, (unsigned)(b >> 32), (unsigned)c};
     dim3 bd = {(unsigned)d, (unsigned)(d >> 32), (unsigned)e};
-    report_launch((const void *)(uintptr_t)a, gd, bd, (void **)(uintptr_t)f, (size_t)g, (cudaStream_t)(uintptr_t)h);
-    return (*real)(a, b, c, d, e, f, g, h, i, j, k, l);
+    int64_t q = report_launch((const void *)(uintptr_t)a, gd, bd, (void **)(uintptr_t)f, (size_t)g,
+                              (cudaStream_t)(uintptr_t)h);
+    u64 r = (*real)(a, b, c, d, e, f, g, h, i, j, k, l);
+    if ((cudaError_t)r == 0)
+        track_end(q, (cudaStream_t)(uintptr_t)h);
+    return r;
 }
 
 API u64 __cudaLaunchKernel(u64 a, u64 b, u64 c, u64 d, u64 e, u64 f, u64 g, u64 h, u64 i, u64 j, u64 k, u64 l)
@@ -1413,8 +1526,11 @@ API cudaError_t cudaLaunchKernel_ptsz(const void *f, dim3 g, dim3 b, void **args
     if (!real)
         return 1;
     hum_barrier();
-    report_launch(f, g, b, args, smem, s);
-    return real(f, g, b, args, smem, s);
+    int64_t q = report_launch(f, g, b, args, smem, s);
+    cudaError_t r = real(f, g, b, args, smem, s);
+    if (r == 0)
+        track_end(q, s);
+    return r;
 }
 
 /* Everything else that enqueues work, synchronises or touches memory: barrier, then the real

@@ -184,3 +184,64 @@ def test_unreachable_socket_drops_and_counts_never_blocks(built, tmp_path):
     assert res["checksum"] == run(built, "basic", preload=False)[0]["checksum"]
     launch, alloc, copy = (int(x) for x in stats(err)["drops"].split(","))
     assert launch == 3 and alloc == 6 and copy == 3
+
+
+def _launch(seq, t, stream=7, pid=5):
+    from umctl.events.schema import empty
+    r = empty(Kind.LAUNCH, 1)
+    r["seq"], r["t_ns"], r["stream"], r["pid"] = seq, t, stream, pid
+    return r
+
+
+def _end(seq, t, pid=5):
+    from umctl.events.schema import empty
+    r = empty(Kind.LAUNCH, 1)
+    r["seq"], r["t_ns"], r["t_end_ns"], r["pid"] = seq, -1, t, pid
+    return r
+
+
+def test_kernel_starts_follow_the_previous_kernels_end_on_its_stream():
+    """A host that queues three kernels at once: each is released when the one before it on
+    its stream ended, with that end as its start; another stream is independent; end notices
+    themselves are never passed on."""
+    import numpy as np
+
+    from umctl.sources.runtime import KernelStarts
+
+    ks = KernelStarts()
+    out = ks.feed(np.concatenate([_launch(0, 100), _launch(1, 101), _launch(2, 102), _launch(3, 103, stream=9)]), 200)
+    assert out["seq"].tolist() == [0, 3] and out["t_ns"].tolist() == [100, 103]
+    out = ks.feed(_end(0, 500), 600)
+    assert out["seq"].tolist() == [1] and out["t_ns"].tolist() == [500]
+    assert len(ks.feed(_end(3, 550), 700)) == 0          # stream 9 had nothing waiting
+    out = ks.feed(np.concatenate([_end(1, 900), _launch(4, 950)]), 1000)
+    assert out["seq"].tolist() == [2] and out["t_ns"].tolist() == [900]
+    out = ks.feed(_end(2, 1200), 1300)
+    assert out["seq"].tolist() == [4] and out["t_ns"].tolist() == [1200]
+    assert (out["t_ns"] != -1).all()
+
+
+def test_kernel_starts_never_stall_on_a_lost_end_notice():
+    import numpy as np
+
+    from umctl.sources.runtime import KernelStarts
+
+    ks = KernelStarts(hold_ns=1000)
+    assert ks.feed(np.concatenate([_launch(0, 100), _launch(1, 101)]), 200)["seq"].tolist() == [0]
+    late = ks.feed(_launch(2, 5000)[:0], 2000)            # the end of 0 never came
+    assert late["seq"].tolist() == [1] and late["t_ns"].tolist() == [101]
+
+
+def test_runtime_reports_kernel_ends_when_asked(built):
+    """UMCTL_RT_TRACK_END=1: one end notice per launch reaches the socket (the fake's events
+    complete at once), and the source turns them into starts, passing every launch once."""
+    from umctl.sources.runtime import RuntimeSource
+
+    with RuntimeSource(kernel_starts=True) as src:
+        res, err = run(built, "basic", socket=src.path, track_end="1")
+    batch = src.drain()
+    la = batch[Kind.LAUNCH]
+    assert sorted(la["seq"].tolist()) == [0, 1, 2] and (la["t_ns"] > 0).all()
+    with RuntimeSource() as src:                          # without tracking: no end notices
+        run(built, "basic", socket=src.path)
+    assert sorted(src.drain()[Kind.LAUNCH]["seq"].tolist()) == [0, 1, 2]

@@ -184,3 +184,5 @@ API int fake_driver_launch(const void *f, void **args)
     return launch(f, 1, 1, 1, 1, 1, 1, 0, NULL, args, NULL);
 }
 #endif
+/* events complete at once: the fake "GPU" runs every kernel inside the launch call */
+API int cudaEventQuery(void *e) { (void)e; return 0; }

@@ -541,9 +541,12 @@ def run_command(
         from ..runtime import child_env
         from ..sources.runtime import RuntimeSource
 
-        rt_source = RuntimeSource()
+        # A controller wants launches when the kernel starts (DeepUM's execution-ID
+        # transitions): the runtime then also reports kernel ends (runtime/README.md)
+        starts = control is not None
+        rt_source = RuntimeSource(kernel_starts=starts)
         rt_source.start()
-        env = child_env(socket=rt_source.path, managed=managed, hum=hum)
+        env = child_env(socket=rt_source.path, managed=managed, hum=hum, **({"track_end": "1"} if starts else {}))
     try:
         child = subprocess.Popen(cmd, env=env)
     except OSError as e:

@@ -98,6 +98,72 @@ class RuntimeDecoder:
         return out
 
 
+class KernelStarts:
+    """Launch records re-timed to when their kernel *started* on the GPU.
+
+    With ``UMCTL_RT_TRACK_END=1`` the runtime also reports each kernel's end (a LAUNCH record
+    with ``t_ns == -1``, ``t_end_ns`` and the launch's ``seq``). Kernels on one stream run in
+    launch order, so a kernel starts when the one before it on its stream ended: a launch is
+    held back until then and released with ``t_ns`` = that end (or its own launch time if its
+    stream was idle). That is the execution-ID transition DeepUM's driver sees (its runtime
+    reports it from a stream callback); a host that queues a whole step ahead otherwise makes
+    every launch look current at once. A launch whose predecessor's end never arrives (the
+    runtime dropped it) is released after ``hold_ns`` with its launch time."""
+
+    def __init__(self, hold_ns: int = 500_000_000):
+        self.hold_ns = hold_ns
+        self._stream_of: dict[tuple[int, int], tuple[int, int]] = {}   # (pid, seq) -> (pid, stream)
+        self._open: dict[tuple[int, int], list[int]] = {}               # stream -> seqs not ended
+        self._held: dict[tuple[int, int], list[np.void]] = {}           # stream -> launches held
+        self._last_end: dict[tuple[int, int], int] = {}
+
+    def feed(self, recs: np.ndarray, now_ns: int) -> np.ndarray:
+        out: list[np.ndarray] = []
+        for r in recs:
+            pid, seq = int(r["pid"]), int(r["seq"])
+            if int(r["t_ns"]) == -1:                     # an end notice
+                key = self._stream_of.pop((pid, seq), None)
+                if key is None:
+                    continue
+                opened = self._open.get(key, [])
+                if seq in opened:
+                    opened.remove(seq)
+                t_end = int(r["t_end_ns"])
+                self._last_end[key] = t_end
+                self._release(key, t_end, out)
+                continue
+            key = (pid, int(r["stream"]))
+            self._stream_of[(pid, seq)] = key
+            opened = self._open.setdefault(key, [])
+            opened.append(seq)
+            if len(opened) == 1:                          # the stream was idle: starts now
+                rec = r.copy()
+                rec["t_ns"] = max(int(r["t_ns"]), self._last_end.get(key, 0))
+                out.append(np.array([rec]))
+            else:
+                self._held.setdefault(key, []).append(r.copy())
+        for key, held in self._held.items():             # a lost end notice must not stall us
+            while held and now_ns - int(held[0]["t_ns"]) > self.hold_ns:
+                rec = held.pop(0)
+                opened = self._open.get(key, [])
+                while opened and opened[0] != int(rec["seq"]):
+                    self._stream_of.pop((key[0], opened.pop(0)), None)
+                out.append(np.array([rec]))
+        if not out:
+            return recs[:0]
+        res = np.concatenate(out)
+        return res[np.argsort(res["t_ns"], kind="stable")]
+
+    def _release(self, key, t_end: int, out: list) -> None:
+        held = self._held.get(key)
+        opened = self._open.get(key, [])
+        while held and opened and int(held[0]["seq"]) == opened[0]:
+            rec = held.pop(0)
+            rec["t_ns"] = max(int(rec["t_ns"]), t_end)
+            out.append(np.array([rec]))
+            break   # the next one starts when this one ends
+
+
 class RuntimeSource:
     """Listens on a unix datagram socket for the runtime's reports. Usage::
 
@@ -110,7 +176,8 @@ class RuntimeSource:
     (``rcvbuf`` bytes) so that bursts of launches are not dropped while the drain thread sleeps.
     """
 
-    def __init__(self, path: str | os.PathLike | None = None, *, rcvbuf: int = 8 << 20) -> None:
+    def __init__(self, path: str | os.PathLike | None = None, *, rcvbuf: int = 8 << 20,
+                 kernel_starts: bool = False) -> None:
         self._tmpdir: str | None = None
         if path is None:
             self._tmpdir = tempfile.mkdtemp(prefix="umctl-rt-")
@@ -127,6 +194,8 @@ class RuntimeSource:
         self._sock: socket.socket | None = None
         self._rcvbuf = rcvbuf
         self.datagrams = 0
+        #: with the runtime's end tracking on (UMCTL_RT_TRACK_END=1): launches at kernel start
+        self.starts = KernelStarts() if kernel_starts else None
 
     def start(self) -> None:
         if self._sock is not None:
@@ -167,9 +236,18 @@ class RuntimeSource:
         """Records received since the last call, by kind, with ``names`` = the session's names."""
         with self._lock:
             pend, self._pending = self._pending, {}
-        batch = EventBatch(now_ns=time.monotonic_ns(), names=self.names)
+        now = time.monotonic_ns()
+        batch = EventBatch(now_ns=now, names=self.names)
         for k, parts in pend.items():
-            batch.add(k, np.concatenate(parts) if len(parts) > 1 else parts[0])
+            recs = np.concatenate(parts) if len(parts) > 1 else parts[0]
+            if k is Kind.LAUNCH:
+                recs = self.starts.feed(recs, now) if self.starts is not None else recs[recs["t_ns"] != -1]
+            if len(recs):
+                batch.add(k, recs)
+        if self.starts is not None and Kind.LAUNCH not in pend:
+            late = self.starts.feed(empty(Kind.LAUNCH), now)   # held launches past their time
+            if len(late):
+                batch.add(Kind.LAUNCH, late)
         return batch
 
     def close(self) -> None:
