@@ -1,0 +1,21 @@
+#!/bin/bash
+# Killing umctl at any moment leaves the target running and correct (issue 6).
+cd "$(dirname "$0")/../.."
+for sig in INT KILL; do
+  for delay in 0.5 2.5; do
+    python3 tests/gpu/wl_layers.py --iters 6 --sync-each > /tmp/wl_kill.log 2>&1 &
+    WL=$!
+    while ! grep -q READY /tmp/wl_kill.log; do sleep 0.05; done
+    umctl attach --pid $WL --mode none --budget 1GiB --no-launches > /tmp/umctl_kill.log 2>&1 &
+    UM=$!
+    sleep $delay; kill -$sig $UM; wait $UM; urc=$?
+    wait $WL; wrc=$?
+    echo "attach killed with SIG$sig after ${delay}s: umctl rc=$urc, target rc=$wrc, $(grep -o 'DONE.*' /tmp/wl_kill.log)"
+  done
+done
+# umctl run killed: the child runs on and finishes correctly
+umctl run -q --mode deepum --budget 1GiB --runtime -- python3 tests/gpu/wl_layers.py --iters 6 > /tmp/run_kill.log 2>&1 &
+UM=$!
+sleep 6; kill -KILL $UM; wait $UM
+for i in $(seq 60); do grep -q DONE /tmp/run_kill.log && break; sleep 0.5; done
+echo "run killed with SIGKILL after 6s: $(grep -o 'DONE.*' /tmp/run_kill.log || echo 'no DONE')"
