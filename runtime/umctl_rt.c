@@ -81,6 +81,7 @@ static socklen_t sock_len;
 static int sock_fd = -1;
 static size_t page_sz = 4096;
 
+static _Atomic u64 st_dma;
 static _Atomic u64 st_hum, st_fallback, st_waits, st_segv, st_launch, st_managed, st_wrapped, st_chunks,
     st_prefetch;
 
@@ -174,6 +175,7 @@ REAL(cudaError_t, cudaEventCreateWithFlags, cudaEvent_t *, unsigned)
 REAL(cudaError_t, cudaEventRecord, cudaEvent_t, cudaStream_t)
 REAL(cudaError_t, cudaEventSynchronize, cudaEvent_t)
 REAL(cudaError_t, cudaEventQuery, cudaEvent_t)
+REAL(cudaError_t, cudaStreamSynchronize, cudaStream_t)
 REAL(cudaError_t, cudaStreamCreateWithFlags, cudaStream_t *, unsigned)
 REAL(cudaError_t, cudaStreamIsCapturing, cudaStream_t, int *)
 REAL(cudaError_t, cudaFuncGetName, const char **, const void *)
@@ -605,6 +607,42 @@ static void copy_piece(struct hcopy *c, size_t off, size_t len)
 }
 
 static void *prefetch_stream[MAX_DEV];
+static void *copy_stream[MAX_DEV];
+
+/* One chunk by DMA: cudaMemcpyAsync on the worker's own non-blocking stream, then wait for it.
+   The driver stages the pageable source itself (~9 GB/s on the H100) and writes the managed
+   destination where it lives; a CPU memcpy into managed memory would first fault the
+   destination back to the host (measured: a torch loop of 4 x 256 MiB copies ran 4.5x slower
+   than plain CUDA that way). Falls back to memcpy when the runtime calls are unavailable. */
+static int copy_piece_dma(struct hcopy *c, size_t off, size_t len)
+{
+    if (c->dev < 0 || c->dev >= MAX_DEV || !get_cudaMemcpyAsync() || !get_cudaStreamSynchronize()
+        || !get_cudaStreamCreateWithFlags())
+        return -1;
+    if (!copy_stream[c->dev] && real_cudaStreamCreateWithFlags(&copy_stream[c->dev], 1 /* non-blocking */) != 0) {
+        copy_stream[c->dev] = NULL;
+        return -1;
+    }
+    size_t end = off + len;
+    while (off < end) {
+        size_t stop;
+        const char *from;
+        if (off < c->head_n) {
+            stop = end < c->head_n ? end : c->head_n;
+            from = c->head + off;
+        } else if (off >= c->n - c->tail_n) {
+            stop = end;
+            from = c->tail + (off - (c->n - c->tail_n));
+        } else {
+            stop = end < c->n - c->tail_n ? end : c->n - c->tail_n;
+            from = c->src + off;
+        }
+        if (real_cudaMemcpyAsync(c->dst + off, from, stop - off, 1 /* H2D */, copy_stream[c->dev]) != 0)
+            return -1;
+        off = stop;
+    }
+    return real_cudaStreamSynchronize(copy_stream[c->dev]) == 0 ? 0 : -1;
+}
 
 static void finish_copy(struct hcopy *c)
 {
@@ -645,9 +683,19 @@ static void *hum_worker(void *arg)
         size_t off = (size_t)k * CHUNK, len = c->n - off < CHUNK ? c->n - off : CHUNK;
         if (cfg_delay_us)
             usleep(cfg_delay_us);
-        copy_piece(c, off, len);
+        if (c->dev >= 0 && c->dev < MAX_DEV && cur_dev != c->dev && get_cudaSetDevice()
+            && real_cudaSetDevice(c->dev) == 0)
+            cur_dev = c->dev;
+        int dma = cur_dev == c->dev && copy_piece_dma(c, off, len) == 0;
+        if (dma)
+            atomic_fetch_add(&st_dma, 1);
+        else {
+            if (get_cudaGetLastError())
+                real_cudaGetLastError();
+            copy_piece(c, off, len);
+        }
         atomic_fetch_add(&st_chunks, 1);
-        if (cu_prefetch && c->dev >= 0 && c->dev < MAX_DEV) {
+        if (!dma && cu_prefetch && c->dev >= 0 && c->dev < MAX_DEV) {   /* DMA wrote it on the GPU already */
             if (cur_dev != c->dev && get_cudaSetDevice() && real_cudaSetDevice(c->dev) == 0)
                 cur_dev = c->dev;
             if (!prefetch_stream[c->dev] && get_cudaStreamCreateWithFlags())
@@ -1208,11 +1256,11 @@ __attribute__((destructor)) static void rt_fini(void)
     if (cfg_stats)
         fprintf(stderr,
                 "umctl_rt: pid=%d hum_copies=%llu fallbacks=%llu barrier_waits=%llu segv_waits=%llu launches=%llu "
-                "managed_allocs=%llu driver_wrapped=%llu chunks=%llu prefetches=%llu drops=%llu,%llu,%llu\n",
+                "managed_allocs=%llu driver_wrapped=%llu chunks=%llu dma_chunks=%llu prefetches=%llu drops=%llu,%llu,%llu\n",
                 (int)getpid(), (unsigned long long)st_hum, (unsigned long long)st_fallback,
                 (unsigned long long)st_waits, (unsigned long long)st_segv, (unsigned long long)st_launch,
                 (unsigned long long)st_managed, (unsigned long long)st_wrapped, (unsigned long long)st_chunks,
-                (unsigned long long)st_prefetch, (unsigned long long)drops[0], (unsigned long long)drops[1],
+                (unsigned long long)st_dma, (unsigned long long)st_prefetch, (unsigned long long)drops[0], (unsigned long long)drops[1],
                 (unsigned long long)drops[2]);
 }
 
