@@ -533,8 +533,9 @@ def run_command(
         hum, mode = True, None
     control = (ControlSpec(mode, budget, option, degree, spare_gpus, rate)
                if (mode or budget or option or degree is not None or spare_gpus or rate) else None)
-    if output is None and control is None and not hum:
-        raise UmctlError("nothing to do: give -o TRACE to record, --mode/--budget to control, or both")
+    if output is None and control is None and not (hum or runtime or managed):
+        raise UmctlError("nothing to do: give -o TRACE to record, --mode/--budget to control, "
+                         "--runtime/--managed/--hum to run under the runtime, or several")
     rt_source = None
     env = None
     if runtime or managed or hum:
