@@ -225,3 +225,15 @@ def test_two_workers_prefetch_while_an_eviction_is_in_flight():
     assert a.wait_idle()
     assert seen_prefetch_during_evict == [True]
     a.close()
+
+
+def test_idle_workers_do_not_spin():
+    """Two idle workers once woke each other endlessly (~40 K wake-ups/s on the H100) and took
+    the GIL from the control loop; idle now means asleep."""
+    a = act(FakeUvm(), workers=2)
+    a.submit(commands(Op.PREFETCH, blk(0), BLOCK_SIZE, dst=0))
+    assert a.wait_idle()
+    t = time.process_time()
+    time.sleep(0.3)
+    assert time.process_time() - t < 0.05
+    a.close()
