@@ -6,8 +6,8 @@
 // Probed functions (all static in nvidia_uvm 580; kallsyms lists them as 't'):
 //   service_fault_batch(parent_gpu, service_mode, batch_context)
 //       at entry preprocess_fault_batch has run: fault_cache[0 .. num_cached_faults) holds the
-//       fetched faults with their va_space resolved. One EV_FAULT record per fault and one
-//       EV_BATCH record per batch (its id, count and the batch's first/last timestamps).
+//       fetched faults with their va_space resolved. One EV_BATCH record per batch: its id, size,
+//       GPU, and every fault (address, GPU timestamp, access type, fault type, owner pid).
 //   uvm_va_block_make_resident(va_block, retry, context, dest_id, region, page_mask, prefetch, cause)
 //       one EV_MIGRATION per call: block start + region (pages), destination, cause.
 //   uvm_va_block_evict_chunks(va_block, gpu, root_chunk, tracker)
@@ -84,7 +84,6 @@ struct uvm_va_block_struct {
 
 // ---- records (keep in sync with umctl/sources/kprobes.py RAW_DTYPE and EV_*) -------------------
 
-#define EV_FAULT 1
 #define EV_BATCH 2
 #define EV_MIGRATION 3
 #define EV_EVICTION 4
@@ -100,9 +99,12 @@ struct uvm_va_block_struct {
 #define CNT_MIGRATIONS 5
 #define CNT_EVICTIONS 6
 #define CNT_ROOT_EVICTIONS 7
-#define NCOUNTERS 8
+#define CNT_FAULTS_DROPPED 8   // faults in batch records the ring had no room for
+#define NCOUNTERS 9
 
-// One 48-byte record for every kind, so a drain decodes with one np.frombuffer.
+// One 48-byte header for every kind, so a drain decodes the headers with one np.frombuffer.
+// EV_BATCH records carry the batch's faults after the header: addr = entries that follow, a =
+// faults in the driver's batch (num_cached_faults), vaspace = the first fault's va_space.
 struct event {
     u64 t_ns;      // bpf_ktime_get_ns() (CLOCK_MONOTONIC)
     u32 kind;      // EV_*
@@ -115,6 +117,28 @@ struct event {
     u8 access;     // FAULT: fault_access_type; MIGRATION: cause
     u8 type;       // FAULT: fault_type
 };
+
+struct fault_ent {
+    u64 addr;      // fault_address
+    u64 ts;        // the GPU's timestamp of the fault
+    s32 pid;       // owner of the fault's va_space
+    u8 access;     // fault_access_type
+    u8 type;       // fault_type
+    u16 pad;
+};
+
+struct batch_rec {
+    struct event h;
+    struct fault_ent f[MAX_FAULTS];
+};
+
+// scratch for building a batch record (too big for the stack); sent with its used length
+struct {
+    __uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+    __uint(max_entries, 1);
+    __type(key, u32);
+    __type(value, struct batch_rec);
+} scratch SEC(".maps");
 
 struct {
     __uint(type, BPF_MAP_TYPE_RINGBUF);
@@ -197,82 +221,85 @@ static __always_inline int emit(struct event *src)
     return 0;
 }
 
-struct batch_walk {
+struct walk {
     void *cache;
-    u64 entry_size;   // the driver's sizeof(uvm_fault_buffer_entry_t), a CO-RE relocation
-    u32 n;
-    u32 batch;
-    u16 gpu;
-    u64 t;
-    u64 ts_min;
-    u64 ts_max;
+    u64 entry_size;   // the driver's sizeof(uvm_fault_buffer_entry_t): a CO-RE relocation
+    u32 n;            // faults to read
+    u32 m;            // faults copied
+    u64 vaspace;      // the first copied fault's va_space
     s32 pid;
-    u32 emitted;
 };
 
-static long one_fault(u32 i, void *arg)
+// bpf_loop callback: copy fault i into the scratch record (verified once, not once per iteration)
+static long copy_fault(u32 i, void *arg)
 {
-    struct batch_walk *w = arg;
+    struct walk *w = arg;
     struct uvm_fault_buffer_entry_struct *f;
-    struct event e = {};
+    struct uvm_va_space_struct *vs;
+    struct fault_ent *o;
+    struct batch_rec *r;
+    u32 zero = 0;
+    s32 pid;
 
     if (i >= w->n)
         return 1;
+    r = bpf_map_lookup_elem(&scratch, &zero);
+    if (!r)
+        return 1;
     f = w->cache + (u64)i * w->entry_size;
-    e.vaspace = (u64)BPF_CORE_READ(f, va_space);
-    e.pid = vaspace_to_pid((struct uvm_va_space_struct *)e.vaspace);
-    if (!wanted(e.pid))
+    vs = BPF_CORE_READ(f, va_space);
+    pid = vaspace_to_pid(vs);
+    if (!wanted(pid))
         return 0;
-    e.t_ns = w->t;
-    e.kind = EV_FAULT;
-    e.addr = BPF_CORE_READ(f, fault_address);
-    e.a = BPF_CORE_READ(f, timestamp);
-    e.batch = w->batch;
-    e.gpu = w->gpu;
-    e.access = BPF_CORE_READ_BITFIELD_PROBED(f, fault_access_type);
-    e.type = BPF_CORE_READ_BITFIELD_PROBED(f, fault_type);
-    if (!w->ts_min || e.a < w->ts_min)
-        w->ts_min = e.a;
-    if (e.a > w->ts_max)
-        w->ts_max = e.a;
-    w->pid = e.pid;
-    if (!emit(&e))
-        w->emitted++;
+    if (!w->m)
+        w->vaspace = (u64)vs;
+    o = &r->f[w->m & (MAX_FAULTS - 1)];
+    o->addr = BPF_CORE_READ(f, fault_address);
+    o->ts = BPF_CORE_READ(f, timestamp);
+    o->pid = pid;
+    o->access = BPF_CORE_READ_BITFIELD_PROBED(f, fault_access_type);
+    o->type = BPF_CORE_READ_BITFIELD_PROBED(f, fault_type);
+    o->pad = 0;
+    w->pid = pid;
+    w->m++;
     return 0;
 }
 
 static __always_inline int on_service_fault_batch(struct uvm_parent_gpu_struct *parent_gpu,
                                                    struct uvm_fault_service_batch_context_struct *batch)
 {
-    struct batch_walk w = {};
-    struct event e = {};
-    u32 n = BPF_CORE_READ(batch, num_cached_faults);
+    u32 zero = 0, n = BPF_CORE_READ(batch, num_cached_faults);
+    struct batch_rec *r;
+    struct walk w = {};
+    u64 size;
 
-    w.cache = BPF_CORE_READ(batch, fault_cache);
-    w.entry_size = bpf_core_type_size(struct uvm_fault_buffer_entry_struct);
-    w.batch = BPF_CORE_READ(batch, batch_id);
-    w.gpu = BPF_CORE_READ(parent_gpu, id.val);
-    w.t = bpf_ktime_get_ns();
     count(CNT_BATCHES, 1);
     count(CNT_FAULTS, n);
-    if (n > MAX_FAULTS) {
+    if (n > MAX_FAULTS)
         count(CNT_TRUNCATED, n - MAX_FAULTS);
-        w.n = MAX_FAULTS;
-    } else {
-        w.n = n;
-    }
-    bpf_loop(MAX_FAULTS, one_fault, &w, 0);
-    if (!w.emitted)
+    w.cache = BPF_CORE_READ(batch, fault_cache);
+    w.entry_size = bpf_core_type_size(struct uvm_fault_buffer_entry_struct);
+    w.n = n < MAX_FAULTS ? n : MAX_FAULTS;
+    bpf_loop(MAX_FAULTS, copy_fault, &w, 0);
+    r = bpf_map_lookup_elem(&scratch, &zero);
+    if (!r || !w.m)
         return 0;
-    e.t_ns = w.t;
-    e.kind = EV_BATCH;
-    e.pid = w.pid;
-    e.addr = w.ts_min;
-    e.a = n;
-    e.vaspace = w.ts_max;
-    e.batch = w.batch;
-    e.gpu = w.gpu;
-    emit(&e);
+    r->h.t_ns = bpf_ktime_get_ns();
+    r->h.kind = EV_BATCH;
+    r->h.pid = w.pid;
+    r->h.addr = w.m;
+    r->h.a = n;
+    r->h.vaspace = w.vaspace;
+    r->h.batch = BPF_CORE_READ(batch, batch_id);
+    r->h.gpu = BPF_CORE_READ(parent_gpu, id.val);
+    r->h.access = r->h.type = 0;
+    size = sizeof(struct event) + (u64)(w.m <= MAX_FAULTS ? w.m : MAX_FAULTS) * sizeof(struct fault_ent);
+    if (size > sizeof(*r))
+        return 0;
+    if (bpf_ringbuf_output(&events, r, size, 0)) {
+        count(CNT_RB_DROPS, 1);
+        count(CNT_FAULTS_DROPPED, w.m);
+    }
     return 0;
 }
 

@@ -31,9 +31,9 @@ def _define(name: str) -> int:
 
 
 def test_constants_match_bpf_source():
-    for name in ("EV_FAULT", "EV_BATCH", "EV_MIGRATION", "EV_EVICTION", "CNT_RB_DROPS", "CNT_FILTERED",
+    for name in ("EV_BATCH", "EV_MIGRATION", "EV_EVICTION", "CNT_RB_DROPS", "CNT_FILTERED",
                  "CNT_BATCHES", "CNT_FAULTS", "CNT_TRUNCATED", "CNT_MIGRATIONS", "CNT_EVICTIONS",
-                 "CNT_ROOT_EVICTIONS", "NCOUNTERS"):
+                 "CNT_ROOT_EVICTIONS", "CNT_FAULTS_DROPPED", "NCOUNTERS", "MAX_FAULTS"):
         assert _define(name) == getattr(kp, name), name
     assert len(kp.COUNTER_NAMES) == kp.NCOUNTERS
     body = re.search(r"struct event \{(.*?)\};", SRC, re.S).group(1)
@@ -41,6 +41,10 @@ def test_constants_match_bpf_source():
     assert [f for _, f in fields] == [n if n != "vaspace" else "vaspace" for n in kp.RAW_DTYPE.names]
     sizes = {"u64": 8, "u32": 4, "s32": 4, "u16": 2, "u8": 1}
     assert [sizes[t] for t, _ in fields] == [kp.RAW_DTYPE[n].itemsize for n in kp.RAW_DTYPE.names]
+    body = re.search(r"struct fault_ent \{(.*?)\};", SRC, re.S).group(1)
+    fields = re.findall(r"^\s*(u64|u32|s32|u16|u8) (\w+);", body, re.M)
+    assert [f for _, f in fields] == list(kp.FAULT_DTYPE.names)
+    assert [sizes[t] for t, _ in fields] == [kp.FAULT_DTYPE[n].itemsize for n in kp.FAULT_DTYPE.names]
     for fn, (kprobe, fentry) in kp.FUNCTIONS.items():
         assert f'SEC("kprobe/{fn}")' in SRC and f'SEC("fentry/{fn}")' in SRC
         assert re.search(rf"BPF_KPROBE\({kprobe}\b", SRC) and re.search(rf"BPF_PROG\({fentry}\b", SRC)
@@ -56,22 +60,32 @@ def _raw(rows: list[dict]) -> np.ndarray:
 
 def test_decode_kinds_and_numbering():
     raw = _raw([
-        dict(t_ns=10, kind=kp.EV_FAULT, pid=7, addr=0x7f0000001000, a=99, batch=3, gpu=1, access=2, type=1),
-        dict(t_ns=11, kind=kp.EV_FAULT, pid=7, addr=0x7f0000202000, a=98, batch=3, gpu=1, access=3),
-        dict(t_ns=12, kind=kp.EV_BATCH, pid=7, a=2, batch=3, gpu=1),
+        dict(t_ns=12, kind=kp.EV_BATCH, pid=7, addr=2, a=5, batch=3, gpu=1),
         dict(t_ns=13, kind=kp.EV_MIGRATION, pid=7, addr=0x7f0000200000, a=2 << 20, gpu=1, access=0),
         dict(t_ns=14, kind=kp.EV_MIGRATION, pid=7, addr=0x7f0000000000, a=4096, gpu=0, access=6),
         dict(t_ns=15, kind=kp.EV_EVICTION, pid=7, addr=0x7f0000000000, a=2 << 20, gpu=1),
+        dict(t_ns=16, kind=kp.EV_BATCH, pid=8, addr=1, a=1, batch=4, gpu=2),
     ])
-    b = kp.decode(raw, now_ns=20)
+    faults = np.zeros(3, kp.FAULT_DTYPE)
+    faults["addr"] = [0x7f0000001000, 0x7f0000202000, 0x1000]
+    faults["pid"] = [7, 7, 8]
+    faults["access"] = [2, 3, 1]
+    # as the ring delivers them: one bytes object per record, batch headers followed by faults
+    chunks = [raw[0].tobytes() + faults[:2].tobytes(), raw[1].tobytes(), raw[2].tobytes(), raw[3].tobytes(),
+              raw[4].tobytes() + faults[2:].tobytes()]
+    heads, fl = kp.split_records(chunks)
+    b = kp.decode(heads, fl, now_ns=20)
     f = b[Kind.FAULT]
-    assert f["gpu"].tolist() == [0, 0] and f["batch_id"].tolist() == [3, 3]
-    assert f["access"].tolist() == [Access.WRITE, Access.ATOMIC] and f["addr"][0] == 0x7f0000001000
-    assert b[Kind.REPLAY]["nfaults"].tolist() == [2]
+    assert f["gpu"].tolist() == [0, 0, 1] and f["batch_id"].tolist() == [3, 3, 4] and f["pid"].tolist() == [7, 7, 8]
+    assert f["access"].tolist() == [Access.WRITE, Access.ATOMIC, Access.READ] and f["addr"][0] == 0x7f0000001000
+    assert f["t_ns"].tolist() == [12, 12, 16]
+    assert b[Kind.REPLAY]["nfaults"].tolist() == [2, 1]
     m = b[Kind.MIGRATION]
     assert m["dst"].tolist() == [0, -1] and m["cause"].tolist() == [Cause.DEMAND, Cause.USER]
     e = b[Kind.EVICTION]
     assert e["gpu"].tolist() == [0] and e["pages"].tolist() == [512]
+    with pytest.raises(UmctlError, match="announcing"):
+        kp.decode(heads, fl[:2])
 
 
 def _bpf_unavailable() -> str | None:

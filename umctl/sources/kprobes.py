@@ -35,17 +35,22 @@ from ..units import CPU
 
 # -- the record format of bpf/uvmfault.bpf.c (struct event) -----------------------------------
 
-EV_FAULT, EV_BATCH, EV_MIGRATION, EV_EVICTION = 1, 2, 3, 4
+EV_BATCH, EV_MIGRATION, EV_EVICTION = 2, 3, 4
 CNT_RB_DROPS, CNT_FILTERED, CNT_BATCHES, CNT_FAULTS, CNT_TRUNCATED = 0, 1, 2, 3, 4
-CNT_MIGRATIONS, CNT_EVICTIONS, CNT_ROOT_EVICTIONS, NCOUNTERS = 5, 6, 7, 8
+CNT_MIGRATIONS, CNT_EVICTIONS, CNT_ROOT_EVICTIONS, CNT_FAULTS_DROPPED, NCOUNTERS = 5, 6, 7, 8, 9
 COUNTER_NAMES = ("ringbuf_drops", "filtered", "batches", "faults", "truncated", "migrations", "evictions",
-                 "root_chunk_evictions")
+                 "root_chunk_evictions", "faults_dropped")
 
 RAW_DTYPE = np.dtype([
     ("t_ns", np.uint64), ("kind", np.uint32), ("pid", np.int32), ("addr", np.uint64), ("a", np.uint64),
     ("vaspace", np.uint64), ("batch", np.uint32), ("gpu", np.uint16), ("access", np.uint8), ("type", np.uint8),
 ])
 assert RAW_DTYPE.itemsize == 48, RAW_DTYPE.itemsize   # sizeof(struct event)
+#: struct fault_ent: the faults that follow an EV_BATCH header (header "addr" says how many)
+FAULT_DTYPE = np.dtype([("addr", np.uint64), ("ts", np.uint64), ("pid", np.int32), ("access", np.uint8),
+                        ("type", np.uint8), ("pad", np.uint16)])
+assert FAULT_DTYPE.itemsize == 24, FAULT_DTYPE.itemsize
+MAX_FAULTS = 256
 
 #: the driver's probed functions -> (kprobe program, fentry program)
 FUNCTIONS: dict[str, tuple[str, str]] = {
@@ -78,21 +83,36 @@ def _gpu(ids: np.ndarray) -> np.ndarray:
     return g
 
 
-def decode(raw: np.ndarray, now_ns: int | None = None) -> EventBatch:
-    """Raw ring records -> an EventBatch of FAULT, REPLAY, MIGRATION and EVICTION arrays
-    (vectorised; kept apart from the BPF plumbing so it is tested on synthetic records)."""
+def split_records(chunks: list[bytes]) -> tuple[np.ndarray, np.ndarray]:
+    """Ring records -> (headers: RAW_DTYPE, faults: FAULT_DTYPE) — the faults of the EV_BATCH
+    headers, in header order."""
+    if not chunks:
+        return np.zeros(0, RAW_DTYPE), np.zeros(0, FAULT_DTYPE)
+    hs = RAW_DTYPE.itemsize
+    heads = np.frombuffer(b"".join(c[:hs] for c in chunks), dtype=RAW_DTYPE)
+    tails = b"".join(c[hs:] for c in chunks if len(c) > hs)
+    return heads, np.frombuffer(tails, dtype=FAULT_DTYPE)
+
+
+def decode(raw: np.ndarray, faults: np.ndarray | None = None, now_ns: int | None = None) -> EventBatch:
+    """Headers (+ the faults of their EV_BATCH records) -> an EventBatch of FAULT, REPLAY,
+    MIGRATION and EVICTION arrays (vectorised; kept apart from the BPF plumbing so it is tested
+    on synthetic records)."""
     batch = EventBatch(now_ns=time.monotonic_ns() if now_ns is None else now_ns)
     k = raw["kind"]
-    f = raw[k == EV_FAULT]
-    if len(f):
-        out = empty(Kind.FAULT, len(f))
-        out["t_ns"] = f["t_ns"].astype(np.int64)
-        out["gpu"] = _gpu(f["gpu"])
-        out["pid"] = f["pid"]
-        out["batch_id"] = f["batch"]
-        out["addr"] = f["addr"]
-        out["access"] = _ACCESS[np.minimum(f["access"], len(_ACCESS) - 1)]
-        out["fault_type"] = f["type"]
+    hb = raw[k == EV_BATCH]
+    if faults is not None and len(faults) and len(hb):
+        counts = hb["addr"].astype(np.int64)
+        if int(counts.sum()) != len(faults):
+            raise UmctlError(f"kprobe ring: {len(faults)} faults for batch headers announcing {int(counts.sum())}")
+        out = empty(Kind.FAULT, len(faults))
+        out["t_ns"] = np.repeat(hb["t_ns"].astype(np.int64), counts)
+        out["gpu"] = np.repeat(_gpu(hb["gpu"]), counts)
+        out["pid"] = faults["pid"]
+        out["batch_id"] = np.repeat(hb["batch"].astype(np.int64), counts)
+        out["addr"] = faults["addr"]
+        out["access"] = _ACCESS[np.minimum(faults["access"], len(_ACCESS) - 1)]
+        out["fault_type"] = faults["type"]
         batch.add(Kind.FAULT, out)
     b = raw[k == EV_BATCH]
     if len(b):
@@ -101,7 +121,7 @@ def decode(raw: np.ndarray, now_ns: int | None = None) -> EventBatch:
         out["t_start_ns"] = out["t_ns"]
         out["gpu"] = _gpu(b["gpu"])
         out["batch_id"] = b["batch"]
-        out["nfaults"] = b["a"]
+        out["nfaults"] = b["addr"]   # the faults of the target(s) in this batch
         batch.add(Kind.REPLAY, out)
     m = raw[k == EV_MIGRATION]
     if len(m):
@@ -189,65 +209,102 @@ class KprobeSource:
         self._drops_reported = 0
         self._final: dict[str, int] = {}
         self.records = 0
+        self.faults = 0
+        self.attach_ms = 0.0
         self.started_ns = 0
 
     # lifecycle ------------------------------------------------------------------------------
 
+    def _order(self) -> list[str]:
+        return list(FLAVOURS) if self.flavour_wanted == "auto" else [self.flavour_wanted]
+
+    def _load_flavour(self, name: str) -> None:
+        from ..bpf import object_path
+        fentry = FLAVOURS[name]
+        obj = self._lb.BpfObject(object_path("uvmfault.bpf.o"), btf_custom_path=self.btf_custom_path)
+        for fn, (kp, fe) in FUNCTIONS.items():
+            obj.set_autoload(kp, fn not in fentry)
+            obj.set_autoload(fe, fn in fentry)
+        try:
+            obj.load()
+        except BaseException:
+            obj.close()
+            raise
+        self._obj, self.flavour = obj, name
+
     def load(self) -> None:
         """Open and load the object in the first flavour the kernel accepts (no attach)."""
-        from ..bpf import object_path
-        lb = self._lb
-        order = list(FLAVOURS) if self.flavour_wanted == "auto" else [self.flavour_wanted]
-        for name in order:
-            fentry = FLAVOURS[name]
-            obj = lb.BpfObject(object_path("uvmfault.bpf.o"), btf_custom_path=self.btf_custom_path)
-            for fn, (kp, fe) in FUNCTIONS.items():
-                obj.set_autoload(kp, fn not in fentry)
-                obj.set_autoload(fe, fn in fentry)
+        for name in self._order():
             try:
-                obj.load()
+                self._load_flavour(name)
+                return
             except UmctlError as e:
                 self.load_errors[name] = str(e)
-                obj.close()
-                continue
-            self._obj, self.flavour = obj, name
-            return
         raise UmctlError("cannot load the fault-path BPF programs: "
                          + "; ".join(f"{k}: {v}" for k, v in self.load_errors.items()))
 
+    def _attach_all(self) -> None:
+        """Attach every program of the loaded flavour. An fentry that loads but does not attach
+        (x86-64 trampolines of older kernels take at most six arguments) raises, so that start()
+        moves on to the next flavour; a kprobe that fails is only recorded, except on the
+        required function."""
+        fentry = FLAVOURS[self.flavour or "kprobe"]
+        for fn, (kp, fe) in FUNCTIONS.items():
+            try:
+                link = self._obj.attach(fe) if fn in fentry else self._obj.attach_kprobe(kp, fn)
+            except UmctlError as e:
+                if fn == REQUIRED or fn in fentry:
+                    raise
+                self.not_attached[fn] = str(e).split(": ", 1)[-1]
+                continue
+            self._links.append(link)
+            self.attached.append(fn)
+
     def start(self) -> "KprobeSource":
-        if self._obj is not None and self._links:
+        if self._links:
             raise UmctlError("KprobeSource already started")
         lb = self._lb
-        try:
-            if self._obj is None:
-                self.load()
-            self._counters_fd = self._obj.map_fd("counters")
-            self._vaspace_fd = self._obj.map_fd("vaspace_pid")
-            if self.pids:
-                tf = self._obj.map_fd("targets")
-                for p in self.pids:
-                    lb.map_update(tf, C.c_int32(p), C.c_uint8(1))
-                lb.map_update(self._obj.map_fd("filter_on"), C.c_uint32(0), C.c_uint32(1))
-            fentry = FLAVOURS[self.flavour or "kprobe"]
-            for fn, (kp, fe) in FUNCTIONS.items():
-                try:
-                    link = self._obj.attach(fe) if fn in fentry else self._obj.attach_kprobe(kp, fn)
-                except UmctlError as e:
-                    if fn == REQUIRED:
-                        raise
-                    self.not_attached[fn] = str(e).split(": ", 1)[-1]
-                    continue
-                self._links.append(link)
-                self.attached.append(fn)
-            self._ring = lb.RingBuffer(self._obj.map_fd("events"), self._on_record)
-        except BaseException:
-            self._teardown()
-            raise
+        t0 = time.monotonic_ns()
+        errors: dict[str, str] = {}
+        order = [self.flavour] if self._obj is not None else self._order()
+        for name in order:
+            try:
+                if self._obj is None:
+                    self._load_flavour(name)
+                self._counters_fd = self._obj.map_fd("counters")
+                self._vaspace_fd = self._obj.map_fd("vaspace_pid")
+                if self.pids:
+                    tf = self._obj.map_fd("targets")
+                    for p in self.pids:
+                        lb.map_update(tf, C.c_int32(p), C.c_uint8(1))
+                    lb.map_update(self._obj.map_fd("filter_on"), C.c_uint32(0), C.c_uint32(1))
+                self._attach_all()
+                self._ring = lb.RingBuffer(self._obj.map_fd("events"), self._on_record)
+                break
+            except UmctlError as e:
+                errors[str(name)] = str(e)
+                self._teardown()
+                self.attached, self.not_attached = [], {}
+        else:
+            raise UmctlError("cannot attach the fault-path BPF programs: "
+                             + "; ".join(f"{k}: {v}" for k, v in errors.items()))
+        self.load_errors.update(errors)
         self.started_ns = time.monotonic_ns()
+        self.attach_ms = (self.started_ns - t0) / 1e6
         self._thread = threading.Thread(target=self._poll_loop, name="umctl-kprobes", daemon=True)
         self._thread.start()
         return self
+
+    # what the live loop (umctl attach) asks of a source -------------------------------------
+    kinds = frozenset({Kind.FAULT, Kind.REPLAY, Kind.MIGRATION, Kind.EVICTION})
+    gpus: list[dict] = []   # the probes see UVM processor ids, not the GPUs' names or sizes
+
+    def actuator(self, **kw):
+        """The actuator that goes with this source: the umctl kernel module (no fd of the target's
+        is held here, unlike the tools-API source)."""
+        from ..actuators.kmod import KmodActuator
+
+        return KmodActuator()
 
     def map_vaspace(self, vaspace: int, pid: int) -> None:
         """Name the owner of a va_space the kernel side could not resolve."""
@@ -271,10 +328,11 @@ class KprobeSource:
             raise err if isinstance(err, UmctlError) else UmctlError(f"kprobe source failed: {err}")
         with self._lock:
             chunks, self._pending = self._pending, []
-        raw = np.frombuffer(b"".join(chunks), dtype=RAW_DTYPE) if chunks else np.zeros(0, RAW_DTYPE)
+        raw, faults = split_records(chunks)
         self.records += len(raw)
-        batch = decode(raw)
-        drops = self.counters().get("ringbuf_drops", 0)
+        self.faults += len(faults)
+        batch = decode(raw, faults)
+        drops = self.counters().get("faults_dropped", 0)
         if drops > self._drops_reported:
             d = empty(Kind.DROPS, 1)
             d["t_ns"], d["kind"], d["count"] = batch.now_ns, KIND_CODES[Kind.FAULT], drops - self._drops_reported
@@ -305,8 +363,11 @@ class KprobeSource:
         return bool(self.pids) and not any(os.path.exists(f"/proc/{p}") for p in self.pids)
 
     def stats(self) -> dict[str, Any]:
-        return {"source": "kprobe", "flavour": self.flavour, "pids": self.pids, "attached": list(self.attached),
-                "not_attached": dict(self.not_attached), "records": self.records, **self.counters(),
+        return {"source": "kprobe", "flavour": self.flavour, "attach_ms": self.attach_ms,
+                "kinds": f"faults,replays,migrations,evictions ({self.flavour})",
+                "ring_entries": (1 << 22) // RAW_DTYPE.itemsize, "ring_max_fill": None, "flush_ms": 0, "pids": self.pids, "attached": list(self.attached),
+                "not_attached": dict(self.not_attached), "records": self.records,
+                "faults_decoded": self.faults, **self.counters(),
                 "callback_errors": self._ring.callback_errors if self._ring is not None else 0}
 
     def stop(self) -> None:
@@ -346,4 +407,4 @@ class KprobeSource:
         self.close()
 
 
-__all__ = ["KprobeSource", "RAW_DTYPE", "decode", "check_kernel", "FUNCTIONS", "FLAVOURS"]
+__all__ = ["KprobeSource", "RAW_DTYPE", "FAULT_DTYPE", "decode", "split_records", "check_kernel", "FUNCTIONS", "FLAVOURS"]
