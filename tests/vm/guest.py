@@ -376,10 +376,14 @@ def step_fuzz(wl: Workload, n: int) -> None:
 def step_attach_cli(wl: Workload) -> None:
     """``umctl attach --pid N --source kprobe`` against the registered workload."""
     p = subprocess.Popen([sys.executable, "-m", "umctl.cli.main", "attach", "--pid", str(wl.pid), "--source", "kprobe",
-                          "--duration", "6", "--json"], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                         text=True, env={**os.environ, "PYTHONPATH": ROOT})
-    time.sleep(4)
-    wl.access(0x7C0000000000, 8, 4, 1)
+                          "--duration", "20", "--json", "--no-launches"], cwd=ROOT, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": ROOT})
+    # the CLI starts slowly under TCG: keep faulting (fresh blocks each time) until it detaches
+    i = 0
+    while p.poll() is None and i < 40:
+        wl.access(0x7C0000000000 + (i << 26), 8, 4, 1)
+        i += 1
+        time.sleep(1.0)
     out, err = p.communicate(timeout=60)
     ok = p.returncode == 0
     try:

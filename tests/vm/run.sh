@@ -18,11 +18,11 @@ T0=$(date +%s)
 stamp() { echo "[vm +$(( $(date +%s) - T0 ))s] $*" >&2; }
 KIMG=${UMCTL_VM_KERNEL:-}
 if [ -z "$KIMG" ]; then
-  for k in $(ls /boot/vmlinuz-*-amd64 2>/dev/null | sort -V -r); do
+  for k in $(ls /boot/vmlinuz-* 2>/dev/null | sort -V -r); do
     [ -d "/lib/modules/${k#/boot/vmlinuz-}/build" ] && { KIMG=$k; break; }
   done
 fi
-[ -n "$KIMG" ] || { echo "no /boot/vmlinuz-*-amd64 with matching headers: install linux-image-amd64 linux-headers-amd64" >&2; exit 2; }
+[ -n "$KIMG" ] || { echo "no /boot/vmlinuz-* with matching headers: install linux-image-amd64 linux-headers-amd64 (Ubuntu: linux-image-generic linux-headers-generic)" >&2; exit 2; }
 KVER=${KIMG#/boot/vmlinuz-}
 for t in vng qemu-system-x86_64 pahole clang make; do
   command -v $t >/dev/null || { echo "$t not found (see tests/vm/README.md)" >&2; exit 2; }
@@ -30,7 +30,8 @@ done
 stamp "kernel $KVER, build dir $BUILD"
 rm -rf "$BUILD"; mkdir -p "$BUILD/src"
 cp -r "$REPO/kmod/uvm_sim" "$REPO/kmod/umctl" "$BUILD/src/"
-python3 "$REPO/tests/vm/extract_vmlinux.py" "$KIMG" "$BUILD/vmlinux"
+python3 "$REPO/tests/vm/extract_vmlinux.py" "$KIMG" "$BUILD/vmlinux" \
+  || "/lib/modules/$KVER/build/scripts/extract-vmlinux" "$KIMG" > "$BUILD/vmlinux"   # zstd/lz4 images
 for m in uvm_sim umctl; do
   make -s -C "/lib/modules/$KVER/build" M="$BUILD/src/$m" modules 2>&1 | grep -v 'Skipping BTF' || true
   cp "$BUILD/src/$m/$m.ko" "$BUILD/"

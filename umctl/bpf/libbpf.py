@@ -65,8 +65,14 @@ _libc.vsnprintf.argtypes = [C.c_char_p, C.c_size_t, C.c_char_p, C.c_void_p]
 _libc.vsnprintf.restype = C.c_int
 
 
+#: kernel-internal errnos that reach user space from bpf() (not in the errno module)
+_KERNEL_ERRNOS = {524: ("ENOTSUPP", "operation not supported by this kernel")}
+
+
 def errno_name(err: int) -> str:
     """``EPERM`` for 1, etc.; the number when the errno is unknown."""
+    if abs(err) in _KERNEL_ERRNOS:
+        return _KERNEL_ERRNOS[abs(err)][0]
     return _errno.errorcode.get(abs(err), f"errno {abs(err)}")
 
 
@@ -74,7 +80,8 @@ def error(what: str, err: int) -> UmctlError:
     """One-line UmctlError for a failed libbpf call: what failed, the errno name, its meaning,
     a hint where one helps (permission), and libbpf's last warning, if any."""
     err = abs(err) or _errno.EIO
-    msg = f"{what}: {errno_name(err)} ({os.strerror(err)})"
+    why = _KERNEL_ERRNOS[err][1] if err in _KERNEL_ERRNOS else os.strerror(err)
+    msg = f"{what}: {errno_name(err)} ({why})"
     if err in (_errno.EPERM, _errno.EACCES):
         msg += "; BPF needs root (or CAP_BPF + CAP_PERFMON)"
     last = _messages[-1] if _messages else ""
