@@ -148,7 +148,7 @@ def step_events(wl: Workload):
     st = src.stats()
     metric("ringbuf_fault_events", got)
     metric("ringbuf_records", src.records - n0)
-    metric("ringbuf_events_per_s", round((src.records - n0) / dt))
+    metric("ringbuf_records_per_s", round((src.records - n0) / dt))
     metric("ringbuf_fault_events_per_s", round(got / dt))
     metric("ringbuf_drops_records", st["ringbuf_drops"])
     metric("ringbuf_drops_faults", st["faults_dropped"])
