@@ -138,3 +138,18 @@ def test_kernel_without_kprobes_names_the_other_source(monkeypatch):
     with pytest.raises(UmctlError, match="use --source uvmtools") as e:
         kp.check_kernel()
     assert "\n" not in str(e.value)
+
+
+@pytest.mark.skipif(Path("/sys/bus/event_source/devices/kprobe/type").exists(), reason="this kernel has kprobes")
+def test_attach_source_kprobe_on_this_kernel_says_which_source_to_use(capsys):
+    """`umctl attach --source kprobe` on a kernel without kprobes (our CI and GPU machines): a
+    one-line error naming the source to use instead, non-zero exit, before any attach."""
+    import os
+
+    from umctl.cli.main import main
+
+    code = main(["attach", "--pid", str(os.getpid()), "--source", "kprobe"])
+    out, err = capsys.readouterr()
+    assert code != 0
+    lines = [ln for ln in err.splitlines() if ln.strip()]
+    assert len(lines) == 1 and "--source uvmtools" in lines[0], err
