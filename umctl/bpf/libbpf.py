@@ -5,8 +5,10 @@ machine and in CI), and the libbpf Python packages are either bcc or unmaintaine
 is a stable C ABI shipped by the distributions (Debian/Ubuntu ``libbpf1``), so a few dozen
 ctypes declarations give us open/load/attach/ring buffer with no build step.
 
-Scope: open an object file, load it, find programs and maps by name, attach uprobes by symbol
-name (``bpf_program__attach_uprobe_opts`` with ``func_name``, ``retprobe`` and ``bpf_cookie``),
+Scope: open an object file (optionally with a custom BTF for CO-RE), choose which programs load,
+load it, find programs and maps by name, attach uprobes by symbol name
+(``bpf_program__attach_uprobe_opts`` with ``func_name``, ``retprobe`` and ``bpf_cookie``),
+kprobes by kernel function name and any program by its section (fentry/fexit),
 BPF ring buffers, map lookup/update, and destroying links and objects. Every failure becomes a
 one-line :class:`umctl.UmctlError` naming the errno (``EPERM``, ``ENOENT``...), with libbpf's
 own last warning attached when it printed one.
@@ -42,6 +44,17 @@ class UprobeOpts(C.Structure):
                 ("retprobe", C.c_bool), ("func_name", C.c_char_p)]
 
 
+class ObjectOpenOpts(C.Structure):
+    """``struct bpf_object_open_opts`` as of libbpf 1.1 (sz = 80); the fields after
+    ``btf_custom_path`` (kernel log buffer) are left zero."""
+
+    _fields_ = [("sz", C.c_size_t), ("object_name", C.c_char_p), ("relaxed_maps", C.c_bool),
+                ("pin_root_path", C.c_char_p), ("_removed_attach_prog_fd", C.c_uint32),
+                ("kconfig", C.c_char_p), ("btf_custom_path", C.c_char_p),
+                ("kernel_log_buf", C.c_char_p), ("kernel_log_size", C.c_size_t),
+                ("kernel_log_level", C.c_uint32)]
+
+
 #: int (*ring_buffer_sample_fn)(void *ctx, void *data, size_t size)
 SAMPLE_FN = C.CFUNCTYPE(C.c_int, C.c_void_p, C.c_void_p, C.c_size_t)
 #: int (*libbpf_print_fn_t)(enum libbpf_print_level, const char *fmt, va_list ap)
@@ -52,8 +65,14 @@ _libc.vsnprintf.argtypes = [C.c_char_p, C.c_size_t, C.c_char_p, C.c_void_p]
 _libc.vsnprintf.restype = C.c_int
 
 
+#: kernel-internal errnos that reach user space from bpf() (not in the errno module)
+_KERNEL_ERRNOS = {524: ("ENOTSUPP", "operation not supported by this kernel")}
+
+
 def errno_name(err: int) -> str:
     """``EPERM`` for 1, etc.; the number when the errno is unknown."""
+    if abs(err) in _KERNEL_ERRNOS:
+        return _KERNEL_ERRNOS[abs(err)][0]
     return _errno.errorcode.get(abs(err), f"errno {abs(err)}")
 
 
@@ -61,7 +80,8 @@ def error(what: str, err: int) -> UmctlError:
     """One-line UmctlError for a failed libbpf call: what failed, the errno name, its meaning,
     a hint where one helps (permission), and libbpf's last warning, if any."""
     err = abs(err) or _errno.EIO
-    msg = f"{what}: {errno_name(err)} ({os.strerror(err)})"
+    why = _KERNEL_ERRNOS[err][1] if err in _KERNEL_ERRNOS else os.strerror(err)
+    msg = f"{what}: {errno_name(err)} ({why})"
     if err in (_errno.EPERM, _errno.EACCES):
         msg += "; BPF needs root (or CAP_BPF + CAP_PERFMON)"
     last = _messages[-1] if _messages else ""
@@ -91,6 +111,12 @@ def _declare(lib: C.CDLL) -> None:
         "libbpf_major_version": (u32, []),
         "libbpf_minor_version": (u32, []),
         "bpf_object__open_file": (vp, [cp, vp]),
+        "bpf_object__next_program": (vp, [vp, vp]),
+        "bpf_program__name": (cp, [vp]),
+        "bpf_program__section_name": (cp, [vp]),
+        "bpf_program__set_autoload": (i, [vp, C.c_bool]),
+        "bpf_program__attach": (vp, [vp]),
+        "bpf_program__attach_kprobe": (vp, [vp, C.c_bool, cp]),
         "bpf_object__load": (i, [vp]),
         "bpf_object__close": (None, [vp]),
         "bpf_object__find_program_by_name": (vp, [vp, cp]),
@@ -162,13 +188,21 @@ class Link:
 class BpfObject:
     """One opened (and, after :meth:`load`, loaded) BPF object file."""
 
-    def __init__(self, path: str | os.PathLike[str]) -> None:
+    def __init__(self, path: str | os.PathLike[str], *, btf_custom_path: str | None = None) -> None:
+        """``btf_custom_path``: resolve CO-RE relocations against this BTF file instead of the
+        running kernel's (a test against a driver's BTF that this kernel does not have)."""
         lib = libbpf()
         self.path = str(path)
         if not os.path.isfile(self.path):
             raise UmctlError(f"BPF object {self.path} not found")
+        opts = None
+        if btf_custom_path is not None:
+            if not os.path.isfile(btf_custom_path):
+                raise UmctlError(f"BTF file {btf_custom_path} not found")
+            self._opts = ObjectOpenOpts(sz=C.sizeof(ObjectOpenOpts), btf_custom_path=str(btf_custom_path).encode())
+            opts = C.byref(self._opts)
         C.set_errno(0)
-        ptr = lib.bpf_object__open_file(self.path.encode(), None)
+        ptr = lib.bpf_object__open_file(self.path.encode(), opts)
         if not ptr:
             raise error(f"cannot open BPF object {os.path.basename(self.path)}", _last_errno())
         self._ptr: int | None = ptr
@@ -193,6 +227,39 @@ class BpfObject:
         if not p:
             raise UmctlError(f"BPF object {os.path.basename(self.path)} has no program {name}")
         return p
+
+    def programs(self) -> list[tuple[str, str]]:
+        """(name, section) of every program in the object."""
+        lib, out, p = libbpf(), [], None
+        while True:
+            p = lib.bpf_object__next_program(self._obj(), p)
+            if not p:
+                return out
+            out.append((lib.bpf_program__name(p).decode(), lib.bpf_program__section_name(p).decode()))
+
+    def set_autoload(self, name: str, autoload: bool) -> None:
+        """Whether :meth:`load` loads program ``name`` (before load only)."""
+        rc = libbpf().bpf_program__set_autoload(self.program(name), autoload)
+        if rc:
+            raise error(f"cannot set autoload of {name}", rc)
+
+    def attach(self, program: str) -> Link:
+        """Attach ``program`` as its section says (fentry/fexit/kprobe with a target name)."""
+        C.set_errno(0)
+        ptr = libbpf().bpf_program__attach(self.program(program))
+        if not ptr:
+            raise error(f"cannot attach {program}", _last_errno())
+        return Link(ptr, program)
+
+    def attach_kprobe(self, program: str, func_name: str, *, retprobe: bool = False) -> Link:
+        """Attach ``program`` as a kprobe (or kretprobe) on kernel function ``func_name``
+        (vmlinux or any loaded module)."""
+        C.set_errno(0)
+        ptr = libbpf().bpf_program__attach_kprobe(self.program(program), retprobe, func_name.encode())
+        what = f"{'kretprobe' if retprobe else 'kprobe'} {func_name}"
+        if not ptr:
+            raise error(f"cannot attach {what}", _last_errno())
+        return Link(ptr, what)
 
     def map_fd(self, name: str) -> int:
         """File descriptor of the map ``name`` (the object must be loaded)."""

@@ -233,7 +233,10 @@ def _observe(src: UvmToolsSource, *, command: str, duration: float | None, outpu
 
 
 def _lag_p99(src: UvmToolsSource) -> float | None:
-    v = src.lag_ring.percentile(99)
+    ring = getattr(src, "lag_ring", None)   # the kprobe source has no tools-API ring
+    if ring is None:
+        return None
+    v = ring.percentile(99)
     return None if v is None else v / 1e6
 
 
@@ -278,8 +281,20 @@ def _print_summary(command: str, stats: LiveStats, st: dict, reason: str) -> Non
         out.print(ln, highlight=False, soft_wrap=True)
 
 
+SOURCES = ("uvmtools", "kprobe")
+SOURCE_HELP = ("Where events come from: uvmtools (the UVM tools API; works everywhere the driver runs) or "
+               "kprobe (BPF on nvidia_uvm's fault path: needs a kernel with kprobes and the module's BTF; "
+               "commands then go through the umctl kernel module).")
+
+
 def _attach(pid: int, kinds: str, ring_entries: int, flush_ms: float | None,
-            control: "ControlSpec | None" = None) -> UvmToolsSource:
+            control: "ControlSpec | None" = None, source: str = "uvmtools"):
+    if source not in SOURCES:
+        raise UmctlError(f"unknown source {source!r} (choose from {', '.join(SOURCES)})")
+    if source == "kprobe":
+        from ..sources.kprobes import KprobeSource
+
+        return KprobeSource([pid]).start()
     kind_set = parse_kinds(kinds)
     if control is not None:
         kind_set = kind_set | control.source_kinds()
@@ -414,6 +429,7 @@ def attach_command(
     degree: Optional[int] = typer.Option(None, "--degree", help="DeepUM's prefetch degree N (kernels ahead)."),
     spare_gpus: int = typer.Option(0, "--spare-gpus", help="Evict over the budget into this many neighbour GPUs' memory instead of the host."),
     rate: Optional[str] = typer.Option(None, "--rate", help="Cap on the data umctl itself moves, per second (e.g. 20GB)."),
+    source: str = typer.Option("uvmtools", "--source", help=SOURCE_HELP),
 ) -> None:
     """Observe a running process's Unified Memory live, and with --mode control it.
 
@@ -432,7 +448,7 @@ def attach_command(
     """
     control = (ControlSpec(mode, budget, option, degree, spare_gpus, rate)
                if (mode or budget or option or degree is not None or spare_gpus or rate) else None)
-    src = _attach(pid, kinds, ring_entries, flush_ms, control)
+    src = _attach(pid, kinds, ring_entries, flush_ms, control, source)
     stats, st, reason = _observe(src, command="attach", duration=duration, output=output, interval=interval,
                                  launches=launches, live=not as_json, control=control)
     if as_json:

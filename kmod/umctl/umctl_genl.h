@@ -1,0 +1,43 @@
+/* SPDX-License-Identifier: GPL-2.0 */
+/* The umctl generic netlink protocol (family "umctl", version 1). Keep in sync with
+ * umctl/actuators/kmod.py (ATTR_*, CMD_*). */
+#ifndef UMCTL_GENL_H
+#define UMCTL_GENL_H
+
+#define UMCTL_GENL_NAME "umctl"
+#define UMCTL_GENL_VERSION 1
+#define UMCTL_MCGRP_EVENTS "events"
+
+enum umctl_attr {
+	UMCTL_A_UNSPEC,
+	UMCTL_A_PID,        /* u32: target process (tgid), >= 1 */
+	UMCTL_A_ADDR,       /* u64: first byte */
+	UMCTL_A_LEN,        /* u64: bytes, 1 .. UMCTL_MAX_LEN */
+	UMCTL_A_DST,        /* s32: destination processor, -1 = CPU, 0.. = GPU index */
+	UMCTL_A_EXEC_ID,    /* s64: the controller's execution ID (for accounting) */
+	UMCTL_A_CMD_ID,     /* u64: the controller's command id, echoed in the result */
+	UMCTL_A_STATUS,     /* u32, results only: enum Status of umctl/events/schema.py */
+	UMCTL_A_BYTES,      /* u64, results only */
+	UMCTL_A_LATENCY_NS, /* u64, results only: queue + execution time */
+	UMCTL_A_ERRNO,      /* s32, results only: the backend's errno (0 on success) */
+	UMCTL_A_PAD,
+	__UMCTL_A_MAX,
+};
+#define UMCTL_A_MAX (__UMCTL_A_MAX - 1)
+
+enum umctl_cmd {
+	UMCTL_CMD_UNSPEC,
+	UMCTL_CMD_PREFETCH,
+	UMCTL_CMD_PREEVICT,
+	UMCTL_CMD_INVALIDATE,
+	UMCTL_CMD_RESULT,   /* kernel -> user: unicast to the submitter and multicast on "events" */
+	__UMCTL_CMD_MAX,
+};
+
+/* enum Status of umctl/events/schema.py */
+enum { UMCTL_ST_OK = 0, UMCTL_ST_FAILED = 1, UMCTL_ST_TARGET_GONE = 2, UMCTL_ST_RANGE_INVALID = 3,
+       UMCTL_ST_SKIPPED = 4 };
+
+#define UMCTL_MAX_LEN (1ULL << 40)
+
+#endif

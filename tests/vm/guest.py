@@ -1,0 +1,438 @@
+"""Runs INSIDE the test VM (stock kernel, root): loads the simulated driver and the umctl module,
+attaches the fault-path BPF programs, streams events, drives the umctl module's genetlink
+interface (benchmark, end-to-end DeepUM control, fuzz) and checks dmesg.
+
+Prints ``PASS name`` / ``FAIL name: why`` per check, ``METRIC name value`` per number, and last
+``VMRESULT {json}``; exits non-zero when a check failed. Usage: guest.py BUILD_DIR
+(BUILD_DIR holds uvm_sim.ko and umctl.ko with their BTF)."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import socket
+import struct
+import subprocess
+import sys
+import time
+import traceback
+
+import numpy as np
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, ROOT)
+
+from umctl.events.schema import Cause, EventBatch, Kind, Op, Status, commands, empty  # noqa: E402
+
+BUILD = sys.argv[1] if len(sys.argv) > 1 else "/tmp/umctl-vm"
+RESULT: dict = {"checks": {}, "metrics": {}}
+FAILED: list[str] = []
+
+
+def check(name: str, ok: bool, why: str = "") -> bool:
+    RESULT["checks"][name] = bool(ok)
+    print(("PASS " + name) if ok else f"FAIL {name}: {why}", flush=True)
+    if not ok:
+        FAILED.append(name)
+    return ok
+
+
+def metric(name: str, value) -> None:
+    RESULT["metrics"][name] = value
+    print(f"METRIC {name} {value}", flush=True)
+
+
+def sh(cmd: str) -> str:
+    return subprocess.run(cmd, shell=True, capture_output=True, text=True).stdout
+
+
+def param(mod: str, name: str) -> int:
+    with open(f"/sys/module/{mod}/parameters/{name}") as fh:
+        return int(fh.read())
+
+
+class Workload:
+    """The workload process (tests/vm/workload.py) registered with the simulated driver."""
+
+    def __init__(self) -> None:
+        self.p = subprocess.Popen([sys.executable, os.path.join(ROOT, "tests", "vm", "workload.py")],
+                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, bufsize=1)
+        line = self.p.stdout.readline().split()
+        assert line and line[0] == "ready", line
+        self.pid = int(line[1])
+
+    def access(self, base: int, nblocks: int, pages: int = 8, access: int = 1) -> None:
+        self.p.stdin.write(f"A {base:#x} {nblocks} {pages} {access}\n")
+        self.p.stdin.flush()
+        assert self.p.stdout.readline().strip() == "done"
+
+    def close(self) -> None:
+        try:
+            self.p.stdin.write("Q\n")
+            self.p.stdin.flush()
+        except OSError:
+            pass
+        self.p.wait(5)
+
+
+def drain_until(src, pred, timeout: float = 20.0) -> EventBatch:
+    """Drain into one batch until pred(batch) or timeout."""
+    acc = EventBatch()
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        b = src.drain()
+        for k, a in b.arrays.items():
+            acc.add(k, a)
+        acc.now_ns = b.now_ns
+        if pred(acc):
+            break
+        time.sleep(0.02)
+    return acc
+
+
+def step_load() -> None:
+    for m in ("uvm_sim", "umctl"):
+        r = subprocess.run(["insmod", os.path.join(BUILD, f"{m}.ko")], capture_output=True, text=True)
+        check(f"insmod_{m}", r.returncode == 0, r.stderr.strip())
+    check("module_btf_uvm_sim", os.path.exists("/sys/kernel/btf/uvm_sim"), "no /sys/kernel/btf/uvm_sim")
+    syms = sh("grep -wE 'service_fault_batch|uvm_va_block_make_resident|evict_root_chunk' /proc/kallsyms")
+    check("kallsyms", syms.count("[uvm_sim]") >= 3, syms)
+
+
+def step_events(wl: Workload):
+    from umctl.sources.kprobes import KprobeSource
+
+    t0 = time.monotonic()
+    src = KprobeSource([wl.pid])
+    src.start()
+    metric("bpf_load_attach_s", round(time.monotonic() - t0, 2))
+    metric("bpf_flavour", src.flavour)
+    metric("bpf_load_errors", {k: v[:160] for k, v in src.load_errors.items()})
+    check("bpf_attach_all", set(src.attached) == {"service_fault_batch", "uvm_va_block_make_resident",
+                                                    "uvm_va_block_evict_chunks", "evict_root_chunk"},
+          f"attached {src.attached}, not {src.not_attached}")
+    # correctness: 4 blocks x 8 pages, writes
+    base = 0x7F0000000000
+    wl.access(base, 4, 8, 2)
+    b = drain_until(src, lambda b: len(b[Kind.FAULT]) >= 32 and len(b[Kind.MIGRATION]) >= 4)
+    f, m = b[Kind.FAULT], b[Kind.MIGRATION]
+    exp = (base + (np.arange(4, dtype=np.uint64) << np.uint64(21))[:, None]
+           + np.arange(8, dtype=np.uint64)[None, :] * np.uint64(4096 * 64)).ravel()
+    check("fault_records", len(f) == 32 and (f["pid"] == wl.pid).all() and (np.sort(f["addr"]) == np.sort(exp)).all()
+          and (f["access"] == 1).all() and (f["gpu"] == 0).all(),
+          f"{len(f)} faults, pids {set(f['pid'].tolist())}, access {set(f['access'].tolist())}")
+    check("replay_records", len(b[Kind.REPLAY]) >= 1 and int(b[Kind.REPLAY]["nfaults"].sum()) == 32,
+          str(b[Kind.REPLAY]))
+    check("migration_records", len(m) == 4 and (m["cause"] == Cause.DEMAND).all() and (m["dst"] == 0).all()
+          and (m["pid"] == wl.pid).all() and set((m["addr"] >> np.uint64(21)).tolist())
+          == set((exp >> np.uint64(21)).tolist()) and (m["bytes"] == (7 * 64 + 1) * 4096).all(),
+          str(m[:4]))
+    # evictions: capacity 64 blocks, touch 80 more
+    wl.access(base + (100 << 21), 80, 1, 1)
+    b = drain_until(src, lambda b: len(b[Kind.EVICTION]) >= 20)
+    e = b[Kind.EVICTION]
+    check("eviction_records", len(e) >= 20 and (e["pid"] == wl.pid).all() and (e["bytes_written"] == 2 << 20).all(),
+          f"{len(e)} evictions")
+    # throughput: 256 blocks x 256 pages = 65536 faults per round
+    rounds, per = 4, 256 * 256
+    n0 = src.records
+    t0 = time.monotonic()
+    got = 0
+    for r in range(rounds):
+        wl.access(base + ((1000 + r * 512) << 21), 256, 256, 1)
+        got += len(src.drain()[Kind.FAULT])
+    b = drain_until(src, lambda b: got + len(b[Kind.FAULT]) >= rounds * per, timeout=60)
+    got += len(b[Kind.FAULT])
+    dt = time.monotonic() - t0
+    st = src.stats()
+    metric("ringbuf_fault_events", got)
+    metric("ringbuf_records", src.records - n0)
+    metric("ringbuf_records_per_s", round((src.records - n0) / dt))
+    metric("ringbuf_fault_events_per_s", round(got / dt))
+    metric("ringbuf_drops_records", st["ringbuf_drops"])
+    metric("ringbuf_drops_faults", st["faults_dropped"])
+    check("ringbuf_complete", got + st["faults_dropped"] == rounds * per and got > 0,
+          f"{got} + {st['faults_dropped']} dropped != {rounds * per}")
+    return src
+
+
+def step_kmod(wl: Workload, src) -> None:
+    from umctl.actuators.kmod import KmodActuator
+
+    act = KmodActuator()
+    # benchmark: prefetch N 2 MiB blocks (alternating two ranges so the sim migrates for real)
+    n = 4000
+    base = 0x7E0000000000
+    cmds = commands(Op.PREFETCH, base + (np.arange(n, dtype=np.uint64) % 48 << np.uint64(21)), 2 << 20,
+                    dst=0, pid=wl.pid, exec_id=7)
+    t0 = time.monotonic()
+    ids = act.submit(cmds)
+    idle = act.wait_idle(60)
+    dt = time.monotonic() - t0
+    res = act.results()
+    metric("genl_commands", n)
+    metric("genl_commands_per_s", round(n / dt))
+    metric("genl_latency_ms_mean", round(float(res["latency_ns"].mean()) / 1e6, 3) if len(res) else None)
+    check("genl_all_acknowledged", idle and len(res) == n and set(res["cmd_id"].tolist()) == set(ids.tolist())
+          and (res["status"] == Status.OK).all(), f"{len(res)} results, statuses {np.bincount(res['status'])}, "
+          f"{act.stats()}")
+    b = drain_until(src, lambda b: (b[Kind.MIGRATION]["cause"] == Cause.USER).sum() >= 48, timeout=20)
+    user = b[Kind.MIGRATION][b[Kind.MIGRATION]["cause"] == Cause.USER]
+    check("genl_commands_reach_driver", len(user) >= 48 and (user["pid"] == wl.pid).all(),
+          f"{len(user)} USER migrations seen by the probes")
+    # refusals: unknown pid -> TARGET_GONE, bad range -> RANGE_INVALID
+    bad = np.concatenate([commands(Op.PREFETCH, 0x1000, 4096, dst=0, pid=999999),
+                          commands(Op.PREFETCH, 0x1000, 0, dst=0, pid=wl.pid),
+                          commands(Op.PREEVICT, base, 2 << 20, dst=-1, pid=wl.pid),
+                          commands(Op.INVALIDATE, base + (1 << 21), 2 << 20, pid=wl.pid)])
+    act.submit(bad)
+    act.wait_idle(10)
+    r = act.results()
+    st = dict(zip(r["cmd_id"].tolist(), r["status"].tolist()))
+    check("genl_refusals", len(r) == 4 and sorted(st.values()) == sorted([Status.TARGET_GONE, Status.RANGE_INVALID,
+                                                                         Status.OK, Status.OK]), str(st))
+    # permission: an unprivileged sender (forked, uid/gid 65534) may not steer root's workload
+    r_fd, w_fd = os.pipe()
+    child = os.fork()
+    if child == 0:
+        try:
+            os.setgroups([])
+            os.setresgid(65534, 65534, 65534)
+            os.setresuid(65534, 65534, 65534)
+            a2 = KmodActuator(family=act.family)
+            a2.submit(commands(Op.PREFETCH, base, 4096, dst=0, pid=wl.pid))
+            a2.wait_idle(5)
+            os.write(w_fd, json.dumps(a2.stats()["refusals"]).encode())
+        finally:
+            os._exit(0)
+    os.close(w_fd)
+    out = os.read(r_fd, 4096).decode()
+    os.waitpid(child, 0)
+    check("genl_permission", "EPERM" in out, out)
+    act.close()
+
+
+def step_deepum(wl: Workload, src) -> None:
+    """The controller in deepum mode, live: LAUNCH events of the workload's kernels (what the
+    uprobe source gives on a GPU host) + the kprobe source's faults -> commands -> umctl module ->
+    acknowledged -> the simulated driver migrates (seen by the probes as USER migrations)."""
+    from umctl.actuators.kmod import KmodActuator
+    from umctl.controller import make_controller
+    from umctl.live.control import LiveControl
+
+    act = KmodActuator()
+    ctl = make_controller("deepum")
+    live = LiveControl(ctl, act, pid=wl.pid, gpus=[{"memory_bytes": 64 << 21}])
+    kernels = {1: 0x7D0000000000, 2: 0x7D0100000000, 3: 0x7D0200000000}   # 16 blocks each
+    seq = 0
+    n_cmds = 0
+    faults_per_iter = []
+    src.drain()
+    for it in range(6):
+        f0 = param("uvm_sim", "faults")
+        for k, base in kernels.items():
+            la = empty(Kind.LAUNCH, 1)
+            la["t_ns"], la["pid"], la["exec_hash"], la["seq"], la["name_id"] = time.monotonic_ns(), wl.pid, k, seq, -1
+            seq += 1
+            batch = EventBatch(now_ns=time.monotonic_ns())
+            batch.add(Kind.LAUNCH, la)
+            live.step(batch)
+            wl.access(base, 16, 4, 1)
+            time.sleep(0.05)
+            out = live.step(src.drain())
+            n_cmds += len(out[Kind.COMMAND])
+            act.wait_idle(10)
+        # every iteration starts cold: invalidate the kernels' blocks through the module; the
+        # simulated driver evicts them and the probes report the EVICTIONs, which tell the
+        # controller (as on a real GPU) that the blocks are gone
+        live.act.submit(commands(Op.INVALIDATE, np.array(list(kernels.values()), np.uint64), 16 << 21, pid=wl.pid))
+        act.wait_idle(10)
+        time.sleep(0.2)
+        live.step(src.drain())
+        faults_per_iter.append(param("uvm_sim", "faults") - f0)
+    st = act.stats()
+    metric("deepum_commands", n_cmds)
+    metric("deepum_faults_per_iteration", faults_per_iter)
+    metric("deepum_actuator", st["counts"])
+    check("deepum_end_to_end", n_cmds > 0 and st["counts"]["results"] == st["counts"]["submitted"]
+          and st["counts"]["ok"] > 0, f"{n_cmds} commands, {st}")
+    check("deepum_prefetch_cuts_faults", faults_per_iter[-1] < faults_per_iter[0], str(faults_per_iter))
+    act.close()
+
+
+def fuzz_messages(family: int, n: int, pid: int, rng: random.Random):
+    """n malformed umctl requests (each with a consistent nlmsg_len, so netlink hands every one to
+    genetlink and must answer it): wrong attribute sizes, missing attributes, huge or zero lengths,
+    unknown pids, reply-only attributes, unknown commands and attributes, bad versions, truncated
+    and garbage payloads."""
+    def nla(t, payload):
+        ln = 4 + len(payload)
+        return struct.pack("=HH", ln, t) + payload + b"\0" * ((4 - ln % 4) % 4)
+
+    good = [(1, struct.pack("=I", pid)), (2, struct.pack("=Q", 0x7E0000000000)), (3, struct.pack("=Q", 4096)),
+            (4, struct.pack("=i", 0)), (5, struct.pack("=q", 1)), (6, struct.pack("=Q", 1))]
+    for i in range(n):
+        kind = i % 10
+        cmd, ver = rng.choice((1, 2)), 1
+        attrs = list(good)
+        if kind == 0:      # wrong size for a fixed-size attribute
+            j = rng.randrange(6)
+            attrs[j] = (attrs[j][0], os.urandom(rng.choice([0, 1, 2, 3, 5, 6, 7, 9, 16])))
+        elif kind == 1:    # a required attribute missing
+            del attrs[rng.randrange(4)]
+        elif kind == 2:    # zero or huge length / overflowing range
+            attrs[2] = (3, struct.pack("=Q", rng.choice([0, 1 << 41, (1 << 64) - 1])))
+            if rng.random() < 0.5:
+                attrs[1] = (2, struct.pack("=Q", (1 << 64) - 4096))
+                attrs[2] = (3, struct.pack("=Q", 8192))
+        elif kind == 3:    # unknown / zero pid
+            attrs[0] = (1, struct.pack("=I", rng.choice([0, 999999 + rng.randrange(1000), 0x7FFFFFFF])))
+        elif kind == 4:    # reply-only or unknown attribute type
+            attrs.append((rng.choice([7, 8, 9, 10, 11, 12, 13, 200, 0x3FFF]), os.urandom(rng.choice([4, 8]))))
+        elif kind == 5:    # destination out of range
+            attrs[3] = (4, struct.pack("=i", rng.choice([-2, 64, 1 << 30, -(1 << 31)])))
+        elif kind == 6:    # unknown command
+            cmd = rng.choice([0, 4, 5, 17, 255])
+        elif kind == 7:    # an attribute whose nla_len runs past the message
+            body = b"".join(nla(t, p) for t, p in attrs)
+            body += struct.pack("=HH", rng.choice([12, 100, 65535]), 2) + os.urandom(4)
+            yield cmd, ver, body
+            continue
+        elif kind == 8:    # random bytes as attributes
+            yield cmd, ver, os.urandom(rng.randrange(1, 64))
+            continue
+        else:              # nla_len < 4 or nested flag on a scalar
+            body = b"".join(nla(t, p) for t, p in attrs)
+            body = struct.pack("=HH", rng.choice([0, 1, 2, 3]), 1) + body if rng.random() < 0.5 else \
+                nla(0x8000 | 2, struct.pack("=Q", 1)) + body
+            yield cmd, ver, body
+            continue
+        yield cmd, ver, b"".join(nla(t, p) for t, p in attrs)
+
+
+def step_fuzz(wl: Workload, n: int) -> None:
+    from umctl.actuators.kmod import resolve_family
+
+    family = resolve_family()[0]
+    s = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, 16)
+    s.setsockopt(socket.SOL_SOCKET, 33, 8 << 20)
+    s.bind((0, 0))
+    s.settimeout(5)
+    rng = random.Random(7)
+    sent = rejected = accepted = 0
+    errs: dict[int, int] = {}
+    window = 128
+    t0 = time.monotonic()
+    pending = 0
+
+    def read_acks(k: int) -> None:
+        nonlocal rejected, accepted, pending
+        got = 0
+        while got < k:
+            buf = s.recv(1 << 16)
+            off = 0
+            while off + 16 <= len(buf):
+                ln, typ = struct.unpack_from("=IH", buf, off)
+                if typ == 2:
+                    err = -struct.unpack_from("=i", buf, off + 16)[0]
+                    if err:
+                        rejected += 1
+                        errs[err] = errs.get(err, 0) + 1
+                    else:
+                        accepted += 1
+                    got += 1
+                off += (ln + 3) & ~3
+        pending -= got
+
+    seq = 0
+    for cmd, ver, body in fuzz_messages(family, n, wl.pid, rng):
+        seq += 1
+        msg = struct.pack("=IHHII", 16 + 4 + len(body), family, 1 | 4, seq, 0) + struct.pack("=BBH", cmd, ver, 0) + body
+        s.send(msg)
+        sent += 1
+        pending += 1
+        if pending >= window:
+            read_acks(pending)
+    read_acks(pending)
+    # and truncated genetlink headers
+    for _ in range(100):
+        seq += 1
+        tail = os.urandom(rng.randrange(0, 4))
+        s.send(struct.pack("=IHHII", 16 + len(tail), family, 1 | 4, seq, 0) + tail)
+        sent += 1
+        pending += 1
+    read_acks(pending)
+    dt = time.monotonic() - t0
+    s.close()
+    metric("fuzz_sent", sent)
+    metric("fuzz_rejected", rejected)
+    metric("fuzz_accepted", accepted)
+    metric("fuzz_per_s", round(sent / dt))
+    metric("fuzz_errnos", {os.strerror(k): v for k, v in sorted(errs.items())})
+    check("fuzz_all_rejected", rejected == sent and accepted == 0, f"{accepted} accepted of {sent}")
+
+
+def step_attach_cli(wl: Workload) -> None:
+    """``umctl attach --pid N --source kprobe`` against the registered workload."""
+    p = subprocess.Popen([sys.executable, "-m", "umctl.cli.main", "attach", "--pid", str(wl.pid), "--source", "kprobe",
+                          "--duration", "20", "--json", "--no-launches"], cwd=ROOT, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": ROOT})
+    # the CLI starts slowly under TCG: keep faulting (fresh blocks each time) until it detaches
+    i = 0
+    while p.poll() is None and i < 40:
+        wl.access(0x7C0000000000 + (i << 26), 8, 4, 1)
+        i += 1
+        time.sleep(1.0)
+    out, err = p.communicate(timeout=60)
+    ok = p.returncode == 0
+    try:
+        doc = json.loads(out)
+        faults = doc["source"].get("faults", 0)
+    except (ValueError, KeyError, TypeError):
+        doc, faults = None, 0
+    metric("attach_cli_faults", faults)
+    check("attach_cli_kprobe", ok and faults >= 32, f"rc {p.returncode}: {err.strip()[-400:]} {out[-400:]}")
+
+
+def main() -> int:
+    t_start = time.monotonic()
+    print(f"guest {os.uname().release} up {open('/proc/uptime').read().split()[0]}s", flush=True)
+    sh("dmesg -C")
+    wl = None
+    try:
+        step_load()
+        wl = Workload()
+        src = step_events(wl)
+        step_kmod(wl, src)
+        step_deepum(wl, src)
+        src.close()
+        step_fuzz(wl, int(os.environ.get("UMCTL_FUZZ_N", "100000")))
+        if os.environ.get("UMCTL_VM_CLI", "1") == "1":
+            step_attach_cli(wl)
+    except Exception:  # noqa: BLE001
+        traceback.print_exc()
+        check("no_exception", False, traceback.format_exc().splitlines()[-1])
+    finally:
+        if wl is not None:
+            wl.close()
+    for m in ("umctl", "uvm_sim"):
+        if os.path.exists(f"/sys/module/{m}"):
+            if m == "umctl":
+                metric("umctl_counters", {c: param("umctl", c) for c in ("received", "accepted", "rejected_invalid",
+                                                                         "rejected_eperm", "rejected_esrch", "executed",
+                                                                         "ok", "failed", "results_lost")})
+            r = subprocess.run(["rmmod", m], capture_output=True, text=True)
+            check(f"rmmod_{m}", r.returncode == 0, r.stderr.strip())
+    dmesg = sh("dmesg")
+    bad = [ln for ln in dmesg.splitlines() if any(w in ln for w in ("WARNING", "BUG", "Oops", "general protection",
+                                                                     "KASAN", "UBSAN", "Call Trace", "RIP:"))]
+    metric("dmesg_warnings", len(bad))
+    check("dmesg_clean", not bad, "\n".join(bad[:10]))
+    metric("guest_s", round(time.monotonic() - t_start, 1))
+    print("VMRESULT " + json.dumps(RESULT), flush=True)
+    return 1 if FAILED else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
