@@ -171,3 +171,22 @@ def test_replay_only_modes_and_bad_budgets_are_refused():
         LiveControl(make_controller("none"), FakeActuator(), pid=1, gpus=GPUS, budget_bytes=4096)
     with pytest.raises(UmctlError, match="memory size unknown"):
         LiveControl(make_controller("none"), FakeActuator(), pid=1, gpus=[{"gpu": 0}])
+
+
+def test_budget_keeper_asks_the_controller_which_blocks_to_lose():
+    """DeepUM ranks victims: blocks the next kernels do not expect go before expected ones,
+    even when the expected ones are older (plain LRU would evict those first)."""
+    ctl = make_controller("deepum")
+    r = Residency(1)
+    r.arrive(0, [1, 2, 3, 4], 0)
+    ctl._expected_cache = {1, 2}           # the next kernels touch blocks 1 and 2
+    bud = Budget(2 * BLOCK_SIZE, r)
+    bud.slack_blocks = 0
+    cmds = bud.enforce([0], 1, order=ctl.eviction_order)
+    assert sorted((cmds["addr"] >> np.uint64(BLOCK_SHIFT)).tolist()) == [3, 4]
+    r2 = Residency(1)
+    r2.arrive(0, [1, 2, 3, 4], 0)
+    plain = Budget(2 * BLOCK_SIZE, r2)
+    plain.slack_blocks = 0
+    lru = plain.enforce([0], 1)
+    assert sorted((lru["addr"] >> np.uint64(BLOCK_SHIFT)).tolist()) == [1, 2]

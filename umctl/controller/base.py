@@ -91,6 +91,13 @@ class Controller:
         """React to events; return a COMMAND batch or None."""
         return None
 
+    def eviction_order(self, gpu: int, blocks: list[int]) -> list[int]:
+        """The given resident blocks (UM block numbers, least recently migrated first) in the
+        order this policy would rather lose them. A live budget keeper that must evict on
+        overflow asks this, so a policy's knowledge of what comes next is not undone by plain
+        LRU. Default: keep the order (LRU)."""
+        return blocks
+
     def stats(self) -> dict:
         """Controller-side counters for reports (table sizes, predictions...)."""
         return {}

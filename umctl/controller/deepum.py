@@ -370,6 +370,14 @@ class DeepUMController(Controller):
             self.stats_["preevict_blocks"] += len(pre)
         return out, len(victims)
 
+    def eviction_order(self, gpu: int, blocks: list[int]) -> list[int]:
+        """DeepUM's victim rule for a live budget keeper: blocks the current and next N kernels
+        do not expect go first (least recently migrated first among them), expected ones last."""
+        if not self.enabled("preevict"):
+            return blocks
+        expected = self._expected()
+        return [b for b in blocks if b not in expected] + [b for b in blocks if b in expected]
+
     def _inactive_parts(self, b: int) -> list[tuple[int, int]]:
         """The byte ranges of block b that lie in inactive allocator blocks."""
         if not self.inactive:

@@ -126,7 +126,7 @@ class Budget:
     def free_memory(self, g: int) -> int:
         return max(0, self.nbytes - self.res.resident_bytes(g))
 
-    def enforce(self, gpus: list[int], now: int) -> np.ndarray | None:
+    def enforce(self, gpus: list[int], now: int, order=None) -> np.ndarray | None:
         """PREEVICT commands bringing every GPU back under the cap (least recently migrated
         first); the blocks are taken out of the estimate at once so the next drain does not
         evict them again while the migration is under way."""
@@ -138,7 +138,10 @@ class Budget:
                 self.peak_bytes = max(self.peak_bytes, used)
                 continue
             n = (used - self.nbytes) // BLOCK_SIZE + self.slack_blocks
-            victims = self.res.oldest(g, n)
+            if order is None:
+                victims = self.res.oldest(g, n)
+            else:  # the controller ranks every resident block (DeepUM: unexpected ones first)
+                victims = order(g, self.res.oldest(g, len(self.res.blocks[g])))[:n]
             if not victims:
                 continue
             self.res.leave(g, victims)
@@ -208,7 +211,7 @@ class LiveControl:
             self._account(cmds, batch.now_ns)
             parts.append(cmds)
         if self.budget is not None:
-            ev = self.budget.enforce(self.target_gpus, batch.now_ns)
+            ev = self.budget.enforce(self.target_gpus, batch.now_ns, order=self.ctl.eviction_order)
             if ev is not None:
                 parts.append(ev)
                 e = empty(Kind.EVICTION, len(ev))
