@@ -37,12 +37,10 @@ class FakeActuator:
         return ids
 
     def results(self):
-        out = empty(Kind.RESULT, len(self._results))
-        if self._results:
-            a = np.array(self._results, np.int64)
-            out["t_ns"], out["cmd_id"], out["status"], out["bytes"], out["latency_ns"] = a.T
-        self._results = []
-        return out
+        from umctl.actuators import result_records
+
+        rows, self._results = self._results, []
+        return result_records(rows)
 
     def close(self, drain=False, timeout=0):
         self.closed = True

@@ -1,30 +1,49 @@
 #!/bin/bash
-# Device session for live control (issue 6) and the issue-4 follow-ups: install, calibrate
-# this GPU, live control bench under a soft budget, torch/sweep record + replay accuracy.
-# Usage (device tool): bash tests/gpu/run_control.sh   (logs to $OUT)
+# Device sessions of the live-control and live-observation issues, one section per measurement.
+#   bash tests/gpu/run_control.sh [SECTION ...]     (default: every section; logs to $OUT)
+# Sections: calibrate runtime hum torch layers harvest kill overhead replay
 cd "$(dirname "$0")/../.."
 export OUT=${OUT:-/tmp/umctl_out} PYTHONUNBUFFERED=1 PIP_ROOT_USER_ACTION=ignore
 [ -f .umctl_gpu/libbpf.so.1 ] && export UMCTL_LIBBPF=$PWD/.umctl_gpu/libbpf.so.1
 mkdir -p "$OUT"
 python3 -m pip install -q --no-build-isolation --no-deps -e . > "$OUT/install.log" 2>&1 || { tail -20 "$OUT/install.log"; exit 1; }
-nvidia-smi --query-gpu=name,memory.total,memory.used,driver_version --format=csv,noheader
+nvidia-smi --query-gpu=index,name,memory.total,memory.used,driver_version --format=csv,noheader
 GPU=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | tr 'A-Z ' 'a-z-' | sed 's/nvidia-//; s/-.*//')
-echo "== calibrate ($GPU)"
-timeout -k 5 150 python3 benchmarks/gpu/calibrate.py -o "$OUT/$GPU-r580.json" --reps 3 2>&1 | tail -25
-echo "== live control bench"
-timeout -k 5 280 python3 tests/gpu/bench_control.py --budget 1GiB 2>&1
-echo "== torch record + replay"
-timeout -k 5 100 umctl run -q -o "$OUT/torch.parquet" -- python3 tests/gpu/wl_torch.py --steps 20 | grep -v STEP
-for c in default h200-r580 "$OUT/$GPU-r580.json"; do
-  [ "$c" = default ] && opt="" || opt="--calibration $c"
-  umctl replay "$OUT/torch.parquet" --mode none --json $opt | python3 -c "import json,sys; r=json.load(sys.stdin)[0]; print('PREDICTED torch none [$c]', round(r['time_s']*1e3,1), 'ms; faults', r['faults'])"
+NGPU=$(nvidia-smi --query-gpu=index --format=csv,noheader | wc -l)
+SECTIONS=${*:-calibrate runtime hum torch layers harvest kill overhead replay}
+
+for s in $SECTIONS; do
+  echo "== $s"
+  case $s in
+  calibrate) timeout -k 5 150 python3 benchmarks/gpu/calibrate.py -o "$OUT/$GPU-r580.json" --reps 3 2>&1 | tail -12 ;;
+  runtime) timeout -k 5 150 python3 -m pytest -q -s -m gpu -p no:cacheprovider tests/gpu/test_runtime_gpu.py 2>&1 | tail -8 ;;
+  hum)
+    cat > /tmp/hum_prog.py <<'PY'
+import time, torch
+n = 64 << 20
+h = [torch.full((n,), float(i)) for i in range(4)]
+torch.cuda.synchronize()
+t = time.perf_counter()
+for it in range(3):
+    d = [x.to("cuda") for x in h]
+    s = sum(float(x[::4096].sum()) for x in h)
+    r = sum(x.sum() for x in d)
+    torch.cuda.synchronize()
+print("TIME_MS", round((time.perf_counter() - t) * 1e3, 1), "SUM", float(r), s)
+PY
+    python3 /tmp/hum_prog.py
+    UMCTL_RT_STATS=1 timeout -k 5 120 umctl run --mode hum -q -- python3 /tmp/hum_prog.py 2>&1 | grep "TIME_MS\|umctl_rt\|error" ;;
+  torch) timeout -k 5 330 python3 tests/gpu/bench_torch_control.py --budget 512MiB --modes none,deepum,deepum-prefetch 2>&1 | tail -12 ;;
+  layers) timeout -k 5 300 python3 tests/gpu/bench_control.py --budget 1GiB --sync-each --modes none,deepum 2>&1 | tail -12 ;;
+  harvest) [ "$NGPU" -ge 2 ] && timeout -k 5 300 python3 tests/gpu/bench_control.py --budget 1GiB --sync-each --modes none,harvest --spare-gpus 1 2>&1 | tail -12 || echo "needs 2 GPUs" ;;
+  kill) timeout -k 5 120 bash tests/gpu/kill_test.sh 2>&1 | grep -v "^tests/gpu" ;;
+  overhead) timeout -k 5 420 python3 tests/gpu/bench_torch_overhead.py "$OUT" --steps 40 --reps 2 ;;
+  replay)
+    timeout -k 5 90 umctl run -q -o "$OUT/sweep.parquet" -- python3 tests/gpu/wl_sweep.py --mib 1024 --passes 4 | grep DONE
+    timeout -k 5 100 umctl run -q -o "$OUT/torch.parquet" -- python3 tests/gpu/wl_torch.py --steps 20 | grep DONE
+    for t in sweep torch; do
+      umctl replay "$OUT/$t.parquet" --mode none --json | python3 -c "import json,sys; r=json.load(sys.stdin)[0]; print('PREDICTED $t none', round(r['time_s']*1e3,1), 'ms; faults', r['faults'])"
+    done ;;
+  *) echo "unknown section $s" ;;
+  esac
 done
-umctl trace info "$OUT/torch.parquet" | head -12
-echo "== sweep record + replay"
-timeout -k 5 90 umctl run -q -o "$OUT/sweep.parquet" -- python3 tests/gpu/wl_sweep.py --mib 1024 --passes 4 | grep -v PASS
-for c in default h200-r580 "$OUT/$GPU-r580.json"; do
-  [ "$c" = default ] && opt="" || opt="--calibration $c"
-  umctl replay "$OUT/sweep.parquet" --mode none --json $opt | python3 -c "import json,sys; r=json.load(sys.stdin)[0]; print('PREDICTED sweep none [$c]', round(r['time_s']*1e3,1), 'ms; faults', r['faults'])"
-done
-rm -f "$OUT"/*.parquet
-ls -la "$OUT"

@@ -30,7 +30,8 @@ import time
 import numpy as np
 
 from .. import UmctlError
-from ..events.schema import COMMAND_DTYPE, Kind, Op, Status, empty
+from . import result_records
+from ..events.schema import COMMAND_DTYPE, Op, Status
 
 # -- protocol (kmod/umctl/umctl_genl.h) ------------------------------------------------------
 FAMILY, VERSION, MCGRP_EVENTS = "umctl", 1, "events"
@@ -242,11 +243,7 @@ class KmodActuator:
         """RESULT records of everything answered since the last call."""
         with self._lock:
             rows, self._results = self._results, []
-        out = empty(Kind.RESULT, len(rows))
-        if rows:
-            a = np.array(rows, dtype=np.int64)
-            out["t_ns"], out["cmd_id"], out["status"], out["bytes"], out["latency_ns"] = a.T
-        return out
+        return result_records(rows)
 
     def pending(self) -> int:
         with self._lock:

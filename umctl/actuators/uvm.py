@@ -31,7 +31,8 @@ from typing import Callable
 
 import numpy as np
 
-from ..events.schema import COMMAND_DTYPE, Advice, Kind, Op, Status, empty
+from . import result_records
+from ..events.schema import COMMAND_DTYPE, Advice, Op, Status
 from ..sources.uvmtools import abi
 from ..units import BLOCK_SHIFT, BLOCK_SIZE, CPU
 
@@ -345,11 +346,7 @@ class UvmActuator:
         """RESULT records of everything finished since the last call."""
         with self._cv:
             rows, self._results = self._results, []
-        out = empty(Kind.RESULT, len(rows))
-        if rows:
-            a = np.array(rows, dtype=np.int64)
-            out["t_ns"], out["cmd_id"], out["status"], out["bytes"], out["latency_ns"] = a.T
-        return out
+        return result_records(rows)
 
     def pending(self) -> int:
         with self._cv:

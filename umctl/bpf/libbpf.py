@@ -338,6 +338,17 @@ class RingBuffer:
             raise error("BPF ring buffer poll", n)
         return n
 
+    def poll_until(self, stop, timeout_ms: int) -> BaseException | None:
+        """Poll until ``stop`` (a threading.Event) is set: the body of a source's poll thread.
+        Returns the exception that ended it instead of raising, so the source can report it
+        from its next drain() on the caller's thread."""
+        try:
+            while not stop.is_set():
+                self.poll(timeout_ms)
+        except BaseException as e:  # noqa: BLE001
+            return e
+        return None
+
     def consume(self) -> int:
         """Consume what is there now, without waiting."""
         if not self._ptr:

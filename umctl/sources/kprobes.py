@@ -315,11 +315,7 @@ class KprobeSource:
             self._pending.append(data)
 
     def _poll_loop(self) -> None:
-        try:
-            while not self._stop.is_set():
-                self._ring.poll(self.POLL_MS)
-        except BaseException as e:  # noqa: BLE001 - reported by the next drain()
-            self._error = e
+        self._error = self._ring.poll_until(self._stop, self.POLL_MS)  # reported by the next drain()
 
     def drain(self) -> EventBatch:
         """Events since the last call, plus a DROPS record when the ring lost some."""

@@ -530,11 +530,7 @@ class LaunchProbe:
                 self.decoder.handle_meta(rec)
 
     def _poll_loop(self) -> None:
-        try:
-            while not self._stop.is_set():
-                self._ring.poll(self.POLL_MS)
-        except BaseException as e:  # noqa: BLE001 - reported by the next drain()
-            self._error = e
+        self._error = self._ring.poll_until(self._stop, self.POLL_MS)  # reported by the next drain()
 
     def drain(self) -> EventBatch:
         """LAUNCH records that arrived since the last call (plus a DROPS record when the ring
