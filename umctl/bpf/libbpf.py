@@ -349,6 +349,17 @@ class RingBuffer:
             return e
         return None
 
+    def finish(self, stop, thread) -> None:
+        """End the poll thread running :meth:`poll_until` (set ``stop``, join ``thread``), then
+        consume what the ring still holds, so the source's next drain() has the last records."""
+        stop.set()
+        if thread is not None:
+            thread.join()
+        try:
+            self.consume()
+        except Exception:  # noqa: BLE001 - closing: the records are lost either way
+            pass
+
     def consume(self) -> int:
         """Consume what is there now, without waiting."""
         if not self._ptr:

@@ -368,15 +368,11 @@ class KprobeSource:
 
     def stop(self) -> None:
         """Stop the drain thread after consuming what is in the ring (drain() once more)."""
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join()
-            self._thread = None
         if self._ring is not None:
-            try:
-                self._ring.consume()
-            except UmctlError:
-                pass
+            self._ring.finish(self._stop, self._thread)
+        else:
+            self._stop.set()
+        self._thread = None
 
     def close(self) -> None:
         self.stop()

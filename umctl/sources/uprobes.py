@@ -584,15 +584,11 @@ class LaunchProbe:
     def close(self) -> None:
         """Stop the drain thread and detach everything (idempotent). Records still in the ring
         are consumed first, so a drain() after close() returns the last launches."""
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join()
-            self._thread = None
         if self._ring is not None:
-            try:
-                self._ring.consume()
-            except UmctlError:
-                pass
+            self._ring.finish(self._stop, self._thread)
+        else:
+            self._stop.set()
+        self._thread = None
         self._teardown()
 
     def _teardown(self) -> None:
