@@ -246,3 +246,20 @@ def test_runtime_reports_kernel_ends_when_asked(built):
     with RuntimeSource() as src:                          # without tracking: no end notices
         run(built, "basic", socket=src.path)
     assert sorted(src.drain()[Kind.LAUNCH]["seq"].tolist()) == [0, 1, 2]
+
+
+def test_pluggable_allocator_bookkeeping(built):
+    """torch's pluggable-allocator path: a freed block is cached and reported BLOCK_INACTIVE
+    (DeepUM may invalidate it), handed out again as BLOCK_ACTIVE with the same address and
+    allocation id, and really freed (FREE) once the cache (UMCTL_RT_CACHE) is full."""
+    with RuntimeSource() as src:
+        res, _ = run(built, "allocator", socket=src.path, cache=str(4 << 20))
+    al = src.drain()[Kind.ALLOC]
+    assert res["a"] == res["b"] != res["c"] and res["managed_allocs"] == 2
+    ops = [(int(o), int(a)) for o, a in zip(al["op"], al["addr"])]
+    a, c = res["a"], res["c"]
+    assert ops == [(AllocOp.ALLOC, a), (AllocOp.BLOCK_INACTIVE, a), (AllocOp.BLOCK_ACTIVE, a),
+                   (AllocOp.ALLOC, c), (AllocOp.BLOCK_INACTIVE, a), (AllocOp.FREE, c)]
+    ids = dict(zip(al["addr"].tolist(), al["alloc_id"].tolist()))
+    assert len({int(i) for i, x in zip(al["alloc_id"], al["addr"]) if x == a}) == 1   # one id for a's life
+    assert ids[a] != ids[c] and (al["bytes"] == 4 << 20).all() and al["managed"].all()

@@ -171,6 +171,28 @@ static int driver(void)
     return 0;
 }
 
+/* The PyTorch pluggable-allocator entry points of the runtime, as torch calls them. */
+static int allocator(void)
+{
+    typedef void *(*malloc_fn)(ssize_t, int, void *);
+    typedef void (*free_fn)(void *, ssize_t, int, void *);
+    malloc_fn m = (malloc_fn)dlsym(RTLD_DEFAULT, "umctl_rt_malloc");
+    free_fn f = (free_fn)dlsym(RTLD_DEFAULT, "umctl_rt_free");
+    if (!m || !f)
+        return 3;
+    size_t n = (size_t)3 << 20;            /* rounded to 4 MiB blocks by the runtime */
+    void *a = m((ssize_t)n, 0, NULL);      /* ALLOC */
+    f(a, (ssize_t)n, 0, NULL);             /* cached: BLOCK_INACTIVE */
+    void *b = m((ssize_t)n, 0, NULL);      /* the cached block again: BLOCK_ACTIVE */
+    void *c = m((ssize_t)n, 0, NULL);      /* ALLOC */
+    f(b, (ssize_t)n, 0, NULL);             /* cached (the cache holds 4 MiB): BLOCK_INACTIVE */
+    f(c, (ssize_t)n, 0, NULL);             /* cache full: FREE */
+    printf("RESULT {\"a\": %llu, \"b\": %llu, \"c\": %llu, \"managed_allocs\": %d}\n",
+           (unsigned long long)(uintptr_t)a, (unsigned long long)(uintptr_t)b, (unsigned long long)(uintptr_t)c,
+           fake_managed_allocs);
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     register_params();
@@ -181,5 +203,7 @@ int main(int argc, char **argv)
         return race();
     if (!strcmp(mode, "driver"))
         return driver();
+    if (!strcmp(mode, "allocator"))
+        return allocator();
     return 2;
 }
