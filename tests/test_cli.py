@@ -94,3 +94,11 @@ def test_demo(capsys):
     assert code == 0, err
     rows = json.loads(out)
     assert rows[0]["mode"] == "none" and all(r["speedup"] >= 1.0 for r in rows)
+
+
+def test_bad_mode_option_value_is_one_line(capsys):
+    from umctl.cli.main import main
+
+    code = main(["replay", "gpt2-xl", "-m", "deepum", "-O", "deepum.num_rows=abc"])
+    err = capsys.readouterr().err
+    assert code != 0 and "bad option for mode deepum" in err and "Traceback" not in err

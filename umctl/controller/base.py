@@ -126,7 +126,11 @@ def make_controller(mode: str, **options) -> Controller:
     cls = _REGISTRY.get(mode)
     if cls is None:
         raise UmctlError(f"unknown mode {mode!r}; available: {', '.join(_REGISTRY)}")
-    return cls(**options)
+    try:
+        return cls(**options)
+    except (ValueError, TypeError) as e:  # e.g. -O deepum.degree=x
+        given = ", ".join(f"{k}={v!r}" for k, v in options.items())
+        raise UmctlError(f"bad option for mode {mode} ({given}): {e}") from None
 
 
 def _load_builtin() -> None:
