@@ -102,3 +102,14 @@ def test_bad_mode_option_value_is_one_line(capsys):
     code = main(["replay", "gpt2-xl", "-m", "deepum", "-O", "deepum.num_rows=abc"])
     err = capsys.readouterr().err
     assert code != 0 and "bad option for mode deepum" in err and "Traceback" not in err
+
+
+def test_unwritable_outputs_are_refused_before_the_replay(capsys, tmp_path):
+    from umctl.cli.main import main
+
+    for args in (["replay", "gpt2-xl", "-m", "none", "--png", str(tmp_path / "no" / "x.png")],
+                 ["replay", "hum-sync", "-m", "none,hum", "--timeline", str(tmp_path / "no" / "t.png")],
+                 ["sweep", "resnet152", "--png", str(tmp_path / "no" / "s.png")]):
+        code = main(args)
+        err = capsys.readouterr().err
+        assert code != 0 and "does not exist" in err and "Traceback" not in err, args

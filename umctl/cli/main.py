@@ -72,6 +72,20 @@ def _overrides(oversub, gpu_mem, iters, seed, params) -> dict[str, str]:
     return ov
 
 
+def check_output_path(path: str | None, what: str) -> None:
+    """Refuse an output file that cannot be written before any work is done (a replay or a
+    sweep can take minutes, and its figure is the last thing it writes)."""
+    if not path:
+        return
+    import os
+
+    parent = os.path.dirname(os.path.abspath(path)) or "."
+    if not os.path.isdir(parent):
+        raise UmctlError(f"{path}: cannot write the {what}: directory {parent} does not exist")
+    if not os.access(parent, os.W_OK) or (os.path.exists(path) and not os.access(path, os.W_OK)):
+        raise UmctlError(f"{path}: cannot write the {what}: permission denied")
+
+
 def _run_replay(target: str, modes: str, overrides: dict[str, str], seed: int, png: Optional[str],
                 as_json: bool, record: Optional[str], mode_opts: Optional[List[str]] = None,
                 drain_us: Optional[float] = None, calibration: Optional[str] = None,
@@ -81,6 +95,9 @@ def _run_replay(target: str, modes: str, overrides: dict[str, str], seed: int, p
     from ..sim.calibration import Calibration
     from ..sim.replay import parse_mode_options, parse_modes, resolve_target, result_rows, run_modes
 
+    check_output_path(png, "figure")
+    check_output_path(timeline, "timeline")
+    check_output_path(record, "trace")
     mode_list = parse_modes(modes)
     options = parse_mode_options(mode_opts, mode_list)
     calib = Calibration.load(calibration) if calibration else DEFAULT_CALIBRATION

@@ -31,6 +31,9 @@ def sweep_command(
     Example: [bold]umctl sweep resnet152 --iters 4 --png sweep.png[/bold]
     """
     from ..report.png import sweep_png
+    from .main import check_output_path
+
+    check_output_path(png, "figure")
     from ..sim.replay import resolve_target
     from ..sim.sweep import sweep
     from .main import _describe, _overrides
