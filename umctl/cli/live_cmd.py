@@ -446,6 +446,9 @@ def attach_command(
 
       [bold]sudo umctl attach --pid 4242 --mode none --budget 8GiB[/bold]   (LRU baseline)
     """
+    from .main import check_output_path
+
+    check_output_path(output, "trace")
     control = (ControlSpec(mode, budget, option, degree, spare_gpus, rate)
                if (mode or budget or option or degree is not None or spare_gpus or rate) else None)
     src = _attach(pid, kinds, ring_entries, flush_ms, control, source)
@@ -483,6 +486,9 @@ def record_command(
 
       [bold]umctl replay run.parquet --mode none,oracle[/bold]
     """
+    from .main import check_output_path
+
+    check_output_path(output, "trace")
     src = _attach(pid, kinds, ring_entries, flush_ms)
     stats, st, reason = _observe(src, command="record", duration=duration, output=output, interval=1.0,
                                  launches=launches, live=True)
@@ -543,6 +549,9 @@ def run_command(
     """
     if not cmd:
         raise UmctlError("no program given (umctl run -o trace.parquet -- CMD ...)")
+    from .main import check_output_path
+
+    check_output_path(output, "trace")   # before the program starts
     if mode is not None and mode.startswith("hum"):
         # HUM is a runtime mechanism (the program's copies change): nothing to steer, unless
         # a budget is asked for too
