@@ -405,3 +405,38 @@ def test_attach_mode_needing_launches_without_probe_is_refused(fake_io, capsys):
                              "--mode", "deepum")
     assert code != 0 and "needs kernel-launch events" in err and "Traceback" not in err
     assert fake_io.fds == {}
+
+
+def test_attach_merges_launch_events_into_the_trace_and_summary(fake_io, tmp_path, capsys, monkeypatch):
+    """The launch probe's LAUNCH records and kernel names join the tools-API batch: they reach
+    the trace (with the names table) and the summary's top kernels by faults."""
+    import umctl.cli.live_cmd as live_cmd
+    from umctl.events.schema import EventBatch, empty
+
+    class FakeProbe:
+        def __init__(self):
+            self.sent = False
+            self.closed = False
+
+        def drain(self):
+            b = EventBatch(names=["my_kernel"])
+            if not self.sent:
+                la = empty(Kind.LAUNCH, 1)
+                la["t_ns"], la["name_id"], la["seq"], la["exec_hash"] = 1, 0, 0, 7   # before the faults
+                b.add(Kind.LAUNCH, la)
+                self.sent = True
+            return b
+
+        def close(self):
+            self.closed = True
+
+    probe = FakeProbe()
+    monkeypatch.setattr(live_cmd, "_start_launch_probe", lambda pid, enabled: probe)
+    fake_io.pending.append(gpu_faults(50, batch=1))
+    trace = tmp_path / "l.parquet"
+    code, out, err = run_cli(capsys, "attach", "--pid", str(PID), "-o", str(trace), "--duration", "0.5",
+                             "--interval", "0.2")
+    assert code == 0, err
+    assert "launches     1; top kernels by faults: my_kernel 50" in out
+    t = read_trace(trace)
+    assert t.counts()[Kind.LAUNCH] == 1 and "my_kernel" in t.names and probe.closed
