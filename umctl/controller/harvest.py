@@ -69,9 +69,10 @@ class _Base(Controller):
     features: ClassVar[frozenset[str]] = frozenset()
 
     def __init__(self, threshold_chunks: int = 0, prefetch_bytes: int = 32 << 20, stride_bytes: int = 2 << 20,
-                 active_window_ns: int = 5_000_000):
+                 active_window_ns: int = 5_000_000, lend_limit: bool = False):
         super().__init__(threshold_chunks=threshold_chunks, prefetch_bytes=prefetch_bytes,
-                         stride_bytes=stride_bytes, active_window_ns=active_window_ns)
+                         stride_bytes=stride_bytes, active_window_ns=active_window_ns, lend_limit=lend_limit)
+        self.lend_limit = bool(lend_limit)
         if threshold_chunks < 0 or prefetch_bytes < 0 or stride_bytes < 0:
             raise UmctlError("threshold_chunks, prefetch_bytes and stride_bytes must not be negative")
         self.threshold_opt = int(threshold_chunks)
@@ -126,8 +127,15 @@ class _Base(Controller):
         for i, g in enumerate(self.harvesters):
             via = self.lenders[i % len(self.lenders)] if self.has("plf") else -1
             ctx.harvest(g, spill_to=tuple(self.lenders), fetch_via=via, writeback_Bps=wb)
+        ratio = {int(t["gpu"]): float(t.get("ratio", 0.0)) for t in (ctx.workload.meta or {}).get("tenants", [])} \
+            if ctx.workload is not None else {}
         for h in self.lenders:
-            ctx.harvest(h, writeback_Bps=wb)
+            # -O harvest.lend_limit=true: lend only what the neighbour's own job leaves free
+            # (its footprint is `ratio` of its GPU), as the paper's lenders, whose memory is
+            # allocated already; off by default until the Case-2 anomaly in docs/harvest.md
+            # is understood
+            lend = int((1.0 - ratio[h]) * cap[h]) if self.lend_limit and h in ratio else -1
+            ctx.harvest(h, writeback_Bps=wb, lend_chunks=lend)
 
     # ------------------------------------------------------------------ events
     def on_events(self, batch: EventBatch) -> np.ndarray | None:

@@ -58,7 +58,17 @@ typedef struct {
                                     * batch in parallel (-1: none) */
     double *wb_Bpns;               /* ngpu: rate of g's write-backs to the host (0: d2h_Bpns) */
     double *p2p_tail;              /* ngpu: NVLink queue of prefetches into g */
+    int64_t *nlent;                /* ngpu: chunks of g holding harvested data */
+    int64_t *lend_cap;             /* ngpu: most chunks g lends (-1: any free chunk) */
 } SimState;
+
+/* The harvested flag of (g, b), keeping g's count of lent chunks. */
+static void set_harvested(SimState *s, int g, int64_t b, uint8_t on) {
+    uint8_t *h = &s->harvested[(int64_t)g * s->nbl + b];
+    if (*h == on) return;
+    *h = on;
+    s->nlent[g] += on ? 1 : -1;
+}
 
 enum {
     ST_FAULTS, ST_BATCHES, ST_BYTES_H2D, ST_BYTES_D2H, ST_BYTES_P2P, ST_DEMAND, ST_DRIVER_PF,
@@ -131,7 +141,7 @@ static double min_pending(SimState *s, int g) {
 /* A chunk leaves block b on GPU g; it is free at `done` (<0: now). */
 void sim_release_chunk(SimState *s, int g, int64_t b, double done) {
     s->has_chunk[GB(s, g, b)] = 0;
-    s->harvested[GB(s, g, b)] = 0;
+    set_harvested(s, g, b, 0);
     if (done < 0) {
         s->used[g]--;
     } else {
@@ -231,7 +241,7 @@ static double harvest_drop(SimState *s, int h, int64_t v, double t) {
         s->stats[ST_BYTES_D2H] += w * 4096;
     }
     s->has_chunk[ix] = 0;
-    s->harvested[ix] = 0;
+    set_harvested(s, h, v, 0);
     s->stats[ST_HARVEST_DROPS]++;
     return ready;
 }
@@ -243,7 +253,10 @@ static double harvest_drop(SimState *s, int h, int64_t v, double t) {
 double sim_take_spare(SimState *s, int h, int64_t b, double t) {
     sim_reclaim(s, h, t);
     double ready = t;
-    if (s->cap[h] - s->used[h] > 0) {
+    /* a lender lends free chunks only up to its cap (the memory its own job will not use);
+     * beyond that the victim cache replaces its own entries */
+    int may_grow = s->lend_cap[h] < 0 || s->nlent[h] < s->lend_cap[h];
+    if (may_grow && s->cap[h] - s->used[h] > 0) {
         s->used[h]++;
     } else {
         int64_t v = harvest_victim(s, h, t);
@@ -251,7 +264,7 @@ double sim_take_spare(SimState *s, int h, int64_t b, double t) {
         ready = harvest_drop(s, h, v, t);
     }
     s->has_chunk[GB(s, h, b)] = 1;
-    s->harvested[GB(s, h, b)] = 1;
+    set_harvested(s, h, b, 1);
     s->removable_at[GB(s, h, b)] = INFINITY;
     return ready;
 }
@@ -336,7 +349,7 @@ double sim_take_chunk_async(SimState *s, int g, int64_t b, double t, int64_t *vi
         ready = start + s->transfer_latency_ns + (double)w * PAGE / s->d2h_Bpns;
         s->d2h_tail[g] = ready;
         s->has_chunk[GB(s, g, v)] = 0;
-        s->harvested[GB(s, g, v)] = 0;
+        set_harvested(s, g, v, 0);
         s->stats[ST_PREEVICTIONS]++;
         s->stats[ST_PREEVICTED_BYTES] += w * 4096;
         s->stats[ST_BYTES_D2H] += w * 4096;

@@ -39,7 +39,7 @@ class SimState(C.Structure):
         ("max_entries", i64), ("window_pages", i64), ("batch_max", i64),
         ("rng", C.c_uint64), ("stats", P), ("seen", P),
         ("harvested", P), ("removable_at", P), ("spill_mask", P), ("spill_rr", P), ("fetch_via", P),
-        ("wb_Bpns", P), ("p2p_tail", P),
+        ("wb_Bpns", P), ("p2p_tail", P), ("nlent", P), ("lend_cap", P),
     ]
 
 

@@ -242,6 +242,8 @@ class Simulator:
         self.fetch_via = np.full(G, -1, np.int64)
         self.wb_Bpns = np.zeros(G)
         self.p2p_tail = np.zeros(G)
+        self.nlent = np.zeros(G, np.int64)             # chunks of g holding harvested data
+        self.lend_cap = np.full(G, -1, np.int64)       # most chunks g lends (-1: no limit)
         self.stream = [0.0] * G
         self.host = 0.0
         self.r = SimResult(mode=controller.name, workload=workload.name)
@@ -263,7 +265,8 @@ class Simulator:
         for name in ("gmask", "cpu_valid", "managed", "pf_tag", "pf_entry", "entry_done", "read_mostly",
                      "has_chunk", "pinned", "lru", "rescount", "used", "cap", "maxblocks", "pending", "npending",
                      "active", "nactive", "h2d_tail", "d2h_tail", "stats", "seen",
-                     "harvested", "removable_at", "spill_mask", "spill_rr", "fetch_via", "wb_Bpns", "p2p_tail"):
+                     "harvested", "removable_at", "spill_mask", "spill_rr", "fetch_via", "wb_Bpns", "p2p_tail",
+                     "nlent", "lend_cap"):
             setattr(self.cs, name, core.ptr(getattr(self, name)))
         self.csp = C.byref(self.cs)
         self.out = core.EventOut()
@@ -339,10 +342,15 @@ class Simulator:
         """Bytes GPU g can lend now: free chunks and lent chunks already removable."""
         t = max([self.host] + self.stream)
         removable = int((self.harvested[g].astype(bool) & (self.removable_at[g] <= t)).sum())
-        return (self._free_chunks(g) + removable) * PAGES_PER_BLOCK * PAGE_SIZE
+        free = self._free_chunks(g)
+        if self.lend_cap[g] >= 0:   # it lends only what its own job leaves unused
+            free = max(0, min(free, int(self.lend_cap[g] - self.nlent[g])))
+        return (free + removable) * PAGES_PER_BLOCK * PAGE_SIZE
 
-    def _configure_harvest(self, gpu: int, spill_to=(), fetch_via: int = -1, writeback_Bps: float = 0.0) -> None:
-        """HUVM driver settings of one GPU (see ControllerContext.harvest)."""
+    def _configure_harvest(self, gpu: int, spill_to=(), fetch_via: int = -1, writeback_Bps: float = 0.0,
+                           lend_chunks: int = -1) -> None:
+        """HUVM driver settings of one GPU (see ControllerContext.harvest). ``lend_chunks``:
+        the most chunks it lends (-1: any free chunk)."""
         G = self.n_gpus
         if not 0 <= gpu < G or any(not 0 <= h < G or h == gpu for h in spill_to) or fetch_via == gpu \
                 or fetch_via >= G:
@@ -350,6 +358,7 @@ class Simulator:
         self.spill_mask[gpu] = sum(1 << int(h) for h in set(spill_to))
         self.fetch_via[gpu] = int(fetch_via)
         self.wb_Bpns[gpu] = float(writeback_Bps) / 1e9
+        self.lend_cap[gpu] = int(lend_chunks)
 
     def _free_chunks(self, g: int) -> int:
         return int(self.cap[g] - self.used[g] + self.npending[g])
