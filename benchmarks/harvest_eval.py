@@ -35,7 +35,7 @@ PAPER = {
 }
 
 
-LEND_LIMIT = False   # --lend-limit: lenders lend only what their own job leaves free
+LEND_LIMIT = True   # --no-lend-limit: lenders lend any free chunk (the model before the limit)
 
 
 def tenant_times(name: str, modes: list[str], overrides: dict) -> tuple[dict[str, np.ndarray], list[int], list[int]]:
@@ -43,7 +43,7 @@ def tenant_times(name: str, modes: list[str], overrides: dict) -> tuple[dict[str
     harv, lend = roles(w, w.n_gpus)
 
     def ctl(m: str):
-        return make_controller(m, **({"lend_limit": True} if LEND_LIMIT and m.startswith("harvest") else {}))
+        return make_controller(m, **({"lend_limit": False} if not LEND_LIMIT and m.startswith("harvest") else {}))
 
     return {m: simulate(w, ctl(m)).gpu_kernel_ns.astype(float) for m in modes}, harv, lend
 
@@ -56,12 +56,12 @@ def geo(x) -> float:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--cases", default="1,2,3,4")
-    ap.add_argument("--lend-limit", action="store_true", help="harvest modes with -O lend_limit=true")
+    ap.add_argument("--no-lend-limit", action="store_true", help="harvest modes with -O lend_limit=false")
     ap.add_argument("--spares", default="0.05,0.1,0.2,0.4,0.6")
     ap.add_argument("--iters", default=None, help="harvester iterations (scenario default if unset)")
     args = ap.parse_args()
     global LEND_LIMIT
-    LEND_LIMIT = args.lend_limit
+    LEND_LIMIT = not args.no_lend_limit
     con = Console(width=160)
     ov = {"iterations": args.iters} if args.iters else {}
 

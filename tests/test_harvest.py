@@ -124,3 +124,24 @@ def test_lend_limit_caps_what_a_neighbour_lends():
     lenders = [g for g in range(w.n_gpus) if caps[g] >= 0]
     assert lenders and all(peak[g] <= caps[g] for g in lenders)
     assert max(samples) > 0 and int(sim.nlent.min()) >= 0   # it did lend, within the cap
+
+
+def test_pages_on_a_gpu_always_have_a_chunk_there():
+    """A fault-path spill to a neighbour that then refused (its lend cap reached, no removable
+    victim) once left the evicted block's pages valid on the GPU with its chunk given up:
+    that GPU then 'held' data without memory (Case-2 ran 16x faster). Every GPU's valid pages
+    must sit in chunks it holds."""
+    import numpy as np
+
+    from umctl.controller.base import make_controller
+    from umctl.sim.engine import Simulator
+    from umctl.sources.scenario import load_scenario
+    from umctl.units import PAGES_PER_BLOCK
+
+    w = load_scenario("huvm-case2", {"iterations": 1, "neighbour_iterations": 1})
+    for lend_limit in (False, True):
+        sim = Simulator(w, make_controller("harvest", lend_limit=lend_limit))
+        sim.run()
+        for g in range(sim.n_gpus):
+            held = ((sim.gmask >> g) & 1).reshape(-1, PAGES_PER_BLOCK).sum(1) > 0
+            assert not (held & ~sim.has_chunk[g]).any(), (lend_limit, g)

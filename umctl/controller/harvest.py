@@ -69,7 +69,7 @@ class _Base(Controller):
     features: ClassVar[frozenset[str]] = frozenset()
 
     def __init__(self, threshold_chunks: int = 0, prefetch_bytes: int = 32 << 20, stride_bytes: int = 2 << 20,
-                 active_window_ns: int = 5_000_000, lend_limit: bool = False):
+                 active_window_ns: int = 5_000_000, lend_limit: bool = True):
         super().__init__(threshold_chunks=threshold_chunks, prefetch_bytes=prefetch_bytes,
                          stride_bytes=stride_bytes, active_window_ns=active_window_ns, lend_limit=lend_limit)
         self.lend_limit = bool(lend_limit)
@@ -130,10 +130,9 @@ class _Base(Controller):
         ratio = {int(t["gpu"]): float(t.get("ratio", 0.0)) for t in (ctx.workload.meta or {}).get("tenants", [])} \
             if ctx.workload is not None else {}
         for h in self.lenders:
-            # -O harvest.lend_limit=true: lend only what the neighbour's own job leaves free
-            # (its footprint is `ratio` of its GPU), as the paper's lenders, whose memory is
-            # allocated already; off by default until the Case-2 anomaly in docs/harvest.md
-            # is understood
+            # lend only what the neighbour's own job leaves free (its footprint is `ratio` of
+            # its GPU), as the paper's lenders, whose memory is allocated already; without it
+            # a lender reclaims on its own first touches (-O harvest.lend_limit=false)
             lend = int((1.0 - ratio[h]) * cap[h]) if self.lend_limit and h in ratio else -1
             ctx.harvest(h, writeback_Bps=wb, lend_chunks=lend)
 

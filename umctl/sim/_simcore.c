@@ -250,13 +250,16 @@ static double harvest_drop(SimState *s, int h, int64_t v, double t) {
  * first removable harvested chunk there (the victim cache replaces its own entries). Never
  * one of h's own chunks, never a wait for a write-back. Returns when it is usable, or -1 if
  * h lends nothing now. */
+/* May h lend one more free chunk? A lender lends free chunks only up to its cap (the memory
+ * its own job will not use); beyond that the victim cache replaces its own entries. */
+static int lends_free_chunk(SimState *s, int h) {
+    return (s->lend_cap[h] < 0 || s->nlent[h] < s->lend_cap[h]) && s->cap[h] - s->used[h] > 0;
+}
+
 double sim_take_spare(SimState *s, int h, int64_t b, double t) {
     sim_reclaim(s, h, t);
     double ready = t;
-    /* a lender lends free chunks only up to its cap (the memory its own job will not use);
-     * beyond that the victim cache replaces its own entries */
-    int may_grow = s->lend_cap[h] < 0 || s->nlent[h] < s->lend_cap[h];
-    if (may_grow && s->cap[h] - s->used[h] > 0) {
+    if (lends_free_chunk(s, h)) {
         s->used[h]++;
     } else {
         int64_t v = harvest_victim(s, h, t);
@@ -321,8 +324,11 @@ static int spill_target(SimState *s, int g, double t) {
         int h = (int)((s->spill_rr[g] + k) % s->ngpu);
         if (!(mask & (1ll << h)) || h == g) continue;
         sim_reclaim(s, h, t);
-        int64_t v = s->cap[h] - s->used[h] > 0 ? -1 : harvest_victim(s, h, t);
-        if (s->cap[h] - s->used[h] > 0 || (v >= 0 && s->removable_at[GB(s, h, v)] <= t)) {
+        /* the same test sim_take_spare makes: a target that then refused would leave the
+         * spilled block's pages on g without a chunk */
+        int free_ok = lends_free_chunk(s, h);
+        int64_t v = free_ok ? -1 : harvest_victim(s, h, t);
+        if (free_ok || (v >= 0 && s->removable_at[GB(s, h, v)] <= t)) {
             s->spill_rr[g] = h;
             return h;
         }
@@ -607,6 +613,7 @@ static double service(SimState *s, int g, const int64_t *fp, const uint8_t *fw, 
                 double pmin = min_pending(s, g);
                 int64_t hv = harvest_victim(s, g, t + stall);
                 int spill = -1;
+                double spill_done = -1.0;
                 if (hv < 0 && v >= 0 && !(s->npending[g] > 0 && pmin - (t + stall) <=
                                           s->evict_chunk_ns + s->rescount[GB(s, g, v)] * PAGE / s->nvlink_Bpns))
                     spill = spill_target(s, g, t + stall);
@@ -620,9 +627,10 @@ static double service(SimState *s, int g, const int64_t *fp, const uint8_t *fw, 
                     double ready = harvest_drop(s, g, hv, t + stall);
                     stall = ready - t + s->evict_chunk_ns;
                     s->stats[ST_RECLAIMS]++;
-                } else if (spill >= 0) {
-                    /* evict into a neighbour's spare memory over NVLink (victim cache) */
-                    double done = spill_block(s, g, spill, v, t + stall);
+                } else if (spill >= 0 && (spill_done = spill_block(s, g, spill, v, t + stall)) >= 0) {
+                    /* evicted into a neighbour's spare memory over NVLink (victim cache); a
+                     * neighbour that refused falls through to the host path below */
+                    double done = spill_done;
                     s->has_chunk[GB(s, g, v)] = 0;
                     stall = done - t + s->evict_chunk_ns;
                     s->stats[ST_EVICTIONS]++;
