@@ -920,10 +920,18 @@ class Simulator:
         self.r.timeline = [(lane, label, float(t0), float(t1), grp) for lane, label, t0, t1, grp in tl]
 
     def _check_capacity(self) -> None:
+        """End-of-replay invariants: no GPU over capacity, and every page valid on a GPU sits
+        in a chunk that GPU holds (a page without a chunk is memory for free: a harvest spill
+        bug once made a tenant 16x faster that way)."""
+        per_block = self.gmask.reshape(-1, PAGES_PER_BLOCK)
         for g in range(self.n_gpus):
             held = int(self.has_chunk[g].sum()) + int(self.npending[g])
             if self.used[g] > self.cap[g] or held > self.cap[g]:
                 raise AssertionError(f"GPU {g} over capacity: {self.used[g]} chunks of {self.cap[g]}")
+            on = (per_block & np.uint8(1 << g)).any(axis=1)
+            orphans = int((on & ~self.has_chunk[g]).sum())
+            if orphans:
+                raise AssertionError(f"GPU {g} has valid pages in {orphans} blocks without a chunk")
 
 
 def simulate(workload: Workload, controller: Controller, **kw) -> SimResult:
