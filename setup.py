@@ -16,6 +16,19 @@ BPF_SOURCES = ["launch.bpf.c", "uvmfault.bpf.c"]   # bpf/NAME.c -> umctl/bpf/NAM
 RUNTIME_SOURCES = ["runtime/umctl_rt.c"]   # -> umctl/runtime/libumctl_rt.so (LD_PRELOAD runtime)
 
 
+def _compile(cmd: list[str], what: str, hint: str = "") -> bool:
+    """Run one compiler command; a failure is a warning on stderr, never a failed install."""
+    try:
+        r = subprocess.run(cmd, capture_output=True, text=True)
+    except OSError as e:
+        print(f"umctl: {what} not built ({e})", file=sys.stderr)
+        return False
+    if r.returncode:
+        print(f"umctl: {what} not built{hint}:\n{r.stderr[-2000:]}", file=sys.stderr)
+        return False
+    return True
+
+
 class build_ext_and_bpf(build_ext):
     """build_ext, plus ``clang -O2 -g -target bpf`` of bpf/*.bpf.c into umctl/bpf/.
 
@@ -40,13 +53,7 @@ class build_ext_and_bpf(build_ext):
         os.makedirs(out_dir, exist_ok=True)
         cmd = [cc, "-O2", "-g", "-shared", "-fPIC", "-Wall", "-o", os.path.join(out_dir, "libumctl_rt.so"),
                *[os.path.join(HERE, s) for s in RUNTIME_SOURCES], "-ldl", "-lpthread"]
-        try:
-            r = subprocess.run(cmd, capture_output=True, text=True)
-        except OSError as e:
-            print(f"umctl: runtime library not built ({e})", file=sys.stderr)
-            return
-        if r.returncode:
-            print(f"umctl: runtime library not built:\n{r.stderr[-2000:]}", file=sys.stderr)
+        _compile(cmd, "runtime library")
 
     def _build_bpf(self, out_dir: str) -> None:
         clang = os.environ.get("BPF_CLANG") or shutil.which("clang")
@@ -62,14 +69,7 @@ class build_ext_and_bpf(build_ext):
             cmd = [clang, "-O2", "-g", "-target", "bpf", f"-D__TARGET_ARCH_{arch}", "-Wall",
                    *(["-I", multiarch] if os.path.isdir(multiarch) else []),
                    "-c", os.path.join(HERE, "bpf", src), "-o", obj]
-            try:
-                r = subprocess.run(cmd, capture_output=True, text=True)
-            except OSError as e:
-                print(f"umctl: BPF object {src} not built ({e})", file=sys.stderr)
-                return
-            if r.returncode:
-                print(f"umctl: BPF object {src} not built (is libbpf-dev installed?):\n{r.stderr[-2000:]}",
-                      file=sys.stderr)
+            _compile(cmd, f"BPF object {src}", hint=" (is libbpf-dev installed?)")
 
 
 setup(

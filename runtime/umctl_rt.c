@@ -1481,16 +1481,26 @@ static int64_t report_launch(const void *f, dim3 g, dim3 b, void **args, size_t 
     return seq;
 }
 
+typedef cudaError_t (*launch_plain_t)(const void *, dim3, dim3, void **, size_t, cudaStream_t);
+
+/* A launch through an entry point with cudaLaunchKernel's signature: wait for pending HUM
+   copies, report it, launch, and track its end. */
+static cudaError_t launch_plain(launch_plain_t real, const void *f, dim3 g, dim3 b, void **args, size_t smem,
+                                cudaStream_t s)
+{
+    hum_barrier();
+    int64_t q = report_launch(f, g, b, args, smem, s);
+    cudaError_t r = real(f, g, b, args, smem, s);
+    if (r == 0)
+        track_end(q, s);
+    return r;
+}
+
 API cudaError_t cudaLaunchKernel(const void *f, dim3 g, dim3 b, void **args, size_t smem, cudaStream_t s)
 {
     if (!get_cudaLaunchKernel())
         return 1;
-    hum_barrier();
-    int64_t q = report_launch(f, g, b, args, smem, s);
-    cudaError_t r = real_cudaLaunchKernel(f, g, b, args, smem, s);
-    if (r == 0)
-        track_end(q, s);
-    return r;
+    return launch_plain(real_cudaLaunchKernel, f, g, b, args, smem, s);
 }
 
 /* cudaLaunchConfig_t of cuda_runtime_api.h (CUDA >= 11.8): the layout the ExC entry points
@@ -1570,21 +1580,14 @@ API u64 __cudaLaunchKernel_ptsz(u64 a, u64 b, u64 c, u64 d, u64 e, u64 f, u64 g,
     return stub_launch("__cudaLaunchKernel_ptsz", &real, a, b, c, d, e, f, g, h, i, j, k, l);
 }
 
-typedef cudaError_t (*launch_ptsz_t)(const void *, dim3, dim3, void **, size_t, cudaStream_t);
-
 API cudaError_t cudaLaunchKernel_ptsz(const void *f, dim3 g, dim3 b, void **args, size_t smem, cudaStream_t s)
 {
-    static launch_ptsz_t real;
+    static launch_plain_t real;
     if (!real)
-        real = (launch_ptsz_t)next_sym("cudaLaunchKernel_ptsz");
+        real = (launch_plain_t)next_sym("cudaLaunchKernel_ptsz");
     if (!real)
         return 1;
-    hum_barrier();
-    int64_t q = report_launch(f, g, b, args, smem, s);
-    cudaError_t r = real(f, g, b, args, smem, s);
-    if (r == 0)
-        track_end(q, s);
-    return r;
+    return launch_plain(real, f, g, b, args, smem, s);
 }
 
 /* Everything else that enqueues work, synchronises or touches memory: barrier, then the real
