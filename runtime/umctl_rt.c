@@ -299,8 +299,9 @@ static void *flusher(void *arg)
     return NULL;
 }
 
-static pthread_once_t flusher_once = PTHREAD_ONCE_INIT;
-static void start_flusher(void)
+/* Start one of the runtime's own threads, detached, with every signal blocked (the program's
+   signals go to its own threads). Returns whether it started. */
+static int spawn_detached(void *(*fn)(void *))
 {
     pthread_t t;
     pthread_attr_t a;
@@ -308,10 +309,17 @@ static void start_flusher(void)
     pthread_attr_setdetachstate(&a, PTHREAD_CREATE_DETACHED);
     sigset_t all, old;
     sigfillset(&all);
-    pthread_sigmask(SIG_SETMASK, &all, &old);   /* the program's signals go to its own threads */
-    pthread_create(&t, &a, flusher, NULL);
+    pthread_sigmask(SIG_SETMASK, &all, &old);
+    int ok = pthread_create(&t, &a, fn, NULL) == 0;
     pthread_sigmask(SIG_SETMASK, &old, NULL);
     pthread_attr_destroy(&a);
+    return ok;
+}
+
+static pthread_once_t flusher_once = PTHREAD_ONCE_INIT;
+static void start_flusher(void)
+{
+    spawn_detached(flusher);
 }
 
 static void push(int k, const void *rec)
@@ -774,17 +782,7 @@ static void hum_start(void)
     install_segv();
     if (!prev_segv_set)
         return;
-    pthread_t t;
-    pthread_attr_t a;
-    pthread_attr_init(&a);
-    pthread_attr_setdetachstate(&a, PTHREAD_CREATE_DETACHED);
-    sigset_t all, old;
-    sigfillset(&all);
-    pthread_sigmask(SIG_SETMASK, &all, &old);
-    int ok = pthread_create(&t, &a, hum_worker, NULL) == 0;
-    pthread_sigmask(SIG_SETMASK, &old, NULL);
-    pthread_attr_destroy(&a);
-    hum_ready = ok;
+    hum_ready = spawn_detached(hum_worker);
 }
 
 /* /proc/self/maps, cached: ranges of private writable mappings that are not stacks. Refreshed
@@ -1424,12 +1422,7 @@ static void trk_start(void)
 {
     if (!get_cudaEventCreateWithFlags() || !get_cudaEventRecord() || !get_cudaEventQuery() || !get_cudaSetDevice())
         return;
-    pthread_t t;
-    pthread_attr_t a;
-    pthread_attr_init(&a);
-    pthread_attr_setdetachstate(&a, PTHREAD_CREATE_DETACHED);
-    trk_ok = pthread_create(&t, &a, trk_worker, NULL) == 0;
-    pthread_attr_destroy(&a);
+    trk_ok = spawn_detached(trk_worker);
 }
 
 static void track_end(int64_t seq, cudaStream_t s)
