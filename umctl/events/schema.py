@@ -164,6 +164,14 @@ def empty(kind: Kind, n: int = 0) -> np.ndarray:
     return np.zeros(n, dtype=DTYPES[kind])
 
 
+def drops_record(t_ns: int, lost: Kind, count: int) -> np.ndarray:
+    """One DROPS record: ``count`` events of kind ``lost`` a source could not deliver (sources
+    keep cumulative counters and report the growth since their last report)."""
+    d = empty(Kind.DROPS, 1)
+    d["t_ns"], d["kind"], d["count"] = t_ns, KIND_CODES[lost], count
+    return d
+
+
 def commands(op, addr, nbytes, *, dst=0, pid=0, exec_id=-1, priority=1, advice=0, t_ns=0) -> np.ndarray:
     """Build a command batch from scalars or equal-length arrays (broadcast)."""
     addr = np.atleast_1d(np.asarray(addr, dtype=np.uint64))

@@ -30,7 +30,7 @@ from typing import Any, Iterable
 import numpy as np
 
 from .. import UmctlError
-from ..events.schema import KIND_CODES, Access, Cause, EventBatch, Kind, empty
+from ..events.schema import Access, Cause, EventBatch, Kind, drops_record, empty
 from ..units import CPU
 
 # -- the record format of bpf/uvmfault.bpf.c (struct event) -----------------------------------
@@ -330,10 +330,8 @@ class KprobeSource:
         batch = decode(raw, faults)
         drops = self.counters().get("faults_dropped", 0)
         if drops > self._drops_reported:
-            d = empty(Kind.DROPS, 1)
-            d["t_ns"], d["kind"], d["count"] = batch.now_ns, KIND_CODES[Kind.FAULT], drops - self._drops_reported
+            batch.add(Kind.DROPS, drops_record(batch.now_ns, Kind.FAULT, drops - self._drops_reported))
             self._drops_reported = drops
-            batch.add(Kind.DROPS, d)
         return batch
 
     def counters(self) -> dict[str, int]:

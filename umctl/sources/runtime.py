@@ -22,7 +22,7 @@ import time
 import numpy as np
 
 from .. import UmctlError
-from ..events.schema import DTYPES, KIND_CODES, EventBatch, Kind, empty
+from ..events.schema import DTYPES, EventBatch, Kind, drops_record, empty
 
 MAGIC = 0x54524D55
 VERSION = 1
@@ -70,9 +70,7 @@ class RuntimeDecoder:
             total = int(h["drops"][w - 1])
             prev = self._drops.get((pid, w), 0)
             if total > prev:
-                d = empty(Kind.DROPS, 1)
-                d["t_ns"], d["kind"], d["count"] = now_ns, KIND_CODES[k], total - prev
-                out.append((Kind.DROPS, d))
+                out.append((Kind.DROPS, drops_record(now_ns, k, total - prev)))
                 self._drops[(pid, w)] = total
         if kind == NAMES_KIND:
             off = 0

@@ -37,7 +37,7 @@ from typing import Any
 import numpy as np
 
 from .. import UmctlError
-from ..events.schema import DTYPES, KIND_CODES, EventBatch, Kind, empty
+from ..events.schema import DTYPES, EventBatch, Kind, drops_record, empty
 from .workload import exec_hash as _exec_hash
 
 # -- the record format of bpf/launch.bpf.c (struct event) -----------------------------------
@@ -547,10 +547,8 @@ class LaunchProbe:
         if self._counters_fd >= 0:
             drops = self._counter(CNT_RB_DROPS)
             if drops > self._drops_reported:
-                d = empty(Kind.DROPS, 1)
-                d["t_ns"], d["kind"], d["count"] = batch.now_ns, KIND_CODES[Kind.LAUNCH], drops - self._drops_reported
+                batch.add(Kind.DROPS, drops_record(batch.now_ns, Kind.LAUNCH, drops - self._drops_reported))
                 self._drops_reported = drops
-                batch.add(Kind.DROPS, d)
         return batch
 
     def _counter(self, idx: int) -> int:
