@@ -113,18 +113,26 @@ def test_reports_decode_to_launch_alloc_copy(built):
     assert Kind.DROPS not in batch and stats(err)["drops"] == "0,0,0"
 
 
-def test_hum_copies_equal_plain_even_when_source_is_rewritten(built):
+@pytest.mark.parametrize("mode,threads,pinned", [("race", 1, 1), ("race", 4, 1), ("race", 3, 0), ("race-sync", 4, 1)])
+def test_hum_copies_equal_plain_even_when_source_is_rewritten(built, mode, threads, pinned):
     """PPoPP'20 §4.2: the host rewrites the whole source right after the asynchronous copy,
     rewrites one not-yet-copied page, and frees the source: the device gets the old bytes each
-    time. The worker is slowed down so that the writes really meet protected pages."""
-    plain, _ = run(built, "race", preload=False)
+    time. The workers are slowed down so that the writes really meet protected pages. With
+    pinned staging, the fake's copy engine reads a pinned buffer only when its stream is
+    synchronised, so a worker that reused a buffer before its DMA finished would copy the next
+    chunk's bytes and fail the comparison; several workers stage chunks out of order, which the
+    in-order unprotection must absorb. ``race-sync`` never calls cudaMemcpyAsync itself, as
+    nvcc-built programs do not: the workers must resolve every runtime call they make."""
+    plain, _ = run(built, mode, preload=False)
     assert plain["race_ok"] == plain["tail_ok"] == plain["free_ok"] == 1
-    hum, err = run(built, "race", hum=True, hum_delay_us=3000)
+    hum, err = run(built, mode, hum=True, hum_delay_us=3000, hum_threads=threads, hum_pinned=pinned)
     assert hum == plain
     st = stats(err)
     assert int(st["hum_copies"]) == 3 and int(st["segv_waits"]) > 0 and int(st["barrier_waits"]) > 0
-    # every chunk by DMA on the worker's stream (the fake's cudaMemcpyAsync), so no prefetch
-    assert int(st["chunks"]) == 3 * 9 and int(st["dma_chunks"]) == int(st["chunks"]) and int(st["prefetches"]) == 0
+    # every chunk through a pinned buffer, or (without) by pageable DMA on the worker's stream;
+    # never a CPU copy + prefetch
+    assert int(st["chunks"]) == 3 * 9 and int(st["prefetches"]) == 0
+    assert int(st["pinned_chunks" if pinned else "dma_chunks"]) == int(st["chunks"])
 
 
 def test_hum_basic_results_and_copy_reports(built):
@@ -133,6 +141,10 @@ def test_hum_basic_results_and_copy_reports(built):
         hum, err = run(built, "basic", hum=True, socket=src.path, hum_delay_us=500)
     assert hum["checksum"] == plain["checksum"]
     assert int(stats(err)["hum_copies"]) == 2
+    # HUM gives each of the 3 cudaMalloc stand-ins its GPU pages at once (as cudaMalloc would);
+    # plain managed routing (DeepUM) keeps placement lazy
+    assert stats(err)["populated"] == "3"
+    assert stats(run(built, "basic", managed=True)[1])["populated"] == "0"
     cp = src.drain()[Kind.COPY]
     h2d = cp[cp["kind"] == CopyKind.H2D]
     assert len(h2d) == 2 and (h2d["t_end_ns"] >= h2d["t_ns"]).all() and (h2d["t_end_ns"] > 0).all()

@@ -16,12 +16,17 @@ def main() -> None:
     ap.add_argument("--budget", default="512MiB")
     ap.add_argument("--steps", type=int, default=12)
     ap.add_argument("--modes", default="none,deepum")
+    ap.add_argument("--degrees", default="", help="deepum modes: one run per degree N (e.g. 32,8)")
+    ap.add_argument("--no-baselines", action="store_true", help="skip plain torch and the no-budget run")
     a = ap.parse_args()
     wl = [sys.executable, "tests/gpu/wl_torch_train.py", "--steps", str(a.steps)]
     rt = ["umctl", "run", "-q", "--runtime", "--managed"]
-    configs = [("plain torch", wl), ("runtime, managed, no budget", rt + ["--"] + wl)]
-    configs += [(f"{m} --budget {a.budget}", rt + ["--mode", m, "--budget", a.budget, "--"] + wl)
-                for m in a.modes.split(",")]
+    configs = [] if a.no_baselines else [("plain torch", wl), ("runtime, managed, no budget", rt + ["--"] + wl)]
+    for m in a.modes.split(","):
+        for d in (a.degrees.split(",") if a.degrees and m.startswith("deepum") else [""]):
+            extra = ["--degree", d] if d else []
+            configs.append((f"{m}{' N=' + d if d else ''} --budget {a.budget}",
+                            rt + ["--mode", m, "--budget", a.budget, *extra, "--"] + wl))
     rows = []
     for name, cmd in configs:
         p = subprocess.run(cmd, capture_output=True, text=True, timeout=300)

@@ -1,7 +1,7 @@
 #!/bin/bash
 # Device sessions of the live-control and live-observation issues, one section per measurement.
 #   bash tests/gpu/run_control.sh [SECTION ...]     (default: every section; logs to $OUT)
-# Sections: calibrate runtime hum torch layers harvest kill overhead replay
+# Sections: calibrate runtime hum humnvcc torch layers harvest kill overhead replay
 cd "$(dirname "$0")/../.."
 export OUT=${OUT:-/tmp/umctl_out} PYTHONUNBUFFERED=1 PIP_ROOT_USER_ACTION=ignore
 [ -f .umctl_gpu/libbpf.so.1 ] && export UMCTL_LIBBPF=$PWD/.umctl_gpu/libbpf.so.1
@@ -10,7 +10,7 @@ python3 -m pip install -q --no-build-isolation --no-deps -e . > "$OUT/install.lo
 nvidia-smi --query-gpu=index,name,memory.total,memory.used,driver_version --format=csv,noheader
 GPU=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | tr 'A-Z ' 'a-z-' | sed 's/nvidia-//; s/-.*//')
 NGPU=$(nvidia-smi --query-gpu=index --format=csv,noheader | wc -l)
-SECTIONS=${*:-calibrate runtime hum torch layers harvest kill overhead replay}
+SECTIONS=${*:-calibrate runtime hum humnvcc torch layers harvest kill overhead replay}
 
 for s in $SECTIONS; do
   echo "== $s"
@@ -33,6 +33,7 @@ print("TIME_MS", round((time.perf_counter() - t) * 1e3, 1), "SUM", float(r), s)
 PY
     python3 /tmp/hum_prog.py
     UMCTL_RT_STATS=1 timeout -k 5 120 umctl run --mode hum -q -- python3 /tmp/hum_prog.py 2>&1 | grep "TIME_MS\|umctl_rt\|error" ;;
+  humnvcc) timeout -k 5 500 python3 benchmarks/gpu/hum_programs.py --reps 3 --ablation 2>&1 | tail -20 ;;
   torch) timeout -k 5 330 python3 tests/gpu/bench_torch_control.py --budget 512MiB --modes none,deepum,deepum-prefetch 2>&1 | tail -12 ;;
   layers) timeout -k 5 300 python3 tests/gpu/bench_control.py --budget 1GiB --sync-each --modes none,deepum 2>&1 | tail -12 ;;
   harvest) [ "$NGPU" -ge 2 ] && timeout -k 5 300 python3 tests/gpu/bench_control.py --budget 1GiB --sync-each --modes none,harvest --spare-gpus 1 2>&1 | tail -12 || echo "needs 2 GPUs" ;;

@@ -1,7 +1,11 @@
 /* A stand-in for libcudart.so (and, built with -DFAKE_LIBCUDA, for libcuda.so.1) so that the
  * umctl runtime (runtime/umctl_rt.c) is tested without a GPU. "Device" memory is host memory;
- * a "kernel" is a host function void k(void **args) that cudaLaunchKernel calls at once; every
- * copy is a memcpy. The library records which API allocated each pointer, so a test can see
+ * a "kernel" is a host function void k(void **args) that cudaLaunchKernel calls at once; a copy
+ * is a memcpy, done at once, except an asynchronous copy out of pinned memory (cudaHostAlloc /
+ * cudaMallocHost), which is a fake copy engine: it happens only when its stream is synchronised
+ * (cudaEventSynchronize on a later event, cudaStreamSynchronize, cudaDeviceSynchronize), as a
+ * real DMA may read the pinned buffer any time until then, so a caller that reuses the buffer
+ * too early copies the wrong bytes. The library records which API allocated each pointer, so a test can see
  * whether cudaMalloc was routed to cudaMallocManaged.
  *
  *   gcc -O1 -shared -fPIC fakecudart.c -o DIR/libcudart.so -ldl
@@ -9,6 +13,7 @@
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
+#include <pthread.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -76,13 +81,16 @@ static struct { char *p; size_t n; int type; } tab[4096];
 static int n_tab, last_error;
 API int fake_device_allocs, fake_managed_allocs, fake_copies, fake_launches;
 
+static pthread_mutex_t tab_mu = PTHREAD_MUTEX_INITIALIZER;
 static int put(void **out, size_t n, int type)
 {
     void *p = NULL;
     if (posix_memalign(&p, 4096, n ? n : 1))
         return (last_error = 2);
+    pthread_mutex_lock(&tab_mu);
     tab[n_tab].p = p, tab[n_tab].n = n, tab[n_tab].type = type;
     n_tab++;
+    pthread_mutex_unlock(&tab_mu);
     *out = p;
     return 0;
 }
@@ -98,39 +106,82 @@ static int find(const void *p)
 API int cudaMalloc(void **p, size_t n) { fake_device_allocs++; return put(p, n, T_DEVICE); }
 API int cudaMallocManaged(void **p, size_t n, unsigned flags) { (void)flags; fake_managed_allocs++; return put(p, n, T_MANAGED); }
 API int cudaMallocHost(void **p, size_t n) { return put(p, n, T_HOST); }
+API int cudaHostAlloc(void **p, size_t n, unsigned flags) { (void)flags; return put(p, n, T_HOST); }
 static int drop(void *p) { int i = find(p); if (i < 0 || tab[i].p != p) return (last_error = 1); free(p); tab[i].p = NULL; return 0; }
 API int cudaFree(void *p) { return p ? drop(p) : 0; }
 API int cudaFreeHost(void *p) { return drop(p); }
 
-static int copy(void *d, const void *s, size_t n) { fake_copies++; memmove(d, s, n); return 0; }
+static int copy(void *d, const void *s, size_t n) { __sync_fetch_and_add(&fake_copies, 1); memmove(d, s, n); return 0; }
 API int cudaMemcpy(void *d, const void *s, size_t n, int kind) { (void)kind; return copy(d, s, n); }
-API int cudaMemcpyAsync(void *d, const void *s, size_t n, int kind, void *st) { (void)kind, (void)st; return copy(d, s, n); }
+
+/* the fake copy engine: deferred copies out of pinned memory, in order per stream */
+static pthread_mutex_t ce_mu = PTHREAD_MUTEX_INITIALIZER;
+static struct ce { void *d; const void *s; size_t n; void *stream; unsigned long seq; } ceq[1024];
+static int n_ceq;
+static unsigned long ce_seq;
+struct fake_event { void *stream; unsigned long seq; };
+API int fake_deferred_copies;
+
+/* run the queued copies of @stream (NULL: all) up to @seq */
+static void ce_run(void *stream, int all, unsigned long seq)
+{
+    pthread_mutex_lock(&ce_mu);
+    int j = 0;
+    for (int i = 0; i < n_ceq; i++) {
+        if ((all || ceq[i].stream == stream) && ceq[i].seq <= seq)
+            memmove(ceq[i].d, ceq[i].s, ceq[i].n);
+        else
+            ceq[j++] = ceq[i];
+    }
+    n_ceq = j;
+    pthread_mutex_unlock(&ce_mu);
+}
+
+API int cudaMemcpyAsync(void *d, const void *s, size_t n, int kind, void *st)
+{
+    (void)kind;
+    int i = find(s);
+    if (i < 0 || tab[i].type != T_HOST)
+        return copy(d, s, n);
+    pthread_mutex_lock(&ce_mu);
+    if (n_ceq == (int)(sizeof ceq / sizeof *ceq)) {
+        pthread_mutex_unlock(&ce_mu);
+        ce_run(NULL, 1, ~0ul);
+        pthread_mutex_lock(&ce_mu);
+    }
+    ceq[n_ceq++] = (struct ce){ d, s, n, st, ++ce_seq };
+    pthread_mutex_unlock(&ce_mu);
+    __sync_fetch_and_add(&fake_copies, 1);
+    __sync_fetch_and_add(&fake_deferred_copies, 1);
+    return 0;
+}
 API int cudaMemset(void *d, int v, size_t n) { memset(d, v, n); return 0; }
 
 typedef struct { unsigned x, y, z; } dim3;
-static int launch(const void *f, void **args)
+static int launch(const void *f, void **args, void *stream)
 {
+    ce_run(stream, 0, ~0ul);   /* a stream runs in order: its queued copies first */
     fake_launches++;
     ((kernel_fn)f)(args);
     return 0;
 }
 API int cudaLaunchKernel(const void *f, dim3 g, dim3 b, void **args, size_t smem, void *s)
 {
-    (void)g, (void)b, (void)smem, (void)s;
-    return launch(f, args);
+    (void)g, (void)b, (void)smem;
+    return launch(f, args, s);
 }
 
 /* the <<<>>> stub's entry point of CUDA >= 12.8 */
 API int __cudaLaunchKernel(const void *f, dim3 g, dim3 b, void **args, size_t smem, void *s)
 {
-    (void)g, (void)b, (void)smem, (void)s;
-    return launch(f, args);
+    (void)g, (void)b, (void)smem;
+    return launch(f, args, s);
 }
 typedef struct { dim3 grid, block; size_t smem; void *stream; void *attrs; unsigned nattrs; } launch_config;
 API int cudaLaunchKernelExC(const launch_config *c, const void *f, void **args)
 {
-    (void)c;   /* an internal call, as in libcudart: not through the exported (interposed) symbol */
-    return launch(f, args);
+    /* an internal call, as in libcudart: not through the exported (interposed) symbol */
+    return launch(f, args, c->stream);
 }
 
 API int cudaFuncGetName(const char **name, const void *f)
@@ -160,13 +211,20 @@ API int cudaDeviceGetAttribute(int *v, int attr, int dev)
 API int cudaGetDevice(int *d) { *d = 0; return 0; }
 API int cudaSetDevice(int d) { (void)d; return 0; }
 API int cudaGetLastError(void) { int e = last_error; last_error = 0; return e; }
-API int cudaEventCreateWithFlags(void **e, unsigned f) { (void)f; *e = malloc(8); return 0; }
-API int cudaEventRecord(void *e, void *s) { (void)e, (void)s; return 0; }
-API int cudaEventSynchronize(void *e) { (void)e; return 0; }
+API int cudaEventCreateWithFlags(void **e, unsigned f) { (void)f; *e = calloc(1, sizeof(struct fake_event)); return 0; }
+API int cudaEventRecord(void *e, void *s)
+{
+    struct fake_event *ev = e;
+    pthread_mutex_lock(&ce_mu);
+    ev->stream = s, ev->seq = ce_seq;
+    pthread_mutex_unlock(&ce_mu);
+    return 0;
+}
+API int cudaEventSynchronize(void *e) { struct fake_event *ev = e; ce_run(ev->stream, 0, ev->seq); return 0; }
 API int cudaStreamCreateWithFlags(void **s, unsigned f) { (void)f; *s = malloc(8); return 0; }
 API int cudaStreamIsCapturing(void *s, int *st) { (void)s; *st = 0; return 0; }
-API int cudaStreamSynchronize(void *s) { (void)s; return 0; }
-API int cudaDeviceSynchronize(void) { return 0; }
+API int cudaStreamSynchronize(void *s) { ce_run(s, 0, ~0ul); return 0; }
+API int cudaDeviceSynchronize(void) { ce_run(NULL, 1, ~0ul); return 0; }
 
 /* What cuBLAS does: reach the driver's launch through dlsym(libcuda, cuGetProcAddress). */
 API int fake_driver_launch(const void *f, void **args)

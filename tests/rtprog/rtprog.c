@@ -116,7 +116,7 @@ static void fill(unsigned char *p, size_t n, unsigned seed)
 
 /* HUM §4.2: the host rewrites (or frees) the source right after the copy returned; the device
    must still receive the bytes as they were at the call. */
-static int race(void)
+static int race(int sync_only)
 {
     size_t n = 16 * MB + 1000;
     unsigned char *base = malloc(n + 200), *src = base + 100, *exp = malloc(n), *out = malloc(n);
@@ -125,7 +125,10 @@ static int race(void)
         return 1;
     fill(src, n, 7);
     memcpy(exp, src, n);
-    cudaMemcpyAsync(dst, src, n, H2D, NULL);
+    if (sync_only)   /* a program that never calls cudaMemcpyAsync itself (nvcc samples) */
+        cudaMemcpy(dst, src, n, H2D);
+    else
+        cudaMemcpyAsync(dst, src, n, H2D, NULL);
     memset(src, 0xEE, n);                    /* the whole source, at once */
     cudaMemcpy(out, dst, n, D2H);
     int race_ok = memcmp(out, exp, n) == 0;
@@ -200,7 +203,9 @@ int main(int argc, char **argv)
     if (!strcmp(mode, "basic"))
         return basic();
     if (!strcmp(mode, "race"))
-        return race();
+        return race(0);
+    if (!strcmp(mode, "race-sync"))
+        return race(1);
     if (!strcmp(mode, "driver"))
         return driver();
     if (!strcmp(mode, "allocator"))
