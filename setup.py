@@ -12,7 +12,7 @@ from setuptools import Extension, find_packages, setup
 from setuptools.command.build_ext import build_ext
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-BPF_SOURCES = ["launch.bpf.c", "uvmfault.bpf.c"]   # bpf/NAME.c -> umctl/bpf/NAME.o
+BPF_SOURCES = ["launch.bpf.c", "uvmfault.bpf.c", "fastpath.bpf.c"]   # bpf/NAME.c -> umctl/bpf/NAME.o
 RUNTIME_SOURCES = ["runtime/umctl_rt.c"]   # -> umctl/runtime/libumctl_rt.so (LD_PRELOAD runtime)
 
 

@@ -31,6 +31,8 @@ enum umctl_cmd {
 	UMCTL_CMD_PREEVICT,
 	UMCTL_CMD_INVALIDATE,
 	UMCTL_CMD_RESULT,   /* kernel -> user: unicast to the submitter and multicast on "events" */
+	UMCTL_CMD_FASTPATH_ENABLE,    /* PID: let BPF programs queue commands for this target (kfunc) */
+	UMCTL_CMD_FASTPATH_DISABLE,   /* PID */
 	__UMCTL_CMD_MAX,
 };
 
@@ -39,5 +41,10 @@ enum { UMCTL_ST_OK = 0, UMCTL_ST_FAILED = 1, UMCTL_ST_TARGET_GONE = 2, UMCTL_ST_
        UMCTL_ST_SKIPPED = 4 };
 
 #define UMCTL_MAX_LEN (1ULL << 40)
+
+/* cmd_id of commands queued by the BPF kfunc bpf_umctl_enqueue (the low bits count them) */
+#define UMCTL_FASTPATH_CMD_ID (1ULL << 63)
+/* targets with the fast path enabled at once */
+#define UMCTL_FASTPATH_SLOTS 16
 
 #endif

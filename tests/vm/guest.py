@@ -261,6 +261,166 @@ def step_deepum(wl: Workload, src) -> None:
     act.close()
 
 
+class NoPrefetch:
+    """The kmod actuator minus the controller's PREFETCH commands (they are counted, not sent):
+    the fast path alone prefetches, the controller still learns and invalidates."""
+
+    def __init__(self, act) -> None:
+        self.act, self.dropped = act, 0
+
+    def submit(self, cmds):
+        mask = cmds["op"] != Op.PREFETCH
+        self.dropped += int((~mask).sum())
+        ids = np.full(len(cmds), -1, np.int64)
+        ids[mask] = self.act.submit(cmds[mask])
+        return ids
+
+    def __getattr__(self, name):
+        return getattr(self.act, name)
+
+
+def deepum_run(wl: Workload, src, kernels: dict, iters: int, *, user_prefetch: bool, fp=None) -> dict:
+    """DeepUM live for ``iters`` iterations of ``kernels`` (exec hash -> base of 16 blocks), the
+    user-space commands through the module (PREFETCH only if ``user_prefetch``), and the fast path
+    mirrored from the controller's tables when ``fp`` is given. Faults per iteration come from the
+    simulated driver; prefetch latency is measured on the probes' events: from the first kernel's
+    fault batch to the first / last USER migration into the other kernels' blocks."""
+    from umctl.actuators.kmod import KmodActuator
+    from umctl.controller import make_controller
+    from umctl.live.control import LiveControl
+
+    act = KmodActuator()
+    wrapped = act if user_prefetch else NoPrefetch(act)
+    ctl = make_controller("deepum")
+    live = LiveControl(ctl, wrapped, pid=wl.pid, gpus=[{"memory_bytes": 64 << 21}])
+    first = min(kernels)
+    others = [(b, b + (16 << 21)) for k, b in kernels.items() if k != first]
+    seq = n_cmds = 0
+    faults, lat_first, lat_all, fp_res = [], [], [], []
+    src.drain()
+
+    def drain_step():
+        b = src.drain()
+        events.append(b)
+        return live.step(b)
+
+    def fp_wait():
+        want = param("umctl", "fastpath_enqueued") - fp_base
+        deadline = time.monotonic() + 10
+        while sum(len(r) for r in fp_res) < want and time.monotonic() < deadline:
+            time.sleep(0.02)
+            fp_res.append(fp.results())
+
+    fp_base = param("umctl", "fastpath_enqueued")
+    for it in range(iters):
+        f0 = param("uvm_sim", "faults")
+        events: list = []
+        for k, base in kernels.items():
+            la = empty(Kind.LAUNCH, 1)
+            la["t_ns"], la["pid"], la["exec_hash"], la["seq"], la["name_id"] = time.monotonic_ns(), wl.pid, k, seq, -1
+            seq += 1
+            batch = EventBatch(now_ns=time.monotonic_ns())
+            batch.add(Kind.LAUNCH, la)
+            live.step(batch)
+            if fp is not None:
+                fp.sync(ctl)
+            wl.access(base, 16, 4, 1)
+            if fp is not None:
+                fp_wait()
+            time.sleep(0.05)
+            n_cmds += len(drain_step()[Kind.COMMAND])
+            act.wait_idle(10)
+        time.sleep(0.1)
+        drain_step()
+        # the first kernel's batch -> prefetches into the others
+        reps = np.concatenate([e[Kind.REPLAY]["t_ns"] for e in events if len(e[Kind.REPLAY])] or [np.zeros(0, np.int64)])
+        migs = [e[Kind.MIGRATION] for e in events if len(e[Kind.MIGRATION])]
+        m = np.concatenate(migs) if migs else empty(Kind.MIGRATION, 0)
+        m = m[(m["cause"] == Cause.USER) & (m["pid"] == wl.pid)]
+        inside = np.zeros(len(m), bool)
+        for lo, hi in others:
+            inside |= (m["addr"] >= lo) & (m["addr"] < hi)
+        if len(reps) and inside.any():
+            t0 = int(reps.min())
+            t = m["t_ns"][inside].astype(np.int64) - t0
+            t = t[t > 0]
+            if len(t):
+                lat_first.append(int(t.min()))
+                lat_all.append(int(t.max()))
+        # every iteration starts cold (as in step_deepum)
+        act.submit(commands(Op.INVALIDATE, np.array(list(kernels.values()), np.uint64), 16 << 21, pid=wl.pid))
+        act.wait_idle(10)
+        time.sleep(0.2)
+        live.step(src.drain())
+        faults.append(param("uvm_sim", "faults") - f0)
+    if fp is not None:
+        fp_res.append(fp.results())
+    st = act.stats()
+    act.close()
+    res = np.concatenate(fp_res) if fp_res else None
+    ms = lambda v: round(float(np.median(v)) / 1e6, 2) if v else None  # noqa: E731
+    return {"faults": faults, "commands": n_cmds, "actuator": st["counts"], "lat_first_ms": ms(lat_first),
+            "lat_all_ms": ms(lat_all), "fp_results": res,
+            "fp_enqueued": param("umctl", "fastpath_enqueued") - fp_base,
+            "user_prefetch_dropped": getattr(wrapped, "dropped", 0)}
+
+
+def step_fastpath(wl: Workload, src) -> None:
+    """The kfunc fast path: the controller's tables mirrored into a BPF map, walked at fault time
+    by an fentry program that queues prefetches through bpf_umctl_enqueue; measured against the
+    user-space path (same controller, same workload) and together with it."""
+    from umctl.actuators.fastpath import FastPath
+
+    check("fastpath_kfunc_registered", open("/sys/module/umctl/parameters/fastpath_kfunc").read().strip() == "Y",
+          "umctl loaded without its kfunc")
+    t0 = time.monotonic()
+    fp = FastPath(wl.pid, degree=64, requeue_ms=100)
+    metric("fastpath_load_attach_s", round(time.monotonic() - t0, 2))
+    runs = {}
+    try:
+        for name, base, user, use_fp in (("user", 0x7B0000000000, True, False),
+                                         ("fastpath", 0x7A0000000000, False, True),
+                                         ("both", 0x790000000000, True, True)):
+            kernels = {11: base, 12: base + (1 << 32), 13: base + (2 << 32)}
+            runs[name] = deepum_run(wl, src, kernels, 4, user_prefetch=user, fp=fp if use_fp else None)
+        # the kfunc refuses a pid nobody enabled, even when the BPF side walks for it
+        wl2 = Workload()
+        try:
+            r0, c0 = param("umctl", "fastpath_refused"), fp.counters()["refused"]
+            b = 0x780000000000 >> 21
+            fp.serve(wl2.pid)
+            fp.set_successors(wl2.pid, {b: (b + 1, b + 2), b + 1: (b + 2,)})
+            wl2.access(b << 21, 1, 1, 1)
+            time.sleep(0.3)
+            late = fp.results()
+            refused = param("umctl", "fastpath_refused") - r0
+            check("fastpath_refuses_pid_not_enabled", refused >= 2 and fp.counters()["refused"] - c0 >= 2
+                  and not (late["pid"] == wl2.pid).any(), f"refused {refused}, results for it {late}")
+            metric("fastpath_refused_not_enabled", refused)
+        finally:
+            wl2.close()
+        metric("fastpath_bpf_counters", fp.counters())
+    finally:
+        fp.close()
+    for name, r in runs.items():
+        metric(f"fastpath_{name}_faults_per_iteration", r["faults"])
+        metric(f"fastpath_{name}_prefetch_latency_ms_first_p50", r["lat_first_ms"])
+        metric(f"fastpath_{name}_prefetch_latency_ms_all_p50", r["lat_all_ms"])
+        metric(f"fastpath_{name}_user_commands_sent", r["actuator"]["submitted"])
+    for name in ("fastpath", "both"):
+        r = runs[name]
+        res = r["fp_results"]
+        metric(f"fastpath_{name}_kfunc_enqueued", r["fp_enqueued"])
+        metric(f"fastpath_{name}_kfunc_acknowledged", len(res))
+        metric(f"fastpath_{name}_kfunc_ok", int((res["status"] == Status.OK).sum()))
+        metric(f"fastpath_{name}_kfunc_latency_ms_mean", round(float(res["latency_ns"].mean()) / 1e6, 3) if len(res) else None)
+        check(f"fastpath_{name}_all_acknowledged", r["fp_enqueued"] > 0 and len(res) == r["fp_enqueued"]
+              and (res["status"] == Status.OK).all() and (res["pid"] == wl.pid).all(),
+              f"{r['fp_enqueued']} enqueued, {len(res)} results, statuses {np.bincount(res['status']) if len(res) else []}")
+    f = runs["fastpath"]["faults"]
+    check("fastpath_cuts_faults", f[-1] < f[0] and runs["fastpath"]["user_prefetch_dropped"] > 0, str(f))
+
+
 def fuzz_messages(family: int, n: int, pid: int, rng: random.Random):
     """n malformed umctl requests (each with a consistent nlmsg_len, so netlink hands every one to
     genetlink and must answer it): wrong attribute sizes, missing attributes, huge or zero lengths,
@@ -293,7 +453,7 @@ def fuzz_messages(family: int, n: int, pid: int, rng: random.Random):
         elif kind == 5:    # destination out of range
             attrs[3] = (4, struct.pack("=i", rng.choice([-2, 64, 1 << 30, -(1 << 31)])))
         elif kind == 6:    # unknown command
-            cmd = rng.choice([0, 4, 5, 17, 255])
+            cmd = rng.choice([0, 4, 7, 17, 255])   # 5, 6: FASTPATH_ENABLE/DISABLE
         elif kind == 7:    # an attribute whose nla_len runs past the message
             body = b"".join(nla(t, p) for t, p in attrs)
             body += struct.pack("=HH", rng.choice([12, 100, 65535]), 2) + os.urandom(4)
@@ -406,6 +566,7 @@ def main() -> int:
         src = step_events(wl)
         step_kmod(wl, src)
         step_deepum(wl, src)
+        step_fastpath(wl, src)
         src.close()
         step_fuzz(wl, int(os.environ.get("UMCTL_FUZZ_N", "100000")))
         if os.environ.get("UMCTL_VM_CLI", "1") == "1":
@@ -421,7 +582,9 @@ def main() -> int:
             if m == "umctl":
                 metric("umctl_counters", {c: param("umctl", c) for c in ("received", "accepted", "rejected_invalid",
                                                                          "rejected_eperm", "rejected_esrch", "executed",
-                                                                         "ok", "failed", "results_lost")})
+                                                                         "ok", "failed", "results_lost",
+                                                                         "fastpath_enqueued", "fastpath_refused",
+                                                                         "fastpath_invalid", "fastpath_dropped")})
             r = subprocess.run(["rmmod", m], capture_output=True, text=True)
             check(f"rmmod_{m}", r.returncode == 0, r.stderr.strip())
     dmesg = sh("dmesg")

@@ -38,6 +38,8 @@ for m in uvm_sim umctl; do
   # module BTF, as Kbuild's modfinal would do with a vmlinux at hand
   LLVM_OBJCOPY=objcopy pahole -J --btf_gen_floats -j --lang_exclude=rust --btf_base "$BUILD/vmlinux" "$BUILD/$m.ko" 2>/dev/null \
     || LLVM_OBJCOPY=objcopy pahole -J --btf_base "$BUILD/vmlinux" "$BUILD/$m.ko"
+  # and the .BTF_ids (umctl's kfunc set), as Kbuild's modfinal would with resolve_btfids
+  python3 "$REPO/kmod/tools/resolve_btfids.py" --base "$BUILD/vmlinux" "$BUILD/$m.ko"
 done
 stamp "modules built"
 make -s -C "$REPO/bpf" OUT="$REPO/umctl/bpf" >/dev/null
