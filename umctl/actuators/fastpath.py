@@ -199,18 +199,7 @@ class FastPath:
         return len(changed) + len(gone)
 
     def counters(self) -> dict[str, int]:
-        ncpu = os.cpu_count() or 1
-        try:
-            with open("/sys/devices/system/cpu/possible") as fh:
-                ncpu = max(int(r.split("-")[-1]) for r in fh.read().strip().split(",")) + 1
-        except (OSError, ValueError):
-            pass
-        out = {}
-        for i, name in enumerate(COUNTER_NAMES):
-            vals = (C.c_uint64 * ncpu)()
-            self._lb.libbpf().bpf_map_lookup_elem(self._counters_fd, C.byref(C.c_uint32(i)), vals)
-            out[name] = int(sum(vals))
-        return out
+        return self._lb.percpu_counters(self._counters_fd, COUNTER_NAMES)
 
     # ------------------------------------------------------------------ results
     def _recv_loop(self) -> None:

@@ -305,6 +305,29 @@ def map_delete(fd: int, key: C._CData) -> bool:
     return libbpf().bpf_map_delete_elem(fd, C.byref(key)) == 0
 
 
+def possible_cpus() -> int:
+    """Slots in a per-CPU map value: the kernel sizes them by *possible* CPUs, which may exceed
+    the online count that os.cpu_count() gives."""
+    n = os.cpu_count() or 1
+    try:
+        with open("/sys/devices/system/cpu/possible") as fh:
+            n = max(int(r.split("-")[-1]) for r in fh.read().strip().split(",")) + 1
+    except (OSError, ValueError):
+        pass
+    return n
+
+
+def percpu_counters(fd: int, names: tuple[str, ...]) -> dict[str, int]:
+    """A BPF_MAP_TYPE_PERCPU_ARRAY of u64 counters, summed over CPUs, index i named names[i]."""
+    ncpu = possible_cpus()
+    out = {}
+    for i, name in enumerate(names):
+        vals = (C.c_uint64 * ncpu)()
+        libbpf().bpf_map_lookup_elem(fd, C.byref(C.c_uint32(i)), vals)
+        out[name] = int(sum(vals))
+    return out
+
+
 class RingBuffer:
     """A BPF_MAP_TYPE_RINGBUF reader. ``callback(data: bytes)`` runs once per record inside
     :meth:`poll` / :meth:`consume`, on the calling thread (ctypes drops the GIL while libbpf

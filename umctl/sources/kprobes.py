@@ -338,19 +338,7 @@ class KprobeSource:
         """The BPF counters summed over CPUs (their last values after close())."""
         if self._counters_fd < 0:
             return dict(self._final)
-        ncpu = os.cpu_count() or 1
-        try:
-            with open("/sys/devices/system/cpu/possible") as fh:
-                spec = fh.read().strip()
-            ncpu = max(int(r.split("-")[-1]) for r in spec.split(",")) + 1
-        except (OSError, ValueError):
-            pass
-        out = {}
-        for i, name in enumerate(COUNTER_NAMES):
-            vals = (C.c_uint64 * ncpu)()
-            self._lb.libbpf().bpf_map_lookup_elem(self._counters_fd, C.byref(C.c_uint32(i)), vals)
-            out[name] = int(sum(vals))
-        return out
+        return self._lb.percpu_counters(self._counters_fd, COUNTER_NAMES)
 
     def exited(self) -> bool:
         """True when every target process has exited (never, when watching all processes)."""
