@@ -76,6 +76,16 @@ class Workload:
         self.p.wait(5)
 
 
+def launch_batch(pid: int, exec_hash: int, seq: int) -> EventBatch:
+    """One kernel launch of the workload, as the launch source would deliver it (the simulated
+    driver has no launches of its own: the test plays the program's kernel sequence)."""
+    la = empty(Kind.LAUNCH, 1)
+    la["t_ns"], la["pid"], la["exec_hash"], la["seq"], la["name_id"] = time.monotonic_ns(), pid, exec_hash, seq, -1
+    batch = EventBatch(now_ns=time.monotonic_ns())
+    batch.add(Kind.LAUNCH, la)
+    return batch
+
+
 def drain_until(src, pred, timeout: float = 20.0) -> EventBatch:
     """Drain into one batch until pred(batch) or timeout."""
     acc = EventBatch()
@@ -232,12 +242,8 @@ def step_deepum(wl: Workload, src) -> None:
     for it in range(6):
         f0 = param("uvm_sim", "faults")
         for k, base in kernels.items():
-            la = empty(Kind.LAUNCH, 1)
-            la["t_ns"], la["pid"], la["exec_hash"], la["seq"], la["name_id"] = time.monotonic_ns(), wl.pid, k, seq, -1
+            live.step(launch_batch(wl.pid, k, seq))
             seq += 1
-            batch = EventBatch(now_ns=time.monotonic_ns())
-            batch.add(Kind.LAUNCH, la)
-            live.step(batch)
             wl.access(base, 16, 4, 1)
             time.sleep(0.05)
             out = live.step(src.drain())
@@ -316,12 +322,8 @@ def deepum_run(wl: Workload, src, kernels: dict, iters: int, *, user_prefetch: b
         f0 = param("uvm_sim", "faults")
         events: list = []
         for k, base in kernels.items():
-            la = empty(Kind.LAUNCH, 1)
-            la["t_ns"], la["pid"], la["exec_hash"], la["seq"], la["name_id"] = time.monotonic_ns(), wl.pid, k, seq, -1
+            live.step(launch_batch(wl.pid, k, seq))
             seq += 1
-            batch = EventBatch(now_ns=time.monotonic_ns())
-            batch.add(Kind.LAUNCH, la)
-            live.step(batch)
             if fp is not None:
                 fp.sync(ctl)
             wl.access(base, 16, 4, 1)
