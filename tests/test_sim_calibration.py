@@ -68,3 +68,41 @@ def test_eviction_write_back_rate():
     assert r.evictions == 128
     t_evict = r.evicted_bytes / DEFAULT.d2h_Bps * 1e9
     assert r.kernel_end_ns[1] - r.kernel_start_ns[1] > t_evict
+
+
+def test_batches_spread_over_blocks_cost_block_ns_each_beyond_the_first():
+    """The driver services a batch block by block: 32 faults in 32 blocks cost 31 block_ns
+    more than 32 faults in one block; recorded batch windows decide which pages go together."""
+    from umctl.controller import make_controller
+    from umctl.sim.calibration import DEFAULT
+    from umctl.sim.engine import simulate
+    from umctl.sources.workload import Init, WorkloadBuilder
+    from umctl.units import GiB
+
+    def run(block_ns: int, spread: bool):
+        b = WorkloadBuilder("scatter", gpu_mem=4 * GiB)
+        x = b.alloc("x", 64 << 20, init=Init.HOST)
+        first = x.addr >> 12
+        pages = first + (np.arange(32) * 512 if spread else np.arange(32) * 8)
+        b.kernel("k", pages=[(pages, False)], compute_ns=0)
+        w = b.build()
+        w.acc_win = np.arange(32, 0, -1, dtype=np.int32)   # all 32 were recorded in one batch
+        cal = DEFAULT.with_overrides(block_ns=block_ns, density_threshold=2.0)  # no prefetcher
+        return simulate(w, make_controller("none"), calib=cal)
+
+    one, spread = run(15_000, False), run(15_000, True)
+    assert one.fault_batches == spread.fault_batches == 1
+    assert spread.stall_ns - one.stall_ns == pytest.approx(31 * 15_000, rel=0.01)
+    assert run(0, True).stall_ns == pytest.approx(one.stall_ns, rel=0.01)
+
+
+def test_block_ns_fit_recovers_a_known_slope():
+    from umctl.sim.calibration import fit_block_ns
+
+    rng = np.random.default_rng(0)
+    blocks = rng.integers(1, 64, 500)
+    pages = rng.integers(1, 256, 500)
+    shapes = np.stack([blocks, pages, 40_000 + 14_000 * (blocks - 1) + 400 * pages + rng.normal(0, 3000, 500)], 1)
+    assert fit_block_ns(shapes.tolist()) == pytest.approx(14_000, rel=0.03)
+    assert fit_block_ns([(1, 30, 60_000)] * 50) == 0   # one block per batch: no slope to fit
+    assert fit_block_ns([]) == 0

@@ -9,7 +9,9 @@ host-written memory (read-only and read-write kernels), cuMemPrefetchAsync host-
 GPU->host, pinned and pageable cudaMemcpy host->GPU, and — with the tools API attached to
 this process — fault batches and distinct faulted pages per pass. Link rates are taken as
 measured; the per-batch cost of the fault path is fitted so the simulated cold pass takes the
-measured read-write time (umctl.sim.calibration.fit_fault_path). ``--refit FILE`` recomputes
+measured read-write time (umctl.sim.calibration.fit_fault_path); the cost of each extra 2 MiB
+block in a batch is the least-squares slope over the batches of strided passes (one page every
+32 KiB to 2 MiB). ``--refit FILE`` recomputes
 the calibration of an existing file from its measurements, without a GPU."""
 
 from __future__ import annotations
@@ -97,10 +99,21 @@ def main() -> None:
         timed(lambda: x.sum())
         time.sleep(0.05)
         b = src.drain()
-        src.close()
         f = b[Kind.FAULT]
         counts = {"fault_entries": int(len(f)), "fault_batches": int(len(b[Kind.REPLAY])),
                   "distinct_pages": int(len(np.unique(f["addr"] >> 12)))}
+        # scattered access: one page every `stride` bytes, so batches span many 2 MiB blocks
+        # (nothing for the density prefetcher); per batch: blocks, pages, service time
+        rows_b: list[tuple[int, int, int]] = batch_shapes(b)
+        for stride in (2 << 20, 1 << 20, 512 << 10, 128 << 10, 32 << 10):
+            for _ in range(a.reps):
+                host[:] = 1.0
+                src.drain()
+                timed(lambda: x[::stride // 4].sum())
+                time.sleep(0.05)
+                rows_b += batch_shapes(src.drain())
+        src.close()
+        counts["batch_shapes"] = rows_b
     except Exception as e:  # no root / no tools device: the rates still calibrate
         counts = {"error": str(e).splitlines()[0]}
 
@@ -115,14 +128,40 @@ def main() -> None:
     for k, v in med.items():
         rate = f"{nb / (v / 1e3) / 1e9:6.1f} GB/s"
         print(f"{k:<18} {v:8.2f} ms  {rate}")
-    print("tools API:", counts)
-    print(f"fitted batch_ns = {cal.batch_ns} (default {DEFAULT.batch_ns}); wrote {a.out}")
+    print("tools API:", {k: v for k, v in counts.items() if k != "batch_shapes"})
+    if counts.get("batch_shapes"):
+        sh = np.array(counts["batch_shapes"], dtype=np.float64)
+        print(f"{'blocks/batch':<14} {'batches':>8} {'pages':>7} {'service us':>11}")
+        for lo, hi in ((1, 1), (2, 2), (3, 4), (5, 8), (9, 16), (17, 64), (65, 4096)):
+            m = (sh[:, 0] >= lo) & (sh[:, 0] <= hi)
+            if m.any():
+                print(f"{lo:>5}-{hi:<8} {int(m.sum()):>8} {sh[m, 1].mean():>7.1f} {sh[m, 2].mean() / 1e3:>11.1f}")
+    print(f"fitted batch_ns = {cal.batch_ns} (default {DEFAULT.batch_ns}), "
+          f"block_ns = {cal.block_ns} (least squares over the probes' batches); wrote {a.out}")
+
+
+def batch_shapes(batch) -> list[tuple[int, int, int]]:
+    """(distinct 2 MiB blocks, distinct pages, service ns) of each fault batch in an event
+    batch from the tools API (service = the replay event's end minus its start)."""
+    from umctl.events.schema import Kind
+
+    f, r = batch[Kind.FAULT], batch[Kind.REPLAY]
+    out = []
+    for rec in r:
+        mine = f[f["batch_id"] == rec["batch_id"]]
+        if len(mine) == 0 or rec["t_start_ns"] <= 0 or rec["t_ns"] <= rec["t_start_ns"]:
+            continue
+        pages = np.unique(mine["addr"] >> 12)
+        out.append((int(len(np.unique(pages >> 9))), int(len(pages)), int(rec["t_ns"] - rec["t_start_ns"])))
+    return out
+
+
 
 
 def calibration_from(measured: dict, meta: dict):
     """Link rates as measured; the fault path fitted to the read-write cold pass (training
     kernels write most of what they fault in, and write faults cost more than reads)."""
-    from umctl.sim.calibration import DEFAULT, fit_fault_path
+    from umctl.sim.calibration import DEFAULT, fit_block_ns, fit_fault_path
 
     nb = measured["mib"] << 20
     med = {k: statistics.median(v) for k, v in measured.items() if k.endswith("_ms")}
@@ -131,7 +170,8 @@ def calibration_from(measured: dict, meta: dict):
     name = (gpu[0]["name"] if isinstance(gpu, list) and gpu else "gpu").replace("NVIDIA ", "").lower().replace(" ", "-")
     cal = DEFAULT.with_overrides(name=f"{name}-measured", prefetch_h2d_Bps=rate["prefetch_h2d_ms"],
                                  d2h_Bps=rate["prefetch_d2h_ms"], pinned_copy_Bps=rate["pinned_h2d_ms"],
-                                 pageable_copy_Bps=rate["pageable_h2d_ms"])
+                                 pageable_copy_Bps=rate["pageable_h2d_ms"],
+                                 block_ns=fit_block_ns(measured.get("batch_shapes", [])))
     return fit_fault_path(med["fault_rw_ms"] * 1e6 * (1 << 30) / nb, cal)
 
 

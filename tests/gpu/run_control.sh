@@ -40,11 +40,14 @@ PY
   kill) timeout -k 5 120 bash tests/gpu/kill_test.sh 2>&1 | grep -v "^tests/gpu" ;;
   overhead) timeout -k 5 420 python3 tests/gpu/bench_torch_overhead.py "$OUT" --steps 40 --reps 2 ;;
   replay)
-    timeout -k 5 90 umctl run -q -o "$OUT/sweep.parquet" -- python3 tests/gpu/wl_sweep.py --mib 1024 --passes 4 | grep DONE
-    timeout -k 5 100 umctl run -q -o "$OUT/torch.parquet" -- python3 tests/gpu/wl_torch.py --steps 20 | grep DONE
-    for t in sweep torch; do
-      umctl replay "$OUT/$t.parquet" --mode none --json | python3 -c "import json,sys; r=json.load(sys.stdin)[0]; print('PREDICTED $t none', round(r['time_s']*1e3,1), 'ms; faults', r['faults'])"
-    done ;;
+    timeout -k 5 90 umctl run -q -o "$OUT/sweep.parquet" -- python3 tests/gpu/wl_sweep.py --mib 1024 --passes 4 | grep DONE | sed 's/^/MEASURED sweep /'
+    timeout -k 5 100 umctl run -q -o "$OUT/torch.parquet" -- python3 tests/gpu/wl_torch.py --steps 20 | grep DONE | sed 's/^/MEASURED torch /'
+    timeout -k 5 150 umctl run -q --runtime --managed -o "$OUT/train.parquet" -- python3 tests/gpu/wl_torch_train.py --steps 12 | grep DONE | sed 's/^/MEASURED train /'
+    CALS="default"; [ -f "$OUT/$GPU-r580.json" ] && CALS="default $OUT/$GPU-r580.json"
+    for t in sweep torch train; do for c in $CALS; do
+      [ "$c" = default ] && CA="" || CA="--calibration $c"
+      umctl replay "$OUT/$t.parquet" --mode none --json $CA | python3 -c "import json,sys; r=json.load(sys.stdin)[0]; print('PREDICTED $t none ($(basename $c))', round(r['time_s']*1e3,1), 'ms; faults', r['faults'], 'batches', r['fault_batches'], 'stall', round(r['stall_ns']/1e6,1), 'ms')"
+    done; done ;;
   *) echo "unknown section $s" ;;
   esac
 done

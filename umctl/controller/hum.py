@@ -131,7 +131,8 @@ def rewrite(workload: Workload, *, schedule: bool = True) -> tuple[Workload, dic
         w["alloc_id"] = -1
         ops = np.insert(ops, waits, w)
     out = Workload(workload.name, ops, workload.acc_page, workload.acc_write, allocs, list(workload.names),
-                   workload.n_gpus, list(workload.gpu_mem), dict(workload.params), dict(workload.meta))
+                   workload.n_gpus, list(workload.gpu_mem), dict(workload.params), dict(workload.meta),
+                   acc_win=workload.acc_win)
     out.validate()
     return out, {"copies": int(len(idx)), "early_starts": early, "stream_waits": len(waits)}
 

@@ -60,6 +60,9 @@ typedef struct {
     double *p2p_tail;              /* ngpu: NVLink queue of prefetches into g */
     int64_t *nlent;                /* ngpu: chunks of g holding harvested data */
     int64_t *lend_cap;             /* ngpu: most chunks g lends (-1: any free chunk) */
+    /* the driver services a batch block by block (lock, make resident, copy push, map): each
+     * distinct 2 MiB block after the first costs this much more */
+    double block_ns;
 } SimState;
 
 /* The harvested flag of (g, b), keeping g's count of lent chunks. */
@@ -600,6 +603,7 @@ static double service(SimState *s, int g, const int64_t *fp, const uint8_t *fw, 
             nmove += density(s, g, b, offs, k, move + nmove);
             i = j;
         }
+        stall += s->block_ns * (double)(nb - 1);
         /* chunks for blocks new on this GPU; evict LRU on the critical path if none free */
         sim_reclaim(s, g, t);
         for (int64_t i = 0; i < nb; i++) {
@@ -748,13 +752,14 @@ static double service(SimState *s, int g, const int64_t *fp, const uint8_t *fw, 
 /*
  * Run kernel accesses pages[pos..n) on GPU g. t(pos) = start + compute*pos/n + *stall.
  * `next` (or NULL) gives, per access, the position of the next access to its block on g.
+ * `win` (or NULL) gives, per access, the accesses left in its recorded fault batch (0: none).
  * With out->collect the events of each batch are appended to `out`, and it returns after
  * the first batch that ends at or after `deadline` (or when a buffer is nearly full) so the
  * caller can deliver them; otherwise it runs to the end. Returns the position reached;
  * -1 if the GPU has no chunk for managed data at all.
  */
 int64_t sim_kernel(SimState *s, int g, const int64_t *pages, const uint8_t *writes, const int64_t *next,
-                   int64_t n, int64_t pos, double start, double compute, double *stall, double deadline,
+                   const int32_t *win, int64_t n, int64_t pos, double start, double compute, double *stall, double deadline,
                    EventOut *out) {
     uint8_t bit = (uint8_t)(1u << g);
     /* replay-only Belady order: as access i passes, its block's key becomes minus the
@@ -780,7 +785,10 @@ int64_t sim_kernel(SimState *s, int g, const int64_t *pages, const uint8_t *writ
             t += rate;
         }
         if (pos >= n) break;
-        int64_t wlen = (int64_t)((double)s->window_pages * (1.0 + s->window_jitter * (2.0 * rng_unit(s) - 1.0)));
+        /* the window: the rest of the fault batch this access was recorded in, else the
+         * calibrated window with its jitter */
+        int64_t wlen = win && win[pos] > 0 ? (int64_t)win[pos]
+                     : (int64_t)((double)s->window_pages * (1.0 + s->window_jitter * (2.0 * rng_unit(s) - 1.0)));
         if (wlen < 1) wlen = 1;
         int64_t wend = pos + wlen < n ? pos + wlen : n;
         int64_t nf = 0, nbk = 0, lastb = -1;

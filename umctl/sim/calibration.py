@@ -7,7 +7,7 @@ DESIGN.md §7. The live-observation issue re-measures them with a script; a new 
 becomes a new :class:`Calibration` instance here, never a constant scattered elsewhere.
 
 The fault-path model is fitted, not measured directly: per batch the driver spends
-``batch_ns + fault_ns * faulted_pages + moved_bytes / fault_h2d_Bps``. With the GPU's
+``batch_ns + fault_ns * faulted_pages + block_ns * (blocks - 1) + moved_bytes / fault_h2d_Bps``. With the GPU's
 in-flight window below, a cold 1 GiB sweep gives 2.1 K batches in 140 ms (7.6 GB/s), 31 % of
 the bytes moved by demand and 69 % by the density prefetcher. Measured: ~2.0 K
 batches per GiB, 6.2-8.1 GB/s, 22 % demand / 78 % prefetch (ab.log phase A: Coherence 914 MiB,
@@ -50,6 +50,11 @@ class Calibration:
     batch_ns: int = 30_000
     #: Cost per distinct faulted page in a batch (service, map).
     fault_ns: int = 400
+    #: Cost of each distinct 2 MiB block of a batch after the first: the driver services a batch
+    #: block by block (block lock, make resident with its own copy push, map), so a batch spread
+    #: over many blocks costs more than one of as many pages in one block. Measured by the
+    #: scattered-access probe of benchmarks/gpu/calibrate.py (least squares over its batches).
+    block_ns: int = 0
     #: Rate of the copies made while servicing faults (4 K-64 K pieces, under locks).
     fault_h2d_Bps: float = 25.0e9
     #: How far (in page accesses) the GPU runs ahead of a fault before the driver fetches the
@@ -147,6 +152,21 @@ def fit_fault_path(measured_ns_per_GiB: float, base: "Calibration" | None = None
         if hi - lo < tol * max(1.0, mid):
             break
     return base.with_overrides(batch_ns=int(round((lo + hi) / 2)))
+
+
+def fit_block_ns(shapes) -> int:
+    """``block_ns`` from measured fault batches, each (distinct 2 MiB blocks, distinct pages,
+    service ns): the least-squares coefficient of the extra blocks in service time on
+    (1, blocks - 1, pages). 0 when the batches cannot separate it (too few, or all in one or
+    two blocks), so a probe that failed leaves the model as it was."""
+    import numpy as np
+
+    sh = np.array(shapes, dtype=np.float64).reshape(-1, 3)
+    if len(sh) < 10 or np.ptp(sh[:, 0]) < 2:
+        return 0
+    A = np.stack([np.ones(len(sh)), sh[:, 0] - 1, sh[:, 1]], axis=1)
+    coef, *_ = np.linalg.lstsq(A, sh[:, 2], rcond=None)
+    return max(0, int(round(coef[1])))
 
 
 H100 = Calibration()

@@ -39,7 +39,7 @@ class SimState(C.Structure):
         ("max_entries", i64), ("window_pages", i64), ("batch_max", i64),
         ("rng", C.c_uint64), ("stats", P), ("seen", P),
         ("harvested", P), ("removable_at", P), ("spill_mask", P), ("spill_rr", P), ("fetch_via", P),
-        ("wb_Bpns", P), ("p2p_tail", P), ("nlent", P), ("lend_cap", P),
+        ("wb_Bpns", P), ("p2p_tail", P), ("nlent", P), ("lend_cap", P), ("block_ns", f64),
     ]
 
 
@@ -77,7 +77,7 @@ def _load() -> C.CDLL:
                          "on a machine with a C compiler (gcc)") from None
     lib = C.CDLL(_simcore.__file__)
     PS = C.POINTER(SimState)
-    lib.sim_kernel.argtypes = [PS, C.c_int, P, P, P, i64, i64, f64, f64, C.POINTER(f64), f64, C.POINTER(EventOut)]
+    lib.sim_kernel.argtypes = [PS, C.c_int, P, P, P, P, i64, i64, f64, f64, C.POINTER(f64), f64, C.POINTER(EventOut)]
     lib.sim_kernel.restype = i64
     lib.sim_release_chunk.argtypes = [PS, C.c_int, i64, f64]
     lib.sim_release_chunk.restype = None

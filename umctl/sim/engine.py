@@ -6,7 +6,8 @@ What is modelled, and why at this grain:
   * A kernel walks its access stream. The GPU runs ahead of a fault by a window of accesses
     (many warps fault concurrently); the distinct non-resident pages in that window, at most
     ``batch_max_faults``, form one fault batch. Servicing a batch stalls the kernel:
-    ``batch_ns + fault_ns * faults + bytes / fault_h2d_Bps`` plus any eviction it needs.
+    ``batch_ns + fault_ns * faults + block_ns * (blocks - 1) + bytes / fault_h2d_Bps`` plus any
+    eviction it needs (the driver services a batch block by block).
   * The stock density prefetcher (tree over the block's 512 pages, threshold 51 %) extends
     each batch, and LRU eviction of whole chunks (least recently migrated into) runs on the
     fault path when no chunk is free: that is the "naive UM" baseline.
@@ -204,6 +205,8 @@ class Simulator:
             self.acc = self.space.to_local_pages(workload.acc_page)
         npg, nbl = self.space.npages, self.space.nblocks
         self.acc_write = np.ascontiguousarray(workload.acc_write, dtype=np.bool_)
+        self.acc_win = (None if workload.acc_win is None
+                        else np.ascontiguousarray(workload.acc_win, dtype=np.int32))
 
         # per-page state (shared with the C core)
         self.gmask = np.zeros(npg, np.uint8)          # bit g: valid copy on GPU g
@@ -254,7 +257,7 @@ class Simulator:
         self.lib = core.lib()
         self.cs = core.SimState(
             npg=npg, nbl=nbl, ngpu=G, max_pending=maxp, max_active=self.max_active,
-            any_read_mostly=0, batch_ns=calib.batch_ns, fault_ns=calib.fault_ns,
+            any_read_mostly=0, batch_ns=calib.batch_ns, fault_ns=calib.fault_ns, block_ns=calib.block_ns,
             fault_h2d_Bpns=calib.fault_h2d_Bps / 1e9, nvlink_Bpns=calib.nvlink_Bps / 1e9, d2h_Bpns=calib.d2h_Bps / 1e9,
             evict_chunk_ns=calib.evict_chunk_ns, density_threshold=calib.density_threshold,
             window_jitter=calib.window_jitter, transfer_latency_ns=calib.transfer_latency_ns,
@@ -434,10 +437,11 @@ class Simulator:
         pos = 0
         pp, wp = core.ptr(pages), core.ptr(writes)
         nx = core.ptr(self._next_access[lo:hi]) if self._next_access is not None else None
+        wn = core.ptr(self.acc_win[lo:hi]) if self.acc_win is not None else None
         out = self.out
         while pos < n:
             deadline = max(self._next_drain, start) if self._timed else np.inf
-            pos = self.lib.sim_kernel(self.csp, g, pp, wp, nx, n, pos, start, compute, C.byref(stall), deadline,
+            pos = self.lib.sim_kernel(self.csp, g, pp, wp, nx, wn, n, pos, start, compute, C.byref(stall), deadline,
                                       C.byref(out))
             if pos < 0:
                 raise UmctlError(f"GPU {g} has no memory left for managed data ({self.cap[g]} chunks of "

@@ -79,23 +79,26 @@ def workload_from_trace(trace: Trace, *, gpu_mem: int | None = None, oversub: fl
     names = _Names(trace.names)
     launches = np.sort(trace.events(Kind.LAUNCH), order="t_ns", kind="stable")
     t_end = trace.time_span_ns()[1]
+    acc_batch = None
     if counts[Kind.ACCESS]:
         kernels, acc_page, acc_write = _from_accesses(trace.events(Kind.ACCESS), launches, names, t_end)
         derived_from = "access events"
     elif counts[Kind.FAULT]:
-        kernels, acc_page, acc_write = _from_faults(trace.events(Kind.FAULT), launches, names, t_end)
+        kernels, acc_page, acc_write, acc_batch = _from_faults(trace.events(Kind.FAULT), launches, names, t_end)
         _subtract_recorded_stalls(kernels, trace.events(Kind.REPLAY))
         derived_from = "fault events"
     else:
         raise TraceError(f"{trace.path}: nothing to replay (the trace has no access or fault events)")
     bursts = _host_bursts(trace.events(Kind.CPU_FAULT), kernels, launches, len(acc_page))
-    if bursts is not None and derived_from == "fault events":
-        acc_page, acc_write = _reread_after_bursts(kernels, acc_page, acc_write, bursts)
+    if bursts is not None and acc_batch is not None:
+        acc_page, acc_write, acc_batch = _reread_after_bursts(kernels, acc_page, acc_write, acc_batch, bursts)
         bursts = _host_bursts(trace.events(Kind.CPU_FAULT), kernels, launches, len(acc_page))
     if bursts is not None:
         _cap_at_bursts(kernels, launches, bursts)
         acc_page = np.concatenate([acc_page, bursts.pages])
         acc_write = np.concatenate([acc_write, np.ones(len(bursts.pages), np.bool_)])
+        if acc_batch is not None:
+            acc_batch = np.concatenate([acc_batch, np.full(len(bursts.pages), -1, np.int64)])
 
     alloc_events = np.sort(trace.events(Kind.ALLOC), order="t_ns", kind="stable")
     copies = trace.events(Kind.COPY)
@@ -121,6 +124,7 @@ def workload_from_trace(trace: Trace, *, gpu_mem: int | None = None, oversub: fl
         name=scenario if isinstance(scenario, str) and scenario else trace.path.stem,
         ops=ops, acc_page=acc_page, acc_write=acc_write, allocations=allocations, names=names.names,
         n_gpus=n_gpus, gpu_mem=capacity, params=dict(params) if isinstance(params, dict) else {}, meta=meta,
+        acc_win=None if acc_batch is None else _batch_windows(acc_batch, kernels),
     )
     try:
         w.validate()
@@ -224,11 +228,11 @@ def _from_accesses(acc: np.ndarray, launches: np.ndarray, names: _Names, t_end: 
 
 
 def _from_faults(faults: np.ndarray, launches: np.ndarray, names: _Names, t_end: int
-                 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+                 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Recorded trace: each fault belongs to the latest launch on its GPU at or before it; a
     kernel's accesses are its distinct faulted pages in order of first fault, written if any
     of that page's faults was a write (a read fault followed by a write-upgrade fault is one
-    written page)."""
+    written page). Also returns each access's fault batch (that of its first fault)."""
     n_launch = len(launches)
     kernel_of = np.empty(len(faults), dtype=np.int64)
     early_gpus: list[int] = []
@@ -278,7 +282,24 @@ def _from_faults(faults: np.ndarray, launches: np.ndarray, names: _Names, t_end:
     kernels["acc_lo"] = np.searchsorted(acc_kernel, kid, side="left")
     kernels["acc_hi"] = np.searchsorted(acc_kernel, kid, side="right")
     kernels["atomics"] = np.bincount(k_s[atomic_s], minlength=len(kernels)) > 0
-    return kernels, page_s[keep_pos], write_any
+    return kernels, page_s[keep_pos], write_any, faults["batch_id"][by_time][keep_pos].astype(np.int64)
+
+
+def _batch_windows(acc_batch: np.ndarray, kernels: np.ndarray) -> np.ndarray:
+    """Per access, the accesses from it to the end of its run of one recorded fault batch
+    within its kernel (0 where the batch is unknown): the simulator's fault window there."""
+    n = len(acc_batch)
+    cut = np.zeros(n + 1, np.bool_)
+    cut[0] = cut[n] = True
+    cut[1:n] |= acc_batch[1:] != acc_batch[:-1]
+    edges = np.concatenate([kernels["acc_lo"], kernels["acc_hi"]])
+    cut[np.clip(edges, 0, n)] = True
+    starts = np.flatnonzero(cut[:n])
+    ends = np.append(starts[1:], n)
+    run_end = np.repeat(ends, ends - starts)
+    win = (run_end - np.arange(n)).astype(np.int32)
+    win[acc_batch < 0] = 0
+    return win
 
 
 # -- host writes ----------------------------------------------------------------------------
@@ -366,14 +387,17 @@ def _fill_host_runs(pages: np.ndarray) -> np.ndarray:
     return np.concatenate(out)
 
 
-def _reread_after_bursts(kernels: np.ndarray, acc_page: np.ndarray, acc_write: np.ndarray, bursts: "_Bursts"
-                         ) -> tuple[np.ndarray, np.ndarray]:
+def _reread_after_bursts(kernels: np.ndarray, acc_page: np.ndarray, acc_write: np.ndarray, acc_batch: np.ndarray,
+                         bursts: "_Bursts") -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Recorded traces list only the pages that faulted; the driver's density prefetcher
     brings the rest of a block without a fault. After a host burst that is what hides most of
     the re-read: on the H100 torch loop the GPU faulted 3.7 K of the 16 K pages the host had
     just written, yet moved all 64 MiB back. So the first kernel after a burst that faults a
     block the burst covered is taken to read all of the burst's pages in that block (a host
-    writes data for the GPU to use). Returns new access arrays; kernels' ranges are updated."""
+    writes data for the GPU to use; those re-reads belong to no recorded batch) — except the
+    pages a kernel faults on before the next burst: the driver evidently did not bring those
+    along, and their recorded faults place them. Returns new
+    access arrays; kernels' ranges are updated."""
     k_pid = kernels["pid"]
     order = np.argsort(kernels["t_ns"], kind="stable")
     add: dict[int, list[np.ndarray]] = {}
@@ -386,33 +410,39 @@ def _reread_after_bursts(kernels: np.ndarray, acc_page: np.ndarray, acc_write: n
         pending = set(np.unique(blocks).tolist())
         nxt = bursts.t0[(bursts.pid == bursts.pid[i]) & (bursts.t0 > bursts.t0[i])]
         t_end = int(nxt.min()) if len(nxt) else np.iinfo(np.int64).max
-        for k in order.tolist():
+        until_next = [k for k in order.tolist()
+                      if k_pid[k] == bursts.pid[i] and bursts.t1[i] <= kernels["t_ns"][k] < t_end]
+        # a page some kernel faults on before the next burst was evidently not brought along
+        faulted_later = np.unique(np.concatenate(
+            [acc_page[kernels["acc_lo"][k]:kernels["acc_hi"][k]] for k in until_next] or [np.zeros(0, np.int64)]))
+        for k in until_next:
             if not pending:
                 break
-            if k_pid[k] != bursts.pid[i] or not (bursts.t1[i] <= kernels["t_ns"][k] < t_end):
-                continue
             kb = np.unique(acc_page[kernels["acc_lo"][k]:kernels["acc_hi"][k]] >> PAGE_TO_BLOCK_SHIFT)
             hit = [b for b in kb.tolist() if b in pending]
             if hit:
-                add.setdefault(k, []).append(pages[np.isin(blocks, hit)])
+                take = np.isin(blocks, hit) & ~np.isin(pages, faulted_later)
+                add.setdefault(k, []).append(pages[take])
                 pending.difference_update(hit)
     if not add:
-        return acc_page, acc_write
-    pages_out, write_out = [], []
+        return acc_page, acc_write, acc_batch
+    pages_out, write_out, batch_out = [], [], []
     pos = 0
     for k in range(len(kernels)):
         lo, hi = int(kernels["acc_lo"][k]), int(kernels["acc_hi"][k])
-        p, wr = acc_page[lo:hi], acc_write[lo:hi]
+        p, wr, bt = acc_page[lo:hi], acc_write[lo:hi], acc_batch[lo:hi]
         if k in add:
             extra = np.concatenate(add[k])
             extra = extra[~np.isin(extra, p)]
             p = np.concatenate([p, extra])
             wr = np.concatenate([wr, np.zeros(len(extra), np.bool_)])
+            bt = np.concatenate([bt, np.full(len(extra), -1, np.int64)])
         pages_out.append(p)
         write_out.append(wr)
+        batch_out.append(bt)
         kernels["acc_lo"][k], kernels["acc_hi"][k] = pos, pos + len(p)
         pos += len(p)
-    return np.concatenate(pages_out), np.concatenate(write_out)
+    return np.concatenate(pages_out), np.concatenate(write_out), np.concatenate(batch_out)
 
 
 def _cap_at_bursts(kernels: np.ndarray, launches: np.ndarray, bursts: _Bursts) -> None:

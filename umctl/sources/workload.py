@@ -85,6 +85,11 @@ class Workload:
     #: per kernel (index into ``ops``): its thread blocks and their static access ranges
     #: (``threadblocks.KernelBlocks``), for grid-partitioning modes; empty when unknown
     thread_blocks: dict = field(default_factory=dict)
+    #: per access, how many accesses from it to the end of the fault batch it was recorded in
+    #: (0: not recorded). A recorded trace knows which pages the GPU faulted on together, which
+    #: depends on the program's parallelism; the simulator then forms its batches from those
+    #: groups instead of the calibrated fault window. None: no access was recorded so.
+    acc_win: np.ndarray | None = None
 
     @property
     def kernels(self) -> np.ndarray:
@@ -128,6 +133,8 @@ class Workload:
             raise ValueError("ops has the wrong dtype")
         if len(self.acc_page) != len(self.acc_write):
             raise ValueError("acc_page and acc_write differ in length")
+        if self.acc_win is not None and len(self.acc_win) != len(self.acc_page):
+            raise ValueError("acc_win and acc_page differ in length")
         k = ops[(ops["type"] == OpType.KERNEL) | (ops["type"] == OpType.HOST_WRITE)]
         if len(k) and ((k["acc_lo"] < 0).any() or (k["acc_hi"] > len(self.acc_page)).any()
                        or (k["acc_hi"] < k["acc_lo"]).any()):
