@@ -1256,6 +1256,59 @@ static void *wrap_entry(void *real)
     return out;
 }
 
+/* Managed memory the program takes from the driver API itself (a PyTorch pluggable allocator
+   over cuMemAllocManaged, cudart's cudaMallocManaged): reported like the runtime's own, so a
+   recorded trace knows which ranges were freed and allocated again (their pages start over). */
+typedef int (*cu_alloc_managed_t)(u64 *, size_t, unsigned);
+typedef int (*cu_free_t)(u64);
+static _Atomic(cu_alloc_managed_t) real_cu_alloc_managed;
+static _Atomic(cu_free_t) real_cu_free;
+
+static int cu_alloc_managed_wrapper(u64 *p, size_t n, unsigned flags)
+{
+    cu_alloc_managed_t f = atomic_load(&real_cu_alloc_managed);
+    if (!f)
+        return 1;
+    int r = f(p, n, flags);
+    if (r == 0 && p && *p && n && !tl_internal && alloc_lookup((void *)(uintptr_t)*p, n, 0) == 0) {
+        atomic_fetch_add(&managed_bytes, n);
+        int64_t id = track((void *)(uintptr_t)*p, n, 1);
+        report_alloc(0, (void *)(uintptr_t)*p, n, id, 1);
+    }
+    return r;
+}
+
+static int cu_free_wrapper(u64 p)
+{
+    cu_free_t f = atomic_load(&real_cu_free);
+    if (!f)
+        return 1;
+    hum_barrier();
+    struct alloc a;
+    if (p && !tl_internal && untrack((void *)(uintptr_t)p, &a)) {
+        if (a.managed)
+            atomic_fetch_sub(&managed_bytes, a.n);
+        report_alloc(1, (void *)(uintptr_t)p, a.n, a.id, a.managed);
+    }
+    return f(p);
+}
+
+/* The wrapper for an allocation entry point of the driver, or NULL when `sym` is none. */
+static void *wrap_alloc_entry(const char *sym, void *real)
+{
+    if (!real || sock_fd < 0)
+        return NULL;
+    if (strcmp(sym, "cuMemAllocManaged") == 0) {
+        atomic_store(&real_cu_alloc_managed, (cu_alloc_managed_t)real);
+        return (void *)cu_alloc_managed_wrapper;
+    }
+    if (strcmp(sym, "cuMemFree") == 0 || strcmp(sym, "cuMemFree_v2") == 0) {
+        atomic_store(&real_cu_free, (cu_free_t)real);
+        return (void *)cu_free_wrapper;
+    }
+    return NULL;
+}
+
 static int wrap_getproc(const char *sym, void **pfn);
 
 static int getproc_wrapper(const char *sym, void **pfn, int ver, u64 flags)
@@ -1288,7 +1341,10 @@ static int wrap_getproc(const char *sym, void **pfn)
             *pfn = *pfn == (void *)real_getproc ? (void *)getproc_wrapper : (void *)getproc_v2_wrapper;
         return 0;
     }
-    if (needs_barrier(sym))
+    void *w = wrap_alloc_entry(sym, *pfn);
+    if (w)
+        *pfn = w;
+    else if (cfg_hum && needs_barrier(sym))
         *pfn = wrap_entry(*pfn);
     return 0;
 }
@@ -1306,7 +1362,10 @@ static void *dlsym_hum(void *h, const char *name)
         real_getproc_v2 = (cuGetProcAddress_v2_t)p;
         return (void *)getproc_v2_wrapper;
     }
-    return needs_barrier(name) ? wrap_entry(p) : p;
+    void *w = wrap_alloc_entry(name, p);
+    if (w)
+        return w;
+    return cfg_hum && needs_barrier(name) ? wrap_entry(p) : p;
 }
 
 /* glibc resolves RTLD_NEXT relative to dlsym's return address: the plain case must therefore be
@@ -1315,7 +1374,7 @@ API void *dlsym(void *h, const char *name)
 {
     if (__builtin_expect(!real_dlsym, 0))
         resolve_dlsym();
-    if (h == RTLD_NEXT || !cfg_hum)
+    if (h == RTLD_NEXT || !(cfg_hum || sock_fd >= 0))
         return real_dlsym(h, name);
     return dlsym_hum(h, name);
 }
@@ -1480,7 +1539,10 @@ API cudaError_t cudaMalloc(void **p, size_t n)
         return 1;   /* cudaErrorInvalidValue: no runtime below us (cannot happen when linked) */
     if (cfg_managed && !tl_internal && p && n && get_cudaMallocManaged() &&
         (!cfg_cap || atomic_load(&managed_bytes) + n <= cfg_cap)) {
-        if (real_cudaMallocManaged(p, n, 1 /* cudaMemAttachGlobal */) == 0) {
+        tl_internal++;   /* the driver-API wrapper below must not track it a second time */
+        cudaError_t rm = real_cudaMallocManaged(p, n, 1 /* cudaMemAttachGlobal */);
+        tl_internal--;
+        if (rm == 0) {
             atomic_fetch_add(&managed_bytes, n);
             atomic_fetch_add(&st_managed, 1);
             int64_t id = track(*p, n, 1);
@@ -1511,7 +1573,10 @@ API cudaError_t cudaFree(void *p)
             atomic_fetch_sub(&managed_bytes, a.n);
         report_alloc(1, p, a.n, a.id, a.managed);
     }
-    return real_cudaFree(p);
+    tl_internal++;
+    cudaError_t r = real_cudaFree(p);
+    tl_internal--;
+    return r;
 }
 
 static int copy_kind(int kind, const void *dst, const void *src)

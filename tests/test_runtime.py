@@ -275,3 +275,20 @@ def test_pluggable_allocator_bookkeeping(built):
     ids = dict(zip(al["addr"].tolist(), al["alloc_id"].tolist()))
     assert len({int(i) for i, x in zip(al["alloc_id"], al["addr"]) if x == a}) == 1   # one id for a's life
     assert ids[a] != ids[c] and (al["bytes"] == 4 << 20).all() and al["managed"].all()
+
+
+def test_driver_api_managed_allocations_are_reported(built):
+    """A pluggable allocator over the driver API (cuMemAllocManaged / cuMemFree_v2 through dlsym
+    or cuGetProcAddress, as tests/gpu/managed_alloc.c and cudart reach them): when the runtime
+    reports to umctl, each allocation and free is an ALLOC event, so a recorded trace knows the
+    freed range's pages start over. Without a socket nothing is wrapped."""
+    with RuntimeSource() as src:
+        res, _ = run(built, "driver-alloc", socket=src.path)
+    al = src.drain()[Kind.ALLOC]
+    ops = [(int(o), int(a), int(n)) for o, a, n in zip(al["op"], al["addr"], al["bytes"])]
+    a, b, c = res["a"], res["b"], res["c"]
+    assert ops == [(AllocOp.ALLOC, a, 2 << 20), (AllocOp.ALLOC, b, 4 << 20), (AllocOp.FREE, a, 2 << 20),
+                   (AllocOp.ALLOC, c, 2 << 20), (AllocOp.FREE, b, 4 << 20), (AllocOp.FREE, c, 2 << 20)]
+    assert al["managed"].all()
+    plain, err = run(built, "driver-alloc")   # no socket: runs unchanged, nothing wrapped
+    assert set(plain) == {"a", "b", "c"} and stats(err)["driver_wrapped"] == "0"

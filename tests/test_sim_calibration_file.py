@@ -54,3 +54,15 @@ def test_the_measured_h200_calibration_ships_and_loads():
     cal = Calibration.load("h200-r580")
     assert 45e9 < cal.prefetch_h2d_Bps < 56e9 and 10e9 < cal.d2h_Bps < 20e9
     assert 0 < cal.batch_ns < 200_000
+
+
+def test_a_recorded_trace_gets_the_calibration_of_its_gpu():
+    from umctl.sim.calibration import shipped_for
+
+    drv = "NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  580.159.04  Release Build"
+    assert shipped_for({"gpu": [{"name": "NVIDIA H100 80GB HBM3"}], "driver": drv}) == "h100-r580"
+    assert shipped_for({"gpu": [{"name": "NVIDIA H200"}], "driver": drv}) == "h200-r580"
+    assert shipped_for({"gpu": [{"name": "NVIDIA A100-SXM4-80GB"}], "driver": drv}) is None
+    assert shipped_for({"gpu": [{"name": "NVIDIA H100"}], "driver": drv.replace("580.", "550.")}) is None
+    assert shipped_for({}) is None and shipped_for({"gpu": "none", "driver": drv}) is None
+    assert Calibration.load("h100-r580").block_ns > 0   # measured by the scattered-access probe

@@ -1,7 +1,7 @@
 #!/bin/bash
 # Device sessions of the live-control and live-observation issues, one section per measurement.
 #   bash tests/gpu/run_control.sh [SECTION ...]     (default: every section; logs to $OUT)
-# Sections: calibrate runtime hum humnvcc torch layers harvest kill overhead replay
+# Sections: calibrate runtime hum humnvcc torch layers harvest kill overhead replay core
 cd "$(dirname "$0")/../.."
 export OUT=${OUT:-/tmp/umctl_out} PYTHONUNBUFFERED=1 PIP_ROOT_USER_ACTION=ignore
 [ -f .umctl_gpu/libbpf.so.1 ] && export UMCTL_LIBBPF=$PWD/.umctl_gpu/libbpf.so.1
@@ -41,13 +41,17 @@ PY
   overhead) timeout -k 5 420 python3 tests/gpu/bench_torch_overhead.py "$OUT" --steps 40 --reps 2 ;;
   replay)
     timeout -k 5 90 umctl run -q -o "$OUT/sweep.parquet" -- python3 tests/gpu/wl_sweep.py --mib 1024 --passes 4 | grep DONE | sed 's/^/MEASURED sweep /'
-    timeout -k 5 100 umctl run -q -o "$OUT/torch.parquet" -- python3 tests/gpu/wl_torch.py --steps 20 | grep DONE | sed 's/^/MEASURED torch /'
+    # --runtime: the loop's pluggable allocator frees and reallocates managed memory every step,
+    # which only the runtime sees (the trace needs those ALLOC events to replay the refaults)
+    timeout -k 5 100 umctl run -q --runtime -o "$OUT/torch.parquet" -- python3 tests/gpu/wl_torch.py --steps 20 | grep DONE | sed 's/^/MEASURED torch /'
     timeout -k 5 150 umctl run -q --runtime --managed -o "$OUT/train.parquet" -- python3 tests/gpu/wl_torch_train.py --steps 12 | grep DONE | sed 's/^/MEASURED train /'
     CALS="default"; [ -f "$OUT/$GPU-r580.json" ] && CALS="default $OUT/$GPU-r580.json"
     for t in sweep torch train; do for c in $CALS; do
       [ "$c" = default ] && CA="" || CA="--calibration $c"
       umctl replay "$OUT/$t.parquet" --mode none --json $CA | python3 -c "import json,sys; r=json.load(sys.stdin)[0]; print('PREDICTED $t none ($(basename $c))', round(r['time_s']*1e3,1), 'ms; faults', r['faults'], 'batches', r['fault_batches'], 'stall', round(r['stall_ns']/1e6,1), 'ms')"
     done; done ;;
+  core)   # CO-RE relocations of the fault-path programs against this machine's live nvidia_uvm BTF
+    timeout -k 5 60 python3 tools/core_check.py ;;
   *) echo "unknown section $s" ;;
   esac
 done

@@ -65,11 +65,29 @@ API int cuMemPrefetchAsync(uint64_t p, size_t n, int dev, void *stream)
     return 0;
 }
 
+API int cuMemAllocManaged(uint64_t *p, size_t n, unsigned flags)
+{
+    (void)flags;
+    void *q = NULL;
+    if (posix_memalign(&q, 4096, n ? n : 1))
+        return 2;
+    *p = (uint64_t)(uintptr_t)q;
+    return 0;
+}
+
+API int cuMemFree_v2(uint64_t p)
+{
+    free((void *)(uintptr_t)p);
+    return 0;
+}
+
 API int cuGetProcAddress_v2(const char *sym, void **pfn, int ver, uint64_t flags, void *status)
 {
     (void)ver, (void)flags, (void)status;
     if (strcmp(sym, "cuLaunchKernel") == 0) *pfn = (void *)cuLaunchKernel;
     else if (strcmp(sym, "cuMemPrefetchAsync") == 0) *pfn = (void *)cuMemPrefetchAsync;
+    else if (strcmp(sym, "cuMemAllocManaged") == 0) *pfn = (void *)cuMemAllocManaged;
+    else if (strcmp(sym, "cuMemFree") == 0) *pfn = (void *)cuMemFree_v2;
     else { *pfn = NULL; return 500; }
     return 0;
 }

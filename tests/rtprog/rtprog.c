@@ -196,6 +196,30 @@ static int allocator(void)
     return 0;
 }
 
+/* A pluggable allocator over the driver API (tests/gpu/managed_alloc.c): cuMemAllocManaged and
+   cuMemFree_v2 reached with dlsym, and once through cuGetProcAddress as cudart does. */
+static int driver_alloc(void)
+{
+    const char *path = getenv("FAKE_LIBCUDA");
+    void *h = dlopen(path ? path : "libcuda.so.1", RTLD_NOW);
+    if (!h)
+        return 99;
+    int (*am)(uint64_t *, size_t, unsigned) = (int (*)(uint64_t *, size_t, unsigned))dlsym(h, "cuMemAllocManaged");
+    int (*fr)(uint64_t) = (int (*)(uint64_t))dlsym(h, "cuMemFree_v2");
+    int (*gpa)(const char *, void **, int, uint64_t, void *) =
+        (int (*)(const char *, void **, int, uint64_t, void *))dlsym(h, "cuGetProcAddress_v2");
+    void *am2 = NULL;
+    if (!am || !fr || !gpa || gpa("cuMemAllocManaged", &am2, 13000, 0, NULL) || !am2)
+        return 98;
+    uint64_t a = 0, b = 0, c = 0;
+    if (am(&a, 2 * MB, 1) || am(&b, 4 * MB, 1) || fr(a) ||
+        ((int (*)(uint64_t *, size_t, unsigned))am2)(&c, 2 * MB, 1) || fr(b) || fr(c))
+        return 97;
+    printf("RESULT {\"a\": %llu, \"b\": %llu, \"c\": %llu}\n", (unsigned long long)a, (unsigned long long)b,
+           (unsigned long long)c);
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     register_params();
@@ -210,5 +234,7 @@ int main(int argc, char **argv)
         return driver();
     if (!strcmp(mode, "allocator"))
         return allocator();
+    if (!strcmp(mode, "driver-alloc"))
+        return driver_alloc();
     return 2;
 }

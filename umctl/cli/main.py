@@ -100,10 +100,15 @@ def _run_replay(target: str, modes: str, overrides: dict[str, str], seed: int, p
     check_output_path(record, "trace")
     mode_list = parse_modes(modes)
     options = parse_mode_options(mode_opts, mode_list)
-    calib = Calibration.load(calibration) if calibration else DEFAULT_CALIBRATION
     if drain_us is not None and drain_us <= 0:
         raise UmctlError("--drain-us must be positive")
     workload = resolve_target(target, overrides)
+    if not calibration and workload.meta.get("derived_from"):
+        # a recorded trace: the constants measured on its GPU and driver, when shipped
+        from ..sim.calibration import shipped_for
+
+        calibration = shipped_for(workload.meta)
+    calib = Calibration.load(calibration) if calibration else DEFAULT_CALIBRATION
     if modes.strip() == "all":  # every mode that applies (a named mode that does not is refused)
         from ..controller import make_controller
 
@@ -195,7 +200,8 @@ def replay(
     drain_us: Optional[float] = typer.Option(None, "--drain-us", help="How often (simulated µs) events reach the "
                                              "controller, as a live source drains its ring (default 1000)."),
     calibration: Optional[str] = typer.Option(None, "--calibration", help="Calibration file written by "
-                                              "benchmarks/gpu/calibrate.py, or a shipped one by name (h200-r580); default: the H100 figures of DESIGN §7."),
+                                              "benchmarks/gpu/calibrate.py, or a shipped one by name (h100-r580, h200-r580); default: for a recorded trace "
+                                              "the shipped one of its GPU and driver, else the H100 figures of DESIGN §7."),
     timeline: Optional[str] = typer.Option(None, "--timeline", help="Write host / copy / kernel timelines of every mode "
                                            "to this PNG (HUM figure 8 style); for short programs."),
 ) -> None:
