@@ -2,7 +2,12 @@
 the default event kinds), per enabled kind set, launch probes included. Prints a table and
 writes OUTDIR/bench_torch.json; asserts nothing (it is a benchmark).
 
-    python3 tests/gpu/bench_torch_overhead.py OUTDIR [--steps 40] [--reps 2]
+    python3 tests/gpu/bench_torch_overhead.py OUTDIR [--steps 40] [--reps 2] [--only "default kinds,..."]
+
+Configurations run interleaved (the order reverses every repetition); besides the pooled
+median, each row gives the paired overhead: per repetition, the configuration's median step
+against the same repetition's unattached median, then the median and range over repetitions
+(drift between repetitions cancels out of each pair).
 
 The loop is tests/gpu/wl_torch.py: every step the host touches one float per page of the
 64 MiB input batch (a data loader writing into managed memory), so each step faults the
@@ -77,6 +82,10 @@ def main() -> None:
                ("few faults: not attached", None, False, 5.0, True, False),
                ("few faults: default kinds", DEFAULT_KINDS, False, 5.0, True, False),
                ("few faults: default + launches", DEFAULT_KINDS, True, 5.0, True, False)]
+    if "--only" in sys.argv:
+        keep = set(sys.argv[sys.argv.index("--only") + 1].split(","))
+        configs = [c for c in configs if c[0] in keep or c[0] in ("not attached", "few faults: not attached")
+                   and any(k.startswith("few faults") == c[0].startswith("few faults") for k in keep)]
     runs = {c[0]: [] for c in configs}
     for rep in range(reps):
         order = configs if rep % 2 == 0 else configs[::-1]   # interleave: drift hits every config alike
@@ -95,7 +104,13 @@ def main() -> None:
         base = med("few faults: not attached" if name.startswith("few faults") else "not attached")
         m = med(name)
         per_rep = [statistics.median(r["step_ms"][5:]) for r in runs[name] if len(r["step_ms"]) > 5]
+        base_name = "few faults: not attached" if name.startswith("few faults") else "not attached"
+        base_rep = [statistics.median(r["step_ms"][5:]) if len(r["step_ms"]) > 5 else None for r in runs[base_name]]
+        paired = [100 * (statistics.median(r["step_ms"][5:]) / b - 1)
+                  for r, b in zip(runs[name], base_rep) if b and len(r["step_ms"]) > 5]
         row = {"config": name, "step_ms_median": m, "overhead_pct": 100 * (m / base - 1) if m and base else None,
+               "paired_overhead_pct_median": statistics.median(paired) if paired else None,
+               "paired_overhead_pct_range": [min(paired), max(paired)] if paired else None,
                "rep_medians": per_rep,
                "events": [r.get("events") for r in runs[name]], "dropped": [r.get("dropped") for r in runs[name]],
                "errors": [r["error"] for r in runs[name] if "error" in r]}
