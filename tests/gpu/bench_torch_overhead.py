@@ -2,7 +2,7 @@
 the default event kinds), per enabled kind set, launch probes included. Prints a table and
 writes OUTDIR/bench_torch.json; asserts nothing (it is a benchmark).
 
-    python3 tests/gpu/bench_torch_overhead.py OUTDIR [--steps 40] [--reps 2] [--only "default kinds,..."]
+    python3 tests/gpu/bench_torch_overhead.py OUTDIR [--steps 40] [--reps 2] [--only "default kinds;..."]
 
 Configurations run interleaved (the order reverses every repetition); besides the pooled
 median, each row gives the paired overhead: per repetition, the configuration's median step
@@ -83,7 +83,7 @@ def main() -> None:
                ("few faults: default kinds", DEFAULT_KINDS, False, 5.0, True, False),
                ("few faults: default + launches", DEFAULT_KINDS, True, 5.0, True, False)]
     if "--only" in sys.argv:
-        keep = set(sys.argv[sys.argv.index("--only") + 1].split(","))
+        keep = set(sys.argv[sys.argv.index("--only") + 1].split(";"))
         configs = [c for c in configs if c[0] in keep or c[0] in ("not attached", "few faults: not attached")
                    and any(k.startswith("few faults") == c[0].startswith("few faults") for k in keep)]
     runs = {c[0]: [] for c in configs}
