@@ -451,7 +451,8 @@ static int umctl_invalidate(struct sk_buff *skb, struct genl_info *info)
  *
  * FASTPATH_ENABLE(pid) runs in the sender's context with the same checks as a command
  * (check_target: may_steer); it records the target's struct pid (so a recycled pid number is not
- * mistaken for it) and the sender's netns (where the results go, multicast). The kfunc runs in
+ * mistaken for it), the sender's netns (where the results go, multicast) and the sender's mm
+ * (mmgrab: the backend stages the kfunc commands' ioctl parameters there). The kfunc runs in
  * the calling BPF program's context — for the fast path an fentry program on the driver's
  * service_fault_batch, i.e. the fault-servicing thread with migration disabled under RCU — so it
  * never sleeps: a scan of FASTPATH_SLOTS entries under a spinlock, the rate limit, a push on the
