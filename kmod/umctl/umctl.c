@@ -11,10 +11,22 @@
  *     permission and the rate limit, and push onto a bounded queue. They never execute.
  *   - the worker (an ordered workqueue, process context, may sleep) pops commands and executes
  *     them through the backend, then sends the RESULT message (GFP_KERNEL).
- *   - backend: in the test bed, uvm_sim_migrate() of the simulated driver (kmod/uvm_sim), found
- *     with symbol_get() so this module loads without it; without a backend every command fails
- *     with ENODEV (status FAILED). Executing against the real nvidia_uvm needs an in-kernel entry
- *     point to uvm_migrate() that the driver does not export; see kmod/README.md.
+ *   - backend (in the worker): the nvidia-uvm ioctl ABI itself, on the TARGET's own va_space
+ *     file. Under the target's task_lock, iterate_fd() finds an open file whose dentry is named
+ *     `uvm_dev` ("nvidia-uvm"; "uvm_sim" in the test bed) and whose file_operations belong to
+ *     module `uvm_module` ("nvidia_uvm"), and takes a reference (the callback runs under
+ *     files->file_lock: it only compares and get_file()s). Outside those locks the worker adopts
+ *     an mm it holds with kthread_use_mm() — the command sender's (mmgrab'ed in the genl handler,
+ *     which runs in the sender's context), or for kfunc commands the mm of whoever sent
+ *     FASTPATH_ENABLE — maps a scratch page there (vm_mmap, per command, unmapped after), copies
+ *     UVM_MIGRATE / UVM_DISCARD parameters into it and calls the file's ioctl; the driver copies
+ *     them in and back as from any caller, and rmStatus says what it did. A file answering
+ *     NV_ERR_ILLEGAL_ACTION is not a va_space (the real driver's per-process mm fd): the next
+ *     matching file is tried. The driver works on the va_space's own mm (va_space_mm), not on
+ *     the borrowed one, see docs/kernel.md. PREFETCH = UVM_MIGRATE to the destination GPU's UUID,
+ *     PREEVICT = UVM_MIGRATE to the CPU (all-zero UUID; or to the DST GPU), INVALIDATE =
+ *     UVM_DISCARD (flags UNMAP). A DST index becomes a UUID through the request's DST_UUID or
+ *     the module's gpu_uuids table (the only way for kfunc commands).
  *
  *   - the kfunc bpf_umctl_enqueue runs in the context of the BPF tracing program that calls it (the
  *     fast path: fentry on the driver's service_fault_batch, i.e. the fault-servicing thread, under
@@ -49,8 +61,16 @@
 #include <linux/btf_ids.h>
 #include <net/genetlink.h>
 #include <net/net_namespace.h>
+#include <linux/fs.h>
+#include <linux/file.h>
+#include <linux/fdtable.h>
+#include <linux/dcache.h>
+#include <linux/mman.h>
+#include <linux/kthread.h>
+#include <linux/uaccess.h>
+#include <linux/string.h>
 #include "umctl_genl.h"
-#include "../uvm_sim/uvm_sim.h"
+#include "uvm_abi.h"
 
 static unsigned int queue_depth = 4096;
 module_param(queue_depth, uint, 0444);
@@ -67,8 +87,109 @@ static int n_allow_uids;
 module_param_array(allow_uids, uint, &n_allow_uids, 0644);
 MODULE_PARM_DESC(allow_uids, "target uids any sender may steer (admin policy)");
 
+/* the UVM file the backend looks for in the target's file table */
+static char uvm_dev[64] = "nvidia-uvm";
+module_param_string(uvm_dev, uvm_dev, sizeof(uvm_dev), 0444);
+MODULE_PARM_DESC(uvm_dev, "name of the UVM device file in the target's file table (test bed: uvm_sim)");
+static char uvm_module[MODULE_NAME_LEN] = "nvidia_uvm";
+module_param_string(uvm_module, uvm_module, sizeof(uvm_module), 0444);
+MODULE_PARM_DESC(uvm_module, "module that must own that file's operations (empty: not checked; test bed: uvm_sim)");
+
+/* GPU index (DST) -> processor UUID, for commands without DST_UUID (kfunc commands always) */
+static u8 gpu_uuid_tab[UMCTL_MAX_GPUS][16];
+static unsigned int n_gpu_uuids;
+static DEFINE_SPINLOCK(uuid_lock);
+
+/* "GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx" or 32 hex digits (dashes ignored) */
+static int parse_uuid(const char *s, size_t n, u8 out[16])
+{
+	unsigned int i = 0;
+
+	if (n >= 4 && !strncasecmp(s, "GPU-", 4)) {
+		s += 4;
+		n -= 4;
+	}
+	for (; n; s++, n--) {
+		int h;
+
+		if (*s == '-')
+			continue;
+		h = hex_to_bin(*s);
+		if (h < 0 || i >= 32)
+			return -EINVAL;
+		if (i & 1)
+			out[i / 2] |= h;
+		else
+			out[i / 2] = h << 4;
+		i++;
+	}
+	return i == 32 ? 0 : -EINVAL;
+}
+
+static int set_gpu_uuids(const char *val, const struct kernel_param *kp)
+{
+	u8 (*tab)[16] = kcalloc(UMCTL_MAX_GPUS, 16, GFP_KERNEL);
+	unsigned int n = 0;
+	const char *p = val;
+	size_t len = strlen(val);
+
+	if (!tab)
+		return -ENOMEM;
+	while (len && (val[len - 1] == '\n' || val[len - 1] == ' '))
+		len--;
+	while (len && p < val + len) {
+		const char *end = memchr(p, ',', val + len - p);
+		size_t k = end ? end - p : val + len - p;
+
+		if (n >= UMCTL_MAX_GPUS || parse_uuid(p, k, tab[n])) {
+			kfree(tab);
+			return -EINVAL;
+		}
+		n++;
+		p += k + 1;
+	}
+	spin_lock(&uuid_lock);
+	memcpy(gpu_uuid_tab, tab, sizeof(gpu_uuid_tab));
+	n_gpu_uuids = n;
+	spin_unlock(&uuid_lock);
+	kfree(tab);
+	return 0;
+}
+
+static int get_gpu_uuids(char *buf, const struct kernel_param *kp)
+{
+	unsigned int i;
+	int len = 0;
+
+	spin_lock(&uuid_lock);
+	for (i = 0; i < n_gpu_uuids; i++)
+		len += sysfs_emit_at(buf, len, "%sGPU-%pUb", i ? "," : "", gpu_uuid_tab[i]);
+	spin_unlock(&uuid_lock);
+	len += sysfs_emit_at(buf, len, "\n");
+	return len;
+}
+
+static const struct kernel_param_ops gpu_uuids_ops = { .set = set_gpu_uuids, .get = get_gpu_uuids };
+module_param_cb(gpu_uuids, &gpu_uuids_ops, NULL, 0644);
+MODULE_PARM_DESC(gpu_uuids, "UUIDs of GPU 0, 1, ... (comma-separated GPU-... strings): DST index -> UVM_MIGRATE destination");
+
+static bool gpu_uuid(s32 idx, u8 out[16])
+{
+	bool ok;
+
+	spin_lock(&uuid_lock);
+	ok = idx >= 0 && idx < n_gpu_uuids;
+	if (ok)
+		memcpy(out, gpu_uuid_tab[idx], 16);
+	spin_unlock(&uuid_lock);
+	return ok;
+}
+
+enum { OP_PREFETCH, OP_PREEVICT, OP_INVALIDATE };
+
 enum { C_RECEIVED, C_ACCEPTED, C_INVALID, C_EPERM, C_ESRCH, C_EBUSY, C_ENOSPC, C_EXECUTED, C_OK, C_FAILED,
-       C_RESULT_LOST, C_FP_ENQUEUED, C_FP_REFUSED, C_FP_INVALID, C_FP_DROPPED, C_N };
+       C_RESULT_LOST, C_FP_ENQUEUED, C_FP_REFUSED, C_FP_INVALID, C_FP_DROPPED,
+       C_UVM_FD_SKIPPED, C_NO_UVM_FILE, C_N };
 static atomic64_t cnt[C_N];
 static int get_cnt(char *buf, const struct kernel_param *kp)
 {
@@ -91,6 +212,8 @@ COUNTER(fastpath_enqueued, C_FP_ENQUEUED);   /* commands queued by the kfunc */
 COUNTER(fastpath_refused, C_FP_REFUSED);     /* kfunc calls for a pid without the fast path enabled */
 COUNTER(fastpath_invalid, C_FP_INVALID);     /* kfunc calls with a bad range or destination */
 COUNTER(fastpath_dropped, C_FP_DROPPED);     /* kfunc calls refused for room (queue full, rate, NMI) */
+COUNTER(uvm_fd_skipped, C_UVM_FD_SKIPPED);   /* matching files that were no va_space (NV_ERR_ILLEGAL_ACTION) */
+COUNTER(no_uvm_file, C_NO_UVM_FILE);         /* commands whose target had no va_space file */
 static bool fastpath_kfunc;
 module_param(fastpath_kfunc, bool, 0444);
 MODULE_PARM_DESC(fastpath_kfunc, "bpf_umctl_enqueue is registered for tracing programs (needs module BTF)");
@@ -100,9 +223,14 @@ struct umctl_item {
 	s64 exec_id;
 	s32 dst;
 	pid_t pid;
-	u32 op;         /* UVM_SIM_OP_* */
+	u32 op;         /* OP_* */
 	u32 portid;     /* the submitter's netlink port; 0: queued by the kfunc (results multicast only) */
 	struct net *net;   /* referenced when portid is 0 (the enabling controller's netns) */
+	/* genl commands only (the kfunc's come from the fast-path slot at execution): */
+	struct pid *tpid;          /* the target, referenced (resolved in the sender's pid namespace) */
+	struct mm_struct *mm;      /* the sender's mm, mmgrab'ed: where the ioctl parameters go */
+	bool has_uuid;
+	u8 uuid[16];               /* DST_UUID of the request */
 };
 
 static struct umctl_item *ring;
@@ -130,6 +258,8 @@ static const struct nla_policy umctl_policy[UMCTL_A_MAX + 1] = {
 	[UMCTL_A_LATENCY_NS] = { .type = NLA_REJECT },
 	[UMCTL_A_ERRNO] = { .type = NLA_REJECT },
 	[UMCTL_A_PAD] = { .type = NLA_REJECT },
+	[UMCTL_A_DST_UUID] = NLA_POLICY_EXACT_LEN(16),
+	[UMCTL_A_NV_STATUS] = { .type = NLA_REJECT },
 };
 
 static const struct genl_multicast_group umctl_mcgrps[] = {
@@ -198,8 +328,9 @@ static bool rate_ok(void)
 	return ok;
 }
 
-/* the target exists and the sender (current) may steer it: 0, -ESRCH or -EPERM (counted) */
-static int check_target(pid_t nr)
+/* the target exists and the sender (current) may steer it: 0, -ESRCH or -EPERM (counted).
+ * On 0, *out (when given) holds a reference on the target's struct pid. */
+static int check_target(pid_t nr, struct pid **out)
 {
 	struct task_struct *task;
 	struct pid *pid;
@@ -207,17 +338,22 @@ static int check_target(pid_t nr)
 
 	pid = find_get_pid(nr);
 	task = pid ? get_pid_task(pid, PIDTYPE_TGID) : NULL;
-	put_pid(pid);
 	if (!task) {
+		put_pid(pid);
 		atomic64_inc(&cnt[C_ESRCH]);
 		return -ESRCH;
 	}
 	allowed = may_steer(task);
 	put_task_struct(task);
 	if (!allowed) {
+		put_pid(pid);
 		atomic64_inc(&cnt[C_EPERM]);
 		return -EPERM;
 	}
+	if (out)
+		*out = pid;
+	else
+		put_pid(pid);
 	return 0;
 }
 
@@ -248,7 +384,7 @@ static int umctl_submit(struct sk_buff *skb, struct genl_info *info, u32 op)
 
 	atomic64_inc(&cnt[C_RECEIVED]);
 	if (!a[UMCTL_A_PID] || !a[UMCTL_A_ADDR] || !a[UMCTL_A_LEN] ||
-	    (op != UVM_SIM_OP_INVALIDATE && !a[UMCTL_A_DST])) {
+	    (op != OP_INVALIDATE && !a[UMCTL_A_DST])) {
 		NL_SET_ERR_MSG(info->extack, "umctl: PID, ADDR, LEN (and DST to migrate) are required");
 		atomic64_inc(&cnt[C_INVALID]);
 		return -EINVAL;
@@ -260,24 +396,37 @@ static int umctl_submit(struct sk_buff *skb, struct genl_info *info, u32 op)
 	it.exec_id = a[UMCTL_A_EXEC_ID] ? nla_get_s64(a[UMCTL_A_EXEC_ID]) : -1;
 	it.cmd_id = a[UMCTL_A_CMD_ID] ? nla_get_u64(a[UMCTL_A_CMD_ID]) : 0;
 	it.op = op;
+	if (a[UMCTL_A_DST_UUID]) {
+		nla_memcpy(it.uuid, a[UMCTL_A_DST_UUID], sizeof(it.uuid));
+		it.has_uuid = true;
+	}
 	if (!it.len || it.len > UMCTL_MAX_LEN || it.addr + it.len < it.addr || it.addr + it.len > (1ULL << 57) ||
-	    (op == UVM_SIM_OP_PREFETCH && it.dst < 0)) {
+	    (op == OP_PREFETCH && it.dst < 0)) {
 		NL_SET_ERR_MSG(info->extack, "umctl: bad range or destination");
 		atomic64_inc(&cnt[C_INVALID]);
 		return -ERANGE;
 	}
-	ret = check_target(it.pid);
+	if (!current->mm) {   /* a kernel socket: no mm for the ioctl parameters */
+		atomic64_inc(&cnt[C_INVALID]);
+		return -EINVAL;
+	}
+	ret = check_target(it.pid, &it.tpid);
 	if (ret)
 		return ret;
 	if (!rate_ok()) {
+		put_pid(it.tpid);
 		atomic64_inc(&cnt[C_EBUSY]);
 		return -EBUSY;
 	}
 	it.portid = info->snd_portid;
 	it.net = genl_info_net(info);
 	it.t_submit = ktime_get_ns();
+	it.mm = current->mm;
+	mmgrab(it.mm);
 	ret = push(&it);
 	if (ret) {
+		put_pid(it.tpid);
+		mmdrop(it.mm);
 		atomic64_inc(&cnt[C_ENOSPC]);
 		return ret;
 	}
@@ -287,22 +436,23 @@ static int umctl_submit(struct sk_buff *skb, struct genl_info *info, u32 op)
 
 static int umctl_prefetch(struct sk_buff *skb, struct genl_info *info)
 {
-	return umctl_submit(skb, info, UVM_SIM_OP_PREFETCH);
+	return umctl_submit(skb, info, OP_PREFETCH);
 }
 static int umctl_preevict(struct sk_buff *skb, struct genl_info *info)
 {
-	return umctl_submit(skb, info, UVM_SIM_OP_PREEVICT);
+	return umctl_submit(skb, info, OP_PREEVICT);
 }
 static int umctl_invalidate(struct sk_buff *skb, struct genl_info *info)
 {
-	return umctl_submit(skb, info, UVM_SIM_OP_INVALIDATE);
+	return umctl_submit(skb, info, OP_INVALIDATE);
 }
 
 /* ---- the fast path: BPF programs queue commands for targets a controller enabled ----
  *
  * FASTPATH_ENABLE(pid) runs in the sender's context with the same checks as a command
  * (check_target: may_steer); it records the target's struct pid (so a recycled pid number is not
- * mistaken for it) and the sender's netns (where the results go, multicast). The kfunc runs in
+ * mistaken for it), the sender's netns (where the results go, multicast) and the sender's mm
+ * (mmgrab: the backend stages the kfunc commands' ioctl parameters there). The kfunc runs in
  * the calling BPF program's context — for the fast path an fentry program on the driver's
  * service_fault_batch, i.e. the fault-servicing thread with migration disabled under RCU — so it
  * never sleeps: a scan of FASTPATH_SLOTS entries under a spinlock, the rate limit, a push on the
@@ -312,18 +462,50 @@ struct fp_slot {
 	pid_t nr;               /* 0: free */
 	struct pid *pid;        /* referenced */
 	struct net *net;        /* referenced */
+	struct mm_struct *mm;   /* the enabling sender's, mmgrab'ed: where kfunc commands' ioctl parameters go */
 };
 static struct fp_slot fp_slots[UMCTL_FASTPATH_SLOTS];
 static DEFINE_SPINLOCK(fp_lock);
 static atomic64_t fp_seq;
 
-static void fp_clear(struct fp_slot *s, struct pid **pid, struct net **net)
+/* empty @s into @old (released with fp_release once fp_lock is dropped) */
+static void fp_clear(struct fp_slot *s, struct fp_slot *old)
 {
-	*pid = s->pid;
-	*net = s->net;
-	s->nr = 0;
-	s->pid = NULL;
-	s->net = NULL;
+	*old = *s;
+	memset(s, 0, sizeof(*s));
+}
+
+static void fp_release(struct fp_slot *old)
+{
+	put_pid(old->pid);
+	if (old->net)
+		put_net(old->net);
+	if (old->mm)
+		mmdrop(old->mm);
+	memset(old, 0, sizeof(*old));
+}
+
+/* for the worker: the enabled target @nr's struct pid (referenced) and the enabling sender's mm
+ * (mmget, users held) — false when the fast path was disabled since or the sender's mm is gone */
+static bool fp_resolve(pid_t nr, struct pid **pid, struct mm_struct **mm)
+{
+	bool ok = false;
+	unsigned long flags;
+	int i;
+
+	spin_lock_irqsave(&fp_lock, flags);
+	for (i = 0; i < ARRAY_SIZE(fp_slots); i++) {
+		struct fp_slot *s = &fp_slots[i];
+
+		if (s->nr == nr && s->mm && mmget_not_zero(s->mm)) {
+			*pid = get_pid(s->pid);
+			*mm = s->mm;
+			ok = true;
+			break;
+		}
+	}
+	spin_unlock_irqrestore(&fp_lock, flags);
+	return ok;
 }
 
 /* the netns (referenced) to report to when @nr is enabled and alive, else NULL */
@@ -385,7 +567,7 @@ noinline int bpf_umctl_enqueue(u32 pid, u64 addr, u64 len, s32 dst)
 	it.addr = addr;
 	it.len = len;
 	it.dst = dst;
-	it.op = dst >= 0 ? UVM_SIM_OP_PREFETCH : UVM_SIM_OP_PREEVICT;
+	it.op = dst >= 0 ? OP_PREFETCH : OP_PREEVICT;
 	it.exec_id = -1;
 	it.cmd_id = UMCTL_FASTPATH_CMD_ID | (u64)atomic64_inc_return(&fp_seq);
 	it.portid = 0;
@@ -413,9 +595,9 @@ static const struct btf_kfunc_id_set umctl_kfunc_set = {
 
 static int umctl_fastpath(struct sk_buff *skb, struct genl_info *info, bool on)
 {
-	struct pid *old_pid = NULL, *pid = NULL;
-	struct net *old_net = NULL;
-	struct fp_slot *free = NULL;
+	struct fp_slot old = {}, *free = NULL;
+	struct pid *pid = NULL;
+	bool found = false;
 	unsigned long flags;
 	pid_t nr;
 	int i, ret;
@@ -426,44 +608,47 @@ static int umctl_fastpath(struct sk_buff *skb, struct genl_info *info, bool on)
 		atomic64_inc(&cnt[C_INVALID]);
 		return -EINVAL;
 	}
+	if (on && !current->mm) {   /* a kernel socket: no mm for the ioctl parameters */
+		atomic64_inc(&cnt[C_INVALID]);
+		return -EINVAL;
+	}
 	nr = nla_get_u32(info->attrs[UMCTL_A_PID]);
-	ret = check_target(nr);
+	ret = check_target(nr, on ? &pid : NULL);
 	if (ret)
 		return ret;
-	if (on) {
-		pid = find_get_pid(nr);
-		if (!pid)
-			return -ESRCH;
-	}
+	if (on)
+		mmgrab(current->mm);
 	ret = on ? -ENOSPC : -ENOENT;
 	spin_lock_irqsave(&fp_lock, flags);
 	for (i = 0; i < ARRAY_SIZE(fp_slots); i++) {
 		struct fp_slot *s = &fp_slots[i];
 
 		if (s->nr == nr) {
-			fp_clear(s, &old_pid, &old_net);
+			fp_clear(s, &old);
 			free = s;
+			found = true;
 			break;
 		}
 		if (!free && (!s->nr || !pid_task(s->pid, PIDTYPE_TGID)))   /* free, or its target exited */
 			free = s;
 	}
 	if (free && on) {
-		if (free->nr && !old_pid)
-			fp_clear(free, &old_pid, &old_net);
+		if (free->nr && !found)
+			fp_clear(free, &old);
 		free->nr = nr;
 		free->pid = pid;
 		free->net = get_net(genl_info_net(info));
+		free->mm = current->mm;   /* the reference taken above */
 		pid = NULL;
 		ret = 0;
-	} else if (old_pid) {
+	} else if (found) {
 		ret = 0;
 	}
 	spin_unlock_irqrestore(&fp_lock, flags);
+	if (on && ret)
+		mmdrop(current->mm);
 	put_pid(pid);
-	put_pid(old_pid);
-	if (old_net)
-		put_net(old_net);
+	fp_release(&old);
 	if (!ret)
 		atomic64_inc(&cnt[C_ACCEPTED]);
 	return ret;
@@ -478,7 +663,7 @@ static int umctl_fastpath_disable(struct sk_buff *skb, struct genl_info *info)
 	return umctl_fastpath(skb, info, false);
 }
 
-static void send_result(struct umctl_item *it, u32 status, u64 bytes, s32 err)
+static void send_result(struct umctl_item *it, u32 status, u64 bytes, s32 err, u32 nv)
 {
 	struct sk_buff *skb = genlmsg_new(NLMSG_GOODSIZE, GFP_KERNEL), *mc;
 	void *hdr;
@@ -494,7 +679,8 @@ static void send_result(struct umctl_item *it, u32 status, u64 bytes, s32 err)
 	    nla_put_u32(skb, UMCTL_A_STATUS, status) ||
 	    nla_put_u64_64bit(skb, UMCTL_A_BYTES, bytes, UMCTL_A_PAD) ||
 	    nla_put_u64_64bit(skb, UMCTL_A_LATENCY_NS, ktime_get_ns() - it->t_submit, UMCTL_A_PAD) ||
-	    nla_put_s32(skb, UMCTL_A_ERRNO, err)) {
+	    nla_put_s32(skb, UMCTL_A_ERRNO, err) ||
+	    nla_put_u32(skb, UMCTL_A_NV_STATUS, nv)) {
 		nlmsg_free(skb);
 		goto lost;
 	}
@@ -518,15 +704,167 @@ lost:
 	atomic64_inc(&cnt[C_RESULT_LOST]);
 }
 
+/* ---- the backend: the UVM ioctl ABI on the target's own va_space file ---- */
+
+struct exec_out {
+	u32 status;   /* UMCTL_ST_* */
+	s32 err;      /* 0, or: ESRCH target gone, ENODEV no va_space file, ENXIO no such destination,
+		       * ECANCELED the mm owner (controller) exited or the fast path was disabled,
+		       * EFAULT NV_ERR_INVALID_ADDRESS, EIO another NV_STATUS; or the ioctl's own errno */
+	u32 nv;       /* rmStatus of the ioctl that decided */
+	u64 bytes;
+};
+
+/* iterate_fd() callback, under files->file_lock (a spinlock): compare and get_file() only */
+static int match_uvm_file(const void *p, struct file *f, unsigned int fd)
+{
+	struct file **out = (struct file **)p;
+	const struct module *owner = f->f_op ? f->f_op->owner : NULL;
+	bool match;
+
+	if (!f->f_op || !f->f_op->unlocked_ioctl || !S_ISCHR(file_inode(f)->i_mode))
+		return 0;
+	if (uvm_module[0] && (!owner || strcmp(owner->name, uvm_module)))
+		return 0;
+	rcu_read_lock();   /* the dentry's name may change under rename; old names are RCU-freed */
+	match = !strcmp((const char *)READ_ONCE(f->f_path.dentry->d_name.name), uvm_dev);
+	rcu_read_unlock();
+	if (!match)
+		return 0;
+	*out = get_file(f);
+	return fd + 1;   /* nonzero stops the walk; the next walk starts after this fd */
+}
+
+#define UMCTL_MAX_UVM_FILES 8   /* matching files tried per command at most */
+
+/* execute @it on @tpid's va_space; @mm (users held) is where the parameters are staged */
+static void execute(const struct umctl_item *it, struct pid *tpid, struct mm_struct *mm, struct exec_out *o)
+{
+	union {
+		struct umctl_uvm_migrate_params m;
+		struct umctl_uvm_discard_params d;
+	} p;
+	u64 lo = it->addr & PAGE_MASK, hi = PAGE_ALIGN(it->addr + it->len);   /* the driver wants pages */
+	unsigned int cmd, next = 0, tried = 0;
+	struct task_struct *task;
+	unsigned long scratch;
+	size_t psz, rm_off;
+	bool decided = false;
+
+	memset(&p, 0, sizeof(p));
+	if (it->op == OP_INVALIDATE) {
+		cmd = UMCTL_UVM_DISCARD;
+		p.d.base = lo;
+		p.d.length = hi - lo;
+		p.d.flags = UMCTL_UVM_DISCARD_FLAGS_UNMAP;   /* the next touch faults (as the uvm actuator) */
+		psz = sizeof(p.d);
+		rm_off = offsetof(struct umctl_uvm_discard_params, rmStatus);
+	} else {
+		cmd = UMCTL_UVM_MIGRATE;
+		p.m.base = lo;
+		p.m.length = hi - lo;
+		p.m.cpuNumaNode = -1;   /* flags 0: synchronous, no semaphore */
+		if (it->has_uuid) {
+			memcpy(p.m.destinationUuid.uuid, it->uuid, 16);
+		} else if (it->dst >= 0 && !gpu_uuid(it->dst, p.m.destinationUuid.uuid)) {
+			o->status = UMCTL_ST_FAILED;
+			o->err = -ENXIO;   /* no UUID known for that GPU index */
+			return;
+		}   /* else dst -1: all zero, the CPU */
+		psz = sizeof(p.m);
+		rm_off = offsetof(struct umctl_uvm_migrate_params, rmStatus);
+	}
+
+	task = get_pid_task(tpid, PIDTYPE_TGID);
+	if (!task) {
+		o->status = UMCTL_ST_TARGET_GONE;
+		o->err = -ESRCH;
+		return;
+	}
+	kthread_use_mm(mm);
+	scratch = vm_mmap(NULL, 0, PAGE_SIZE, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, 0);
+	if (IS_ERR_VALUE(scratch)) {
+		o->status = UMCTL_ST_FAILED;
+		o->err = (s32)scratch;
+		goto out;
+	}
+	while (!decided && tried < UMCTL_MAX_UVM_FILES) {
+		struct file *file = NULL;
+		long ret;
+		u32 nv;
+		int r;
+
+		task_lock(task);   /* keeps task->files alive (exit_files clears it under this lock) */
+		r = task->files ? iterate_fd(task->files, next, match_uvm_file, &file) : 0;
+		task_unlock(task);
+		if (r <= 0 || !file)
+			break;
+		next = r;
+		tried++;
+		if (copy_to_user((void __user *)scratch, &p, psz)) {
+			fput(file);
+			o->status = UMCTL_ST_FAILED;
+			o->err = -EFAULT;
+			decided = true;
+			break;
+		}
+		ret = vfs_ioctl(file, cmd, scratch);
+		fput(file);
+		if (ret) {   /* the parameters never reached the driver's verdict (EFAULT, EAGAIN, ENOTTY) */
+			o->status = UMCTL_ST_FAILED;
+			o->err = ret;
+			decided = true;
+			break;
+		}
+		if (copy_from_user(&nv, (void __user *)(scratch + rm_off), sizeof(nv))) {
+			o->status = UMCTL_ST_FAILED;
+			o->err = -EFAULT;
+			decided = true;
+			break;
+		}
+		o->nv = nv;
+		if (nv == UMCTL_NV_ERR_ILLEGAL_ACTION) {   /* not a va_space (the mm fd): the next one */
+			atomic64_inc(&cnt[C_UVM_FD_SKIPPED]);
+			continue;
+		}
+		decided = true;
+		switch (nv) {
+		case UMCTL_NV_OK:
+			o->status = UMCTL_ST_OK;
+			o->bytes = it->len;
+			break;
+		case UMCTL_NV_ERR_INVALID_ADDRESS:
+			o->status = UMCTL_ST_RANGE_INVALID;
+			o->err = -EFAULT;
+			break;
+		case UMCTL_NV_ERR_INVALID_DEVICE:
+			o->status = UMCTL_ST_FAILED;
+			o->err = -ENXIO;
+			break;
+		default:
+			o->status = UMCTL_ST_FAILED;
+			o->err = -EIO;
+		}
+	}
+	if (!decided) {   /* no va_space file: never opened, closed, or only mm fds */
+		atomic64_inc(&cnt[C_NO_UVM_FILE]);
+		o->status = UMCTL_ST_TARGET_GONE;
+		o->err = -ENODEV;
+	}
+	vm_munmap(scratch, PAGE_SIZE);
+out:
+	kthread_unuse_mm(mm);
+	put_task_struct(task);
+}
+
 static void umctl_work_fn(struct work_struct *w)
 {
-	long (*backend)(pid_t, u64, u64, s32, u32);
 	struct umctl_item it;
 
-	backend = symbol_get(uvm_sim_migrate);
 	for (;;) {
-		long r;
-		u32 st;
+		struct exec_out o = { .status = UMCTL_ST_FAILED, .err = -ECANCELED };
+		struct mm_struct *mm = NULL;
+		struct pid *tpid = NULL;
 
 		spin_lock_irq(&ring_lock);
 		if (ring_head == ring_tail) {
@@ -536,22 +874,28 @@ static void umctl_work_fn(struct work_struct *w)
 		it = ring[ring_head % queue_depth];
 		ring_head++;
 		spin_unlock_irq(&ring_lock);
-		r = backend ? backend(it.pid, it.addr, it.len, it.dst, it.op) : -ENODEV;
-		atomic64_inc(&cnt[C_EXECUTED]);
-		if (r >= 0) {
-			st = r ? UMCTL_ST_OK : UMCTL_ST_SKIPPED;
-			atomic64_inc(&cnt[C_OK]);
-		} else {
-			st = r == -ESRCH ? UMCTL_ST_TARGET_GONE : r == -EFAULT ? UMCTL_ST_RANGE_INVALID : UMCTL_ST_FAILED;
-			atomic64_inc(&cnt[C_FAILED]);
+		if (it.portid) {   /* genl: the target resolved and the sender's mm grabbed at submit */
+			tpid = it.tpid;
+			if (mmget_not_zero(it.mm))
+				mm = it.mm;
+		} else if (!fp_resolve(it.pid, &tpid, &mm)) {   /* kfunc: from the fast-path slot, now */
+			tpid = NULL;
+			mm = NULL;
 		}
-		send_result(&it, st, r > 0 ? r : 0, r < 0 ? r : 0);
+		if (tpid && mm)
+			execute(&it, tpid, mm, &o);
+		if (mm)
+			mmput(mm);
+		if (it.mm)
+			mmdrop(it.mm);
+		put_pid(tpid);
+		atomic64_inc(&cnt[C_EXECUTED]);
+		atomic64_inc(&cnt[o.status == UMCTL_ST_OK ? C_OK : C_FAILED]);
+		send_result(&it, o.status, o.bytes, o.err, o.nv);
 		if (!it.portid)
 			put_net(it.net);
 		cond_resched();
 	}
-	if (backend)
-		symbol_put(uvm_sim_migrate);
 }
 
 static const struct genl_small_ops umctl_ops[] = {
@@ -579,6 +923,7 @@ static int __init umctl_init(void)
 {
 	int ret;
 
+	UMCTL_UVM_ABI_CHECK_SIZES();
 	if (!queue_depth || queue_depth > (1u << 20))
 		return -EINVAL;
 	ring = kvcalloc(queue_depth, sizeof(*ring), GFP_KERNEL);
@@ -600,8 +945,9 @@ static int __init umctl_init(void)
 	fastpath_kfunc = !ret;
 	if (ret)
 		pr_info("umctl: kfunc bpf_umctl_enqueue not registered (%d): no BPF fast path\n", ret);
-	pr_info("umctl: genl family %s id %u, queue %u, kfunc %s\n", UMCTL_GENL_NAME, umctl_family.id, queue_depth,
-		fastpath_kfunc ? "bpf_umctl_enqueue" : "none");
+	pr_info("umctl: genl family %s id %u, queue %u, kfunc %s, backend: ioctls on '%s' files of module '%s'\n",
+		UMCTL_GENL_NAME, umctl_family.id, queue_depth, fastpath_kfunc ? "bpf_umctl_enqueue" : "none", uvm_dev,
+		uvm_module[0] ? uvm_module : "(any)");
 	return 0;
 }
 
@@ -613,11 +959,8 @@ static void __exit umctl_exit(void)
 	genl_unregister_family(&umctl_family);
 	destroy_workqueue(umctl_wq);   /* flushes the worker */
 	kvfree(ring);
-	for (i = 0; i < ARRAY_SIZE(fp_slots); i++) {
-		put_pid(fp_slots[i].pid);
-		if (fp_slots[i].net)
-			put_net(fp_slots[i].net);
-	}
+	for (i = 0; i < ARRAY_SIZE(fp_slots); i++)
+		fp_release(&fp_slots[i]);
 }
 
 module_init(umctl_init);

@@ -19,8 +19,23 @@
  * What is simulated: one GPU with `capacity_blocks` 2 MiB root chunks, evicted oldest-first.
  * A process registers by opening /dev/uvm_sim (its va_space's mm is the opener's); writing an
  * array of struct uvm_sim_fault {u64 addr; u32 access; u32 pad;} to that fd makes those accesses:
- * the ones to blocks not resident on the GPU fault, are queued, and are serviced at once, in the writer's context, in batches of up to 256 (the real driver does
- * it in its bottom half). uvm_sim_migrate() is the execution backend of kmod/umctl's commands.
+ * the ones to blocks not resident on the GPU fault, are queued, and are serviced at once, in the
+ * writer's context, in batches of up to 256 (the real driver does it in its bottom half); a record
+ * with access UVM_SIM_ACCESS_FREE frees that block instead (the range stops being managed until
+ * touched again).
+ *
+ * The fd also answers the 580 driver's ioctls that kmod/umctl's backend issues (kmod/umctl/uvm_abi.h:
+ * same numbers, same parameter structs, verdict in rmStatus):
+ *   UVM_MIGRATE: to the GPU's UUID (module parameter gpu_uuid) makes the blocks resident through
+ *     uvm_va_block_make_resident(cause UVM_MAKE_RESIDENT_CAUSE_API_MIGRATE), evicting oldest first
+ *     as faults do; to the CPU (all-zero UUID) migrates resident blocks back;
+ *   UVM_DISCARD: drops the blocks' GPU residency without write-back (reported through
+ *     uvm_va_block_evict_chunks, which the eviction probe sees);
+ *   UVM_MM_INITIALIZE (uvmFd = a va_space fd of ours): turns this fd into the per-process "mm fd"
+ *     the real driver has, on which every other ioctl answers NV_ERR_ILLEGAL_ACTION.
+ * Bad ranges answer NV_ERR_INVALID_ADDRESS as the real driver's checks do: unaligned, zero,
+ * overflowing, beyond the 47-bit user address space, or touching a freed block; an unknown
+ * destination NV_ERR_INVALID_DEVICE; flags/semaphores we do not simulate NV_ERR_INVALID_ARGUMENT.
  */
 #include <linux/module.h>
 #include <linux/kernel.h>
@@ -36,7 +51,9 @@
 #include <linux/uaccess.h>
 #include <linux/ktime.h>
 #include <linux/kref.h>
+#include <linux/file.h>
 #include "uvm_sim.h"
+#include "../umctl/uvm_abi.h"
 
 #define UVM_SIM_BATCH 256
 #define BLOCK_SHIFT 21
@@ -93,7 +110,8 @@ typedef struct uvm_va_space_struct {
 	/* simulation only */
 	pid_t pid;
 	struct xarray blocks;            /* block index -> uvm_va_block_t */
-	struct list_head node;
+	struct xarray freed;             /* block index -> freed (not managed until touched again) */
+	bool mm_fd;                      /* UVM_MM_INITIALIZE made this fd the process's mm fd */
 } uvm_va_space_t;
 
 typedef struct uvm_va_range_struct {
@@ -163,9 +181,21 @@ module_param_named(batches, stat_batches, ullong, 0444);
 module_param_named(migrations, stat_migrations, ullong, 0444);
 module_param_named(evictions, stat_evictions, ullong, 0444);
 module_param_named(commands, stat_commands, ullong, 0444);
+static unsigned long long stat_ioctls;
+module_param_named(ioctls, stat_ioctls, ullong, 0444);
+
+/* the simulated GPU's UUID (fixed): "uvm_sim GPU0" + 1 */
+static const u8 sim_gpu_uuid[16] = { 0x75, 0x76, 0x6d, 0x5f, 0x73, 0x69, 0x6d, 0x20,
+				     0x47, 0x50, 0x55, 0x30, 0x00, 0x00, 0x00, 0x01 };
+static int get_gpu_uuid(char *buf, const struct kernel_param *kp)
+{
+	return sysfs_emit(buf, "GPU-%pUb\n", sim_gpu_uuid);
+}
+static const struct kernel_param_ops gpu_uuid_ops = { .get = get_gpu_uuid };
+module_param_cb(gpu_uuid, &gpu_uuid_ops, NULL, 0444);
+MODULE_PARM_DESC(gpu_uuid, "the simulated GPU's UUID (UVM_MIGRATE destination), as nvidia-smi prints one");
 
 static DEFINE_MUTEX(sim_lock);          /* serialises servicing, migration and registration */
-static LIST_HEAD(sim_vaspaces);
 static LIST_HEAD(sim_lru);              /* GPU-resident blocks, oldest arrival first */
 static unsigned int sim_resident;
 static uvm_parent_gpu_t sim_parent_gpu = { .name = "uvm_sim GPU0", .id = { 1 } };
@@ -247,6 +277,22 @@ static uvm_va_block_t *block_get(uvm_va_space_t *vs, NvU64 addr, bool create)
 		return NULL;
 	}
 	return b;
+}
+
+/* the range was freed: the block goes (no write-back, no probe event) until touched again */
+static void block_free(uvm_va_space_t *vs, NvU64 addr)
+{
+	unsigned long idx = addr >> BLOCK_SHIFT;
+	uvm_va_block_t *b = xa_erase(&vs->blocks, idx);
+
+	if (b) {
+		if (b->on_gpu) {
+			list_del(&b->lru);
+			sim_resident--;
+		}
+		kfree(b);
+	}
+	xa_store(&vs->freed, idx, xa_mk_value(1), GFP_KERNEL);
 }
 
 static void block_to_gpu(uvm_va_block_t *b, uvm_va_block_region_t region, uvm_make_resident_cause_t cause)
@@ -342,9 +388,7 @@ static int sim_open(struct inode *inode, struct file *file)
 	vs->va_space_mm.mm = current->mm;
 	vs->pid = current->tgid;
 	xa_init(&vs->blocks);
-	mutex_lock(&sim_lock);
-	list_add(&vs->node, &sim_vaspaces);
-	mutex_unlock(&sim_lock);
+	xa_init(&vs->freed);
 	file->private_data = vs;
 	return 0;
 }
@@ -356,7 +400,6 @@ static int sim_release(struct inode *inode, struct file *file)
 	unsigned long idx;
 
 	mutex_lock(&sim_lock);
-	list_del(&vs->node);
 	xa_for_each(&vs->blocks, idx, b) {
 		if (b->on_gpu) {
 			list_del(&b->lru);
@@ -365,6 +408,7 @@ static int sim_release(struct inode *inode, struct file *file)
 		kfree(b);
 	}
 	xa_destroy(&vs->blocks);
+	xa_destroy(&vs->freed);
 	mutex_unlock(&sim_lock);
 	mmdrop(vs->va_space_mm.mm);
 	kfree(vs);
@@ -380,6 +424,8 @@ static ssize_t sim_write(struct file *file, const char __user *buf, size_t len, 
 
 	if (!n || n > (1u << 20))
 		return -EINVAL;
+	if (vs->mm_fd)
+		return -EBADFD;
 	mutex_lock(&sim_lock);
 	while (done < n && !ret) {
 		size_t k = min_t(size_t, n - done, ARRAY_SIZE(in)), i;
@@ -392,6 +438,11 @@ static ssize_t sim_write(struct file *file, const char __user *buf, size_t len, 
 			uvm_va_block_t *res = block_get(vs, in[i].addr, false);
 			uvm_fault_buffer_entry_t *f;
 
+			if (in[i].access == UVM_SIM_ACCESS_FREE) {
+				block_free(vs, in[i].addr);
+				continue;
+			}
+			xa_erase(&vs->freed, in[i].addr >> BLOCK_SHIFT);   /* touched: managed again */
 			if (res && res->on_gpu) {   /* resident: the access does not fault */
 				stat_hits++;
 				continue;
@@ -427,66 +478,145 @@ static ssize_t sim_write(struct file *file, const char __user *buf, size_t len, 
 	return ret ? ret : (ssize_t)(n * sizeof(in[0]));
 }
 
+
+static const struct file_operations sim_fops;
+
+/* ---- the driver's ioctls that kmod/umctl issues (kmod/umctl/uvm_abi.h) ---- */
+
+/* uvm_api_range_invalid() + "a managed range": 0 or NV_ERR_INVALID_ADDRESS */
+static NvU32 range_check(uvm_va_space_t *vs, NvU64 base, NvU64 length)
+{
+	unsigned long first, last;
+
+	if (!IS_ALIGNED(base, PAGE_SIZE) || !IS_ALIGNED(length, PAGE_SIZE) || !base || !length || base + length < base ||
+	    base + length > (1ULL << 47))
+		return UMCTL_NV_ERR_INVALID_ADDRESS;
+	first = base >> BLOCK_SHIFT;
+	last = (base + length - 1) >> BLOCK_SHIFT;
+	if (xa_find(&vs->freed, &first, last, XA_PRESENT))
+		return UMCTL_NV_ERR_INVALID_ADDRESS;
+	return UMCTL_NV_OK;
+}
+
+/* each block of [base, base + length) with the page region the range covers in it */
+#define for_each_block_region(a, lo, hi, region, base, length)                                       \
+	for (a = (base) & ~((1ULL << BLOCK_SHIFT) - 1);                                              \
+	     a < (base) + (length) && (lo = max(a, (NvU64)(base)),                                   \
+				       hi = min(a + (1ULL << BLOCK_SHIFT), (NvU64)(base) + (length)),  \
+				       region.first = (lo - a) >> PAGE_SHIFT_4K,                      \
+				       region.outer = (hi - a + 4095) >> PAGE_SHIFT_4K, 1);           \
+	     a += 1ULL << BLOCK_SHIFT)
+
+static NvU32 sim_migrate(uvm_va_space_t *vs, const struct umctl_uvm_migrate_params *p)
+{
+	static const u8 cpu[16];
+	uvm_va_block_region_t region;
+	bool to_gpu;
+	NvU64 a, lo, hi;
+	NvU32 st = range_check(vs, p->base, p->length);
+
+	if (st)
+		return st;
+	if (p->flags || p->semaphoreAddress || p->semaphorePayload)
+		return UMCTL_NV_ERR_INVALID_ARGUMENT;   /* async migration and semaphores: not simulated */
+	if (!memcmp(p->destinationUuid.uuid, sim_gpu_uuid, 16))
+		to_gpu = true;
+	else if (!memcmp(p->destinationUuid.uuid, cpu, 16))
+		to_gpu = false;
+	else
+		return UMCTL_NV_ERR_INVALID_DEVICE;
+	stat_commands++;
+	for_each_block_region(a, lo, hi, region, p->base, p->length) {
+		uvm_va_block_t *b = block_get(vs, a, to_gpu);
+
+		if (!b)
+			continue;
+		if (to_gpu)
+			block_to_gpu(b, region, UVM_MAKE_RESIDENT_CAUSE_API_MIGRATE);
+		else if (b->on_gpu)   /* to the CPU (processor id 0) */
+			uvm_va_block_make_resident(b, NULL, NULL, (uvm_processor_id_t){ 0 }, region, &sim_page_mask,
+						   NULL, UVM_MAKE_RESIDENT_CAUSE_API_MIGRATE);
+	}
+	return UMCTL_NV_OK;
+}
+
+static NvU32 sim_discard(uvm_va_space_t *vs, const struct umctl_uvm_discard_params *p)
+{
+	uvm_va_block_region_t region;
+	NvU64 a, lo, hi;
+	NvU32 st = range_check(vs, p->base, p->length);
+
+	if (st)
+		return st;
+	if (p->flags & ~UMCTL_UVM_DISCARD_FLAGS_UNMAP)
+		return UMCTL_NV_ERR_INVALID_ARGUMENT;
+	stat_commands++;
+	for_each_block_region(a, lo, hi, region, p->base, p->length) {
+		uvm_va_block_t *b = block_get(vs, a, false);
+
+		if (b && b->on_gpu)
+			uvm_va_block_evict_chunks(b, &sim_gpu, NULL, NULL);
+	}
+	return UMCTL_NV_OK;
+}
+
+static NvU32 sim_mm_initialize(uvm_va_space_t *vs, const struct umctl_uvm_mm_initialize_params *p)
+{
+	struct fd va = fdget(p->uvmFd);
+	NvU32 st = UMCTL_NV_ERR_INVALID_ARGUMENT;
+
+	if (va.file && va.file->f_op == &sim_fops && va.file->private_data != vs &&
+	    !((uvm_va_space_t *)va.file->private_data)->mm_fd) {
+		vs->mm_fd = true;
+		st = UMCTL_NV_OK;
+	}
+	fdput(va);
+	return st;
+}
+
+/* the driver's calling convention: params copied in, rmStatus set, copied back; ioctl returns 0 */
+#define SIM_IOCTL(type, fn)                                                              \
+	do {                                                                             \
+		type p;                                                                  \
+		if (copy_from_user(&p, (void __user *)arg, sizeof(p)))                   \
+			return -EFAULT;                                                  \
+		mutex_lock(&sim_lock);                                                   \
+		stat_ioctls++;                                                           \
+		p.rmStatus = vs->mm_fd ? UMCTL_NV_ERR_ILLEGAL_ACTION : fn(vs, &p);       \
+		mutex_unlock(&sim_lock);                                                 \
+		return copy_to_user((void __user *)arg, &p, sizeof(p)) ? -EFAULT : 0;    \
+	} while (0)
+
+static long sim_ioctl(struct file *file, unsigned int cmd, unsigned long arg)
+{
+	uvm_va_space_t *vs = file->private_data;
+
+	switch (cmd) {
+	case UMCTL_UVM_MIGRATE:
+		SIM_IOCTL(struct umctl_uvm_migrate_params, sim_migrate);
+	case UMCTL_UVM_DISCARD:
+		SIM_IOCTL(struct umctl_uvm_discard_params, sim_discard);
+	case UMCTL_UVM_MM_INITIALIZE:
+		SIM_IOCTL(struct umctl_uvm_mm_initialize_params, sim_mm_initialize);
+	}
+	return -ENOTTY;
+}
+
 static const struct file_operations sim_fops = {
 	.owner = THIS_MODULE,
 	.open = sim_open,
 	.release = sim_release,
 	.write = sim_write,
+	.unlocked_ioctl = sim_ioctl,
+	.compat_ioctl = sim_ioctl,
 };
 
 static struct miscdevice sim_dev = { .minor = MISC_DYNAMIC_MINOR, .name = "uvm_sim", .fops = &sim_fops,
 				     .mode = 0666 };
 
-/* ---- the execution backend of kmod/umctl ---- */
-
-/**
- * uvm_sim_migrate - carry out a umctl command on process @pid's simulated va_space.
- * Returns the bytes affected (>= 0), -ESRCH when @pid has no va_space, -EINVAL on a bad op.
- * May sleep (mutex): called from umctl's work queue, never from BPF or atomic context.
- */
-long uvm_sim_migrate(pid_t pid, u64 addr, u64 len, s32 dst, u32 op)
-{
-	uvm_va_space_t *vs;
-	long bytes = 0;
-	u64 a;
-
-	if (op > UVM_SIM_OP_INVALIDATE)
-		return -EINVAL;
-	mutex_lock(&sim_lock);
-	list_for_each_entry(vs, &sim_vaspaces, node)
-		if (vs->pid == pid)
-			break;
-	if (list_entry_is_head(vs, &sim_vaspaces, node)) {
-		mutex_unlock(&sim_lock);
-		return -ESRCH;
-	}
-	stat_commands++;
-	for (a = addr & ~((1ULL << BLOCK_SHIFT) - 1); a < addr + len; a += 1ULL << BLOCK_SHIFT) {
-		uvm_va_block_t *b = block_get(vs, a, op == UVM_SIM_OP_PREFETCH);
-		u64 lo = max(a, addr), hi = min(a + (1ULL << BLOCK_SHIFT), addr + len);
-		uvm_va_block_region_t region = { (lo - a) >> PAGE_SHIFT_4K, (hi - a + 4095) >> PAGE_SHIFT_4K };
-
-		if (!b)
-			continue;
-		if (op == UVM_SIM_OP_PREFETCH && dst >= 0) {
-			block_to_gpu(b, region, UVM_MAKE_RESIDENT_CAUSE_API_MIGRATE);
-			bytes += hi - lo;
-		} else if (op != UVM_SIM_OP_PREFETCH && b->on_gpu) {
-			if (op == UVM_SIM_OP_PREEVICT)   /* to the CPU (processor id 0) */
-				uvm_va_block_make_resident(b, NULL, NULL, (uvm_processor_id_t){ 0 }, region,
-							   &sim_page_mask, NULL, UVM_MAKE_RESIDENT_CAUSE_API_MIGRATE);
-			else
-				uvm_va_block_evict_chunks(b, &sim_gpu, NULL, NULL);
-			bytes += hi - lo;
-		}
-	}
-	mutex_unlock(&sim_lock);
-	return bytes;
-}
-EXPORT_SYMBOL_GPL(uvm_sim_migrate);
-
 static int __init uvm_sim_init(void)
 {
+	UMCTL_UVM_ABI_CHECK_SIZES();
 	sim_batch.fault_cache = sim_cache;
 	sim_batch.ordered_fault_cache = sim_ordered;
 	bitmap_fill(sim_page_mask.bitmap, PAGES_PER_BLOCK);

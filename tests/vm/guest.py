@@ -67,6 +67,11 @@ class Workload:
         self.p.stdin.flush()
         assert self.p.stdout.readline().strip() == "done"
 
+    def free(self, base: int, nblocks: int) -> None:
+        self.p.stdin.write(f"F {base:#x} {nblocks}\n")
+        self.p.stdin.flush()
+        assert self.p.stdout.readline().strip() == "done"
+
     def close(self) -> None:
         try:
             self.p.stdin.write("Q\n")
@@ -101,9 +106,17 @@ def drain_until(src, pred, timeout: float = 20.0) -> EventBatch:
     return acc
 
 
+def sim_gpu_uuid() -> str:
+    with open("/sys/module/uvm_sim/parameters/gpu_uuid") as fh:
+        return fh.read().strip()
+
+
 def step_load() -> None:
     for m in ("uvm_sim", "umctl"):
-        r = subprocess.run(["insmod", os.path.join(BUILD, f"{m}.ko")], capture_output=True, text=True)
+        # umctl's backend: ioctls on the target's /dev/uvm_sim file; GPU 0 is the sim's GPU (the
+        # fast path's commands name GPUs by index only)
+        args = ["uvm_dev=uvm_sim", "uvm_module=uvm_sim", f"gpu_uuids={sim_gpu_uuid()}"] if m == "umctl" else []
+        r = subprocess.run(["insmod", os.path.join(BUILD, f"{m}.ko"), *args], capture_output=True, text=True)
         check(f"insmod_{m}", r.returncode == 0, r.stderr.strip())
     check("module_btf_uvm_sim", os.path.exists("/sys/kernel/btf/uvm_sim"), "no /sys/kernel/btf/uvm_sim")
     syms = sh("grep -wE 'service_fault_batch|uvm_va_block_make_resident|evict_root_chunk' /proc/kallsyms")
@@ -168,9 +181,12 @@ def step_events(wl: Workload):
 
 
 def step_kmod(wl: Workload, src) -> None:
-    from umctl.actuators.kmod import KmodActuator
+    from umctl.actuators.kmod import KmodActuator, parse_uuid
 
-    act = KmodActuator()
+    # the destination UUID travels with each command here (DST_UUID); the DeepUM and fast-path
+    # steps use the module's gpu_uuids table instead
+    act = KmodActuator(gpu_uuids={0: parse_uuid(sim_gpu_uuid())})
+    skipped0, ioctls0 = param("umctl", "uvm_fd_skipped"), param("uvm_sim", "ioctls")
     # benchmark: prefetch N 2 MiB blocks (alternating two ranges so the sim migrates for real)
     n = 4000
     base = 0x7E0000000000
@@ -191,6 +207,11 @@ def step_kmod(wl: Workload, src) -> None:
     user = b[Kind.MIGRATION][b[Kind.MIGRATION]["cause"] == Cause.USER]
     check("genl_commands_reach_driver", len(user) >= 48 and (user["pid"] == wl.pid).all(),
           f"{len(user)} USER migrations seen by the probes")
+    skipped, ioctls = param("umctl", "uvm_fd_skipped") - skipped0, param("uvm_sim", "ioctls") - ioctls0
+    metric("genl_ioctls", ioctls)
+    metric("genl_mm_fd_skipped", skipped)
+    check("genl_through_ioctls", ioctls == 2 * n and skipped == n,
+          f"{ioctls} ioctls (want {2 * n}: the mm fd, then the va_space fd), {skipped} mm-fd answers skipped")
     # refusals: unknown pid -> TARGET_GONE, bad range -> RANGE_INVALID
     bad = np.concatenate([commands(Op.PREFETCH, 0x1000, 4096, dst=0, pid=999999),
                           commands(Op.PREFETCH, 0x1000, 0, dst=0, pid=wl.pid),
@@ -220,6 +241,39 @@ def step_kmod(wl: Workload, src) -> None:
     out = os.read(r_fd, 4096).decode()
     os.waitpid(child, 0)
     check("genl_permission", "EPERM" in out, out)
+    # executed, and failing clearly: a target without a UVM file, a freed range, an unknown GPU
+    idle = subprocess.Popen(["sleep", "120"])
+    try:
+        wl.access(base + (60 << 21), 2, 1, 1)
+        wl.free(base + (60 << 21), 2)
+        act.result_errnos.clear()
+        fail = np.concatenate([commands(Op.PREFETCH, base, 2 << 20, dst=0, pid=idle.pid),
+                               commands(Op.PREFETCH, base + (60 << 21), 4 << 20, dst=0, pid=wl.pid),
+                               commands(Op.INVALIDATE, base + (61 << 21), 2 << 20, pid=wl.pid),
+                               commands(Op.PREFETCH, base, 2 << 20, dst=5, pid=wl.pid)])
+        ids = act.submit(fail)
+        act.wait_idle(10)
+        r = act.results()
+        st = dict(zip(r["cmd_id"].tolist(), r["status"].tolist()))
+        want = [Status.TARGET_GONE, Status.RANGE_INVALID, Status.RANGE_INVALID, Status.FAILED]
+        errs = act.stats()["result_errnos"]
+        metric("genl_failures", {"statuses": [Status(st.get(i, -1)).name if i in st else None for i in ids.tolist()],
+                                 "errnos": errs})
+        check("genl_no_uvm_file_fails", st.get(int(ids[0])) == Status.TARGET_GONE and errs.get("ENODEV") == 1,
+              f"{st} {errs}")
+        check("genl_freed_range_fails", [st.get(int(i)) for i in ids[1:3]] == want[1:3] and errs.get("EFAULT") == 2,
+              f"{st} {errs}")
+        check("genl_unknown_gpu_fails", st.get(int(ids[3])) == Status.FAILED and errs.get("ENXIO") == 1,
+              f"{st} {errs}")
+        # touched again: managed again
+        wl.access(base + (60 << 21), 2, 1, 1)
+        act.submit(commands(Op.INVALIDATE, base + (60 << 21), 4 << 20, pid=wl.pid))
+        act.wait_idle(10)
+        r = act.results()
+        check("genl_range_managed_again", len(r) == 1 and r["status"][0] == Status.OK, str(r))
+    finally:
+        idle.kill()
+        idle.wait()
     act.close()
 
 
@@ -401,6 +455,46 @@ def step_fastpath(wl: Workload, src) -> None:
             metric("fastpath_refused_not_enabled", refused)
         finally:
             wl2.close()
+        # an unprivileged controller may not enable the fast path for root's workload
+        r_fd, w_fd = os.pipe()
+        child = os.fork()
+        if child == 0:
+            try:
+                from umctl import UmctlError
+                from umctl.actuators.fastpath import CMD_FASTPATH_ENABLE, _netlink_request
+
+                os.setgroups([])
+                os.setresgid(65534, 65534, 65534)
+                os.setresuid(65534, 65534, 65534)
+                try:
+                    _netlink_request(fp.family, CMD_FASTPATH_ENABLE, wl.pid)
+                    os.write(w_fd, b"accepted")
+                except UmctlError as e:
+                    os.write(w_fd, str(e).encode())
+            finally:
+                os._exit(0)
+        os.close(w_fd)
+        out = os.read(r_fd, 4096).decode()
+        os.close(r_fd)
+        os.waitpid(child, 0)
+        check("fastpath_enable_unprivileged_eperm", "EPERM" in out, out)
+        # the module's rate limit bounds kfunc commands too: a 24-block chain walked at one fault,
+        # 4 commands/s allowed -> the rest dropped (counted), none executed for them
+        d0, q0 = param("umctl", "fastpath_dropped"), param("umctl", "fastpath_enqueued")
+        b = 0x770000000000 >> 21
+        fp.set_successors(wl.pid, {b + i: (b + i + 1,) for i in range(24)})
+        with open("/sys/module/umctl/parameters/rate_limit", "w") as fh:
+            fh.write("4")
+        try:
+            wl.access(b << 21, 1, 1, 1)
+            time.sleep(0.5)
+        finally:
+            with open("/sys/module/umctl/parameters/rate_limit", "w") as fh:
+                fh.write("0")
+        dropped, queued = param("umctl", "fastpath_dropped") - d0, param("umctl", "fastpath_enqueued") - q0
+        metric("fastpath_rate_limited", {"enqueued": queued, "dropped": dropped})
+        check("fastpath_rate_limit_drops_counted", 1 <= queued <= 4 and dropped >= 20 - queued
+              and fp.counters()["failed"] >= dropped, f"enqueued {queued}, dropped {dropped}, bpf {fp.counters()}")
         metric("fastpath_bpf_counters", fp.counters())
     finally:
         fp.close()
@@ -586,7 +680,8 @@ def main() -> int:
                                                                          "rejected_eperm", "rejected_esrch", "executed",
                                                                          "ok", "failed", "results_lost",
                                                                          "fastpath_enqueued", "fastpath_refused",
-                                                                         "fastpath_invalid", "fastpath_dropped")})
+                                                                         "fastpath_invalid", "fastpath_dropped",
+                                                                         "uvm_fd_skipped", "no_uvm_file")})
             r = subprocess.run(["rmmod", m], capture_output=True, text=True)
             check(f"rmmod_{m}", r.returncode == 0, r.stderr.strip())
     dmesg = sh("dmesg")

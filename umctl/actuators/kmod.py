@@ -14,6 +14,12 @@ pyroute2 resolves the family (id, multicast groups) and defines the message layo
 (tests check it byte for byte against pyroute2's encoder), because pyroute2 costs ~100 us per
 message, more than the kernel's whole path.
 
+The module executes a command with the driver's own ioctls (UVM_MIGRATE / UVM_DISCARD) on the
+target's va_space file; UVM_MIGRATE names its destination by processor UUID. When this actuator
+knows the GPUs' UUIDs (``gpu_uuids``: GPU index -> 16 bytes, e.g. from the tools API's processor
+table) it sends the destination's UUID with each PREFETCH / PREEVICT (attribute DST_UUID);
+otherwise the module maps the DST index through its ``gpu_uuids`` parameter (set by the admin).
+
 Commands are sent without NLM_F_ACK: an accepted command is answered by its RESULT, a refused one
 by an error ack (netlink always acks errors), matched back through the sequence number.
 """
@@ -36,7 +42,7 @@ from ..events.schema import COMMAND_DTYPE, Op, Status
 # -- protocol (kmod/umctl/umctl_genl.h) ------------------------------------------------------
 FAMILY, VERSION, MCGRP_EVENTS = "umctl", 1, "events"
 (A_UNSPEC, A_PID, A_ADDR, A_LEN, A_DST, A_EXEC_ID, A_CMD_ID, A_STATUS, A_BYTES, A_LATENCY_NS, A_ERRNO,
- A_PAD) = range(12)
+ A_PAD, A_DST_UUID, A_NV_STATUS) = range(14)
 CMD_PREFETCH, CMD_PREEVICT, CMD_INVALIDATE, CMD_RESULT = 1, 2, 3, 4
 CMD_FASTPATH_ENABLE, CMD_FASTPATH_DISABLE = 5, 6   # umctl/actuators/fastpath.py
 FASTPATH_CMD_ID = 1 << 63   # the CMD_ID bit of results of commands the kfunc queued
@@ -51,6 +57,8 @@ _NLA = struct.Struct("=HH")
 # the request's attributes, in this order: PID u32, ADDR u64, LEN u64, DST s32, EXEC_ID s64, CMD_ID u64
 _REQ = struct.Struct("=HHI" "HHQ" "HHQ" "HHi" "HHq" "HHQ")
 REQ_LEN = _NLH.size + _GENLH.size + _REQ.size
+_UUID_NLA = struct.Struct("=HH16s")   # the optional DST_UUID, after the fixed part
+UUID_LEN = _UUID_NLA.size
 
 #: refusals (the request's errno) -> Status
 _ERRNO_STATUS = {errno.ESRCH: Status.TARGET_GONE, errno.ERANGE: Status.RANGE_INVALID,
@@ -65,7 +73,8 @@ def _umctl_msg_class():
         nla_map = (("UMCTL_A_UNSPEC", "none"), ("UMCTL_A_PID", "uint32"), ("UMCTL_A_ADDR", "uint64"),
                    ("UMCTL_A_LEN", "uint64"), ("UMCTL_A_DST", "int32"), ("UMCTL_A_EXEC_ID", "int64"),
                    ("UMCTL_A_CMD_ID", "uint64"), ("UMCTL_A_STATUS", "uint32"), ("UMCTL_A_BYTES", "uint64"),
-                   ("UMCTL_A_LATENCY_NS", "uint64"), ("UMCTL_A_ERRNO", "int32"), ("UMCTL_A_PAD", "none"))
+                   ("UMCTL_A_LATENCY_NS", "uint64"), ("UMCTL_A_ERRNO", "int32"), ("UMCTL_A_PAD", "none"),
+                   ("UMCTL_A_DST_UUID", "cdata"), ("UMCTL_A_NV_STATUS", "uint32"))
 
     return UmctlMsg
 
@@ -88,11 +97,27 @@ def resolve_family() -> tuple[int, dict[str, int]]:
 
 
 def encode(family: int, cmd: int, seq: int, pid: int, addr: int, nbytes: int, dst: int, exec_id: int,
-           cmd_id: int) -> bytes:
-    """One request message (fixed layout: every attribute present, see _REQ)."""
-    return (_NLH.pack(REQ_LEN, family, NLM_F_REQUEST, seq & 0xFFFFFFFF, 0) + _GENLH.pack(cmd, VERSION, 0)
+           cmd_id: int, dst_uuid: bytes | None = None) -> bytes:
+    """One request message (fixed layout: every attribute present, see _REQ; DST_UUID last, when
+    given)."""
+    tail = b"" if dst_uuid is None else _UUID_NLA.pack(UUID_LEN, A_DST_UUID, bytes(dst_uuid))
+    return (_NLH.pack(REQ_LEN + len(tail), family, NLM_F_REQUEST, seq & 0xFFFFFFFF, 0) + _GENLH.pack(cmd, VERSION, 0)
             + _REQ.pack(8, A_PID, pid, 12, A_ADDR, addr, 12, A_LEN, nbytes, 8, A_DST, dst, 12, A_EXEC_ID,
-                        exec_id, 12, A_CMD_ID, cmd_id))
+                        exec_id, 12, A_CMD_ID, cmd_id) + tail)
+
+
+def parse_uuid(text: str) -> bytes:
+    """'GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx' (as nvidia-smi and the module parameters print
+    one) -> 16 bytes; a one-line UmctlError otherwise."""
+    t = text.strip()
+    h = (t[4:] if t.upper().startswith("GPU-") else t).replace("-", "")
+    try:
+        b = bytes.fromhex(h)
+    except ValueError:
+        b = b""
+    if len(b) != 16:
+        raise UmctlError(f"not a GPU UUID: {text!r}")
+    return b
 
 
 def parse_attrs(buf: bytes, off: int, end: int) -> dict[int, bytes]:
@@ -109,8 +134,14 @@ def parse_attrs(buf: bytes, off: int, end: int) -> dict[int, bytes]:
 class KmodActuator:
     """Runs COMMAND batches through the umctl kernel module (see the module docstring)."""
 
-    def __init__(self, *, family: int | None = None, rcvbuf: int = 8 << 20, start: bool = True) -> None:
+    def __init__(self, *, family: int | None = None, rcvbuf: int = 8 << 20, start: bool = True,
+                 gpu_uuids: dict[int, bytes] | None = None) -> None:
         self.family = resolve_family()[0] if family is None else int(family)
+        #: GPU index -> UUID (16 bytes): sent as DST_UUID with PREFETCH / PREEVICT to that GPU
+        self.gpu_uuids = {int(k): bytes(v) for k, v in (gpu_uuids or {}).items()}
+        for k, v in self.gpu_uuids.items():
+            if len(v) != 16:
+                raise UmctlError(f"GPU {k}: a UUID has 16 bytes, not {len(v)}")
         self.sock = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, NETLINK_GENERIC)
         for opt in (33, socket.SO_RCVBUF):   # SO_RCVBUFFORCE (root) first
             try:
@@ -130,6 +161,9 @@ class KmodActuator:
                        "range_invalid": 0, "skipped": 0, "refused": 0, "unsupported": 0, "send_errors": 0,
                        "recv_overruns": 0}
         self.refusals: dict[str, int] = {}
+        #: errno names of executed commands that failed (module's ERRNO attribute), e.g. ENODEV:
+        #: the target has no UVM va_space file; EFAULT: the driver said NV_ERR_INVALID_ADDRESS
+        self.result_errnos: dict[str, int] = {}
         self.bytes = 0
         self.latency_ns = 0
         self._thread = threading.Thread(target=self._recv_loop, name="umctl-kmod", daemon=True)
@@ -159,8 +193,9 @@ class KmodActuator:
                 seq = cid & 0xFFFFFFFF   # the request's sequence number is its cmd id's low half
                 self._seq_to_id[seq] = cid
                 self._outstanding += 1
-                msgs.append((cid, seq, encode(self.family, cmd, seq, pid, addr, nbytes,
-                                                     dst if dst >= -1 else -1, exec_id, cid)))
+                d = dst if dst >= -1 else -1
+                uuid = self.gpu_uuids.get(d) if cmd != CMD_INVALIDATE and d >= 0 else None
+                msgs.append((cid, seq, encode(self.family, cmd, seq, pid, addr, nbytes, d, exec_id, cid, uuid)))
         for cid, seq, m in msgs:
             try:
                 self.sock.send(m)
@@ -223,6 +258,10 @@ class KmodActuator:
         self._outstanding -= 1
         status = u(A_STATUS, "=I", int(Status.FAILED))
         nbytes, lat = u(A_BYTES), u(A_LATENCY_NS)
+        err = -u(A_ERRNO, "=i", 0)
+        if err > 0:
+            name = errno.errorcode.get(err, str(err))
+            self.result_errnos[name] = self.result_errnos.get(name, 0) + 1
         self._result(cid, Status(status) if status in Status._value2member_map_ else Status.FAILED, nbytes, lat)
 
     def _refused(self, cid: int, err: int) -> None:
@@ -264,7 +303,8 @@ class KmodActuator:
 
     def stats(self) -> dict:
         with self._lock:
-            return {"counts": dict(self.counts), "refusals": dict(self.refusals), "bytes": self.bytes,
+            return {"counts": dict(self.counts), "refusals": dict(self.refusals),
+                    "result_errnos": dict(self.result_errnos), "bytes": self.bytes,
                     "latency_ms": round(self.latency_ns / 1e6, 2), "pending": self._outstanding,
                     "family": self.family}
 
@@ -277,4 +317,4 @@ class KmodActuator:
         self.sock.close()
 
 
-__all__ = ["KmodActuator", "encode", "resolve_family", "parse_attrs", "REQ_LEN"]
+__all__ = ["KmodActuator", "encode", "resolve_family", "parse_attrs", "parse_uuid", "REQ_LEN"]
