@@ -30,6 +30,27 @@ RESULT: dict = {"checks": {}, "metrics": {}}
 FAILED: list[str] = []
 
 
+def as_nobody(fn) -> str:
+    """fn() in a forked child running as uid/gid 65534 (an unprivileged controller); its string
+    result comes back through a pipe ("" if it raised)."""
+    r_fd, w_fd = os.pipe()
+    child = os.fork()
+    if child == 0:
+        try:
+            os.close(r_fd)
+            os.setgroups([])
+            os.setresgid(65534, 65534, 65534)
+            os.setresuid(65534, 65534, 65534)
+            os.write(w_fd, fn().encode())
+        finally:
+            os._exit(0)
+    os.close(w_fd)
+    out = os.read(r_fd, 4096).decode()
+    os.close(r_fd)
+    os.waitpid(child, 0)
+    return out
+
+
 def check(name: str, ok: bool, why: str = "") -> bool:
     RESULT["checks"][name] = bool(ok)
     print(("PASS " + name) if ok else f"FAIL {name}: {why}", flush=True)
@@ -224,22 +245,13 @@ def step_kmod(wl: Workload, src) -> None:
     check("genl_refusals", len(r) == 4 and sorted(st.values()) == sorted([Status.TARGET_GONE, Status.RANGE_INVALID,
                                                                          Status.OK, Status.OK]), str(st))
     # permission: an unprivileged sender (forked, uid/gid 65534) may not steer root's workload
-    r_fd, w_fd = os.pipe()
-    child = os.fork()
-    if child == 0:
-        try:
-            os.setgroups([])
-            os.setresgid(65534, 65534, 65534)
-            os.setresuid(65534, 65534, 65534)
-            a2 = KmodActuator(family=act.family)
-            a2.submit(commands(Op.PREFETCH, base, 4096, dst=0, pid=wl.pid))
-            a2.wait_idle(5)
-            os.write(w_fd, json.dumps(a2.stats()["refusals"]).encode())
-        finally:
-            os._exit(0)
-    os.close(w_fd)
-    out = os.read(r_fd, 4096).decode()
-    os.waitpid(child, 0)
+    def steer_as_nobody() -> str:
+        a2 = KmodActuator(family=act.family)
+        a2.submit(commands(Op.PREFETCH, base, 4096, dst=0, pid=wl.pid))
+        a2.wait_idle(5)
+        return json.dumps(a2.stats()["refusals"])
+
+    out = as_nobody(steer_as_nobody)
     check("genl_permission", "EPERM" in out, out)
     # executed, and failing clearly: a target without a UVM file, a freed range, an unknown GPU
     idle = subprocess.Popen(["sleep", "120"])
@@ -456,27 +468,17 @@ def step_fastpath(wl: Workload, src) -> None:
         finally:
             wl2.close()
         # an unprivileged controller may not enable the fast path for root's workload
-        r_fd, w_fd = os.pipe()
-        child = os.fork()
-        if child == 0:
-            try:
-                from umctl import UmctlError
-                from umctl.actuators.fastpath import CMD_FASTPATH_ENABLE, _netlink_request
+        def enable_as_nobody() -> str:
+            from umctl import UmctlError
+            from umctl.actuators.fastpath import CMD_FASTPATH_ENABLE, _netlink_request
 
-                os.setgroups([])
-                os.setresgid(65534, 65534, 65534)
-                os.setresuid(65534, 65534, 65534)
-                try:
-                    _netlink_request(fp.family, CMD_FASTPATH_ENABLE, wl.pid)
-                    os.write(w_fd, b"accepted")
-                except UmctlError as e:
-                    os.write(w_fd, str(e).encode())
-            finally:
-                os._exit(0)
-        os.close(w_fd)
-        out = os.read(r_fd, 4096).decode()
-        os.close(r_fd)
-        os.waitpid(child, 0)
+            try:
+                _netlink_request(fp.family, CMD_FASTPATH_ENABLE, wl.pid)
+                return "accepted"
+            except UmctlError as e:
+                return str(e)
+
+        out = as_nobody(enable_as_nobody)
         check("fastpath_enable_unprivileged_eperm", "EPERM" in out, out)
         # the module's rate limit bounds kfunc commands too: a 24-block chain walked at one fault,
         # 4 commands/s allowed -> the rest dropped (counted), none executed for them
