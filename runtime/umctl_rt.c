@@ -471,6 +471,25 @@ static int untrack(const void *p, struct alloc *out)
 
 /* 1: [p, p+n) lies inside one allocation of ours (managed ones only when `managed`);
    -1: it overlaps one; 0: it touches none. */
+/* A new allocation of the program's: tracked, counted against the managed cap, reported. */
+static void remember_alloc(const void *p, size_t n, int managed)
+{
+    if (managed)
+        atomic_fetch_add(&managed_bytes, n);
+    report_alloc(0, p, n, track(p, n, managed), managed);
+}
+
+/* An allocation going away, if it is one we track: untracked, uncounted, reported. */
+static void forget_alloc(const void *p)
+{
+    struct alloc a;
+    if (!untrack(p, &a))
+        return;
+    if (a.managed)
+        atomic_fetch_sub(&managed_bytes, a.n);
+    report_alloc(1, p, a.n, a.id, a.managed);
+}
+
 static int alloc_lookup(const void *p, size_t n, int managed)
 {
     uintptr_t a = (uintptr_t)p;
@@ -1270,11 +1289,8 @@ static int cu_alloc_managed_wrapper(u64 *p, size_t n, unsigned flags)
     if (!f)
         return 1;
     int r = f(p, n, flags);
-    if (r == 0 && p && *p && n && !tl_internal && alloc_lookup((void *)(uintptr_t)*p, n, 0) == 0) {
-        atomic_fetch_add(&managed_bytes, n);
-        int64_t id = track((void *)(uintptr_t)*p, n, 1);
-        report_alloc(0, (void *)(uintptr_t)*p, n, id, 1);
-    }
+    if (r == 0 && p && *p && n && !tl_internal && alloc_lookup((void *)(uintptr_t)*p, n, 0) == 0)
+        remember_alloc((void *)(uintptr_t)*p, n, 1);
     return r;
 }
 
@@ -1284,12 +1300,8 @@ static int cu_free_wrapper(u64 p)
     if (!f)
         return 1;
     hum_barrier();
-    struct alloc a;
-    if (p && !tl_internal && untrack((void *)(uintptr_t)p, &a)) {
-        if (a.managed)
-            atomic_fetch_sub(&managed_bytes, a.n);
-        report_alloc(1, (void *)(uintptr_t)p, a.n, a.id, a.managed);
-    }
+    if (p && !tl_internal)
+        forget_alloc((void *)(uintptr_t)p);
     return f(p);
 }
 
@@ -1543,10 +1555,8 @@ API cudaError_t cudaMalloc(void **p, size_t n)
         cudaError_t rm = real_cudaMallocManaged(p, n, 1 /* cudaMemAttachGlobal */);
         tl_internal--;
         if (rm == 0) {
-            atomic_fetch_add(&managed_bytes, n);
             atomic_fetch_add(&st_managed, 1);
-            int64_t id = track(*p, n, 1);
-            report_alloc(0, *p, n, id, 1);
+            remember_alloc(*p, n, 1);
             if (cfg_hum)
                 hum_populate(*p, n);
             return 0;
@@ -1555,10 +1565,8 @@ API cudaError_t cudaMalloc(void **p, size_t n)
             real_cudaGetLastError();   /* our attempt must not leave an error behind */
     }
     cudaError_t r = real_cudaMalloc(p, n);
-    if (r == 0 && p && *p && !tl_internal && (sock_fd >= 0 || cfg_managed)) {
-        int64_t id = track(*p, n, 0);
-        report_alloc(0, *p, n, id, 0);
-    }
+    if (r == 0 && p && *p && !tl_internal && (sock_fd >= 0 || cfg_managed))
+        remember_alloc(*p, n, 0);
     return r;
 }
 
@@ -1567,12 +1575,8 @@ API cudaError_t cudaFree(void *p)
     if (!get_cudaFree())
         return 1;
     hum_barrier();
-    struct alloc a;
-    if (p && !tl_internal && untrack(p, &a)) {
-        if (a.managed)
-            atomic_fetch_sub(&managed_bytes, a.n);
-        report_alloc(1, p, a.n, a.id, a.managed);
-    }
+    if (p && !tl_internal)
+        forget_alloc(p);
     tl_internal++;
     cudaError_t r = real_cudaFree(p);
     tl_internal--;
@@ -2149,10 +2153,8 @@ API void *umctl_rt_malloc(ssize_t size, int device, void *stream)
             real_cudaGetLastError();
         return NULL;
     }
-    atomic_fetch_add(&managed_bytes, n);
     atomic_fetch_add(&st_managed, 1);
-    int64_t id = track(p, n, 1);
-    report_alloc(0, p, n, id, 1);
+    remember_alloc(p, n, 1);
     return p;
 }
 
@@ -2186,11 +2188,7 @@ API void umctl_rt_free(void *p, ssize_t size, int device, void *stream)
         }
     }
     pthread_mutex_unlock(&cache_mu);
-    struct alloc gone;
-    if (untrack(p, &gone)) {
-        atomic_fetch_sub(&managed_bytes, gone.n);
-        report_alloc(1, p, gone.n, gone.id, 1);
-    }
+    forget_alloc(p);
     hum_barrier();
     tl_internal++;
     if (get_cudaFree())

@@ -146,16 +146,18 @@ def batch_shapes(batch) -> list[tuple[int, int, int]]:
     from umctl.events.schema import Kind
 
     f, r = batch[Kind.FAULT], batch[Kind.REPLAY]
-    out = []
-    for rec in r:
-        mine = f[f["batch_id"] == rec["batch_id"]]
-        if len(mine) == 0 or rec["t_start_ns"] <= 0 or rec["t_ns"] <= rec["t_start_ns"]:
-            continue
-        pages = np.unique(mine["addr"] >> 12)
-        out.append((int(len(np.unique(pages >> 9))), int(len(pages)), int(rec["t_ns"] - rec["t_start_ns"])))
-    return out
-
-
+    r = r[(r["t_start_ns"] > 0) & (r["t_ns"] > r["t_start_ns"])]
+    if len(f) == 0 or len(r) == 0:
+        return []
+    pages = (f["addr"] >> np.uint64(12)).astype(np.int64)
+    pairs = np.unique(np.stack([f["batch_id"].astype(np.int64), pages], axis=1), axis=0)  # distinct pages a batch
+    ids, n_pages = np.unique(pairs[:, 0], return_counts=True)
+    block_batch = np.unique(np.stack([pairs[:, 0], pairs[:, 1] >> 9], axis=1), axis=0)[:, 0]
+    _, n_blocks = np.unique(block_batch, return_counts=True)   # same batch order as ids
+    at = np.searchsorted(ids, r["batch_id"])
+    ok = (at < len(ids)) & (ids[np.minimum(at, len(ids) - 1)] == r["batch_id"])
+    at, r = at[ok], r[ok]
+    return [(int(b), int(n), int(d)) for b, n, d in zip(n_blocks[at], n_pages[at], r["t_ns"] - r["t_start_ns"])]
 
 
 def calibration_from(measured: dict, meta: dict):
