@@ -151,6 +151,9 @@ class FakeDriver(abi.Ioctl):
                 if deferred.any():
                     keep.append(recs[deferred])
                 mask &= ~deferred
+            if self.counters is not None:   # the driver counts every fault, enabled events or not
+                self.counters[9] += int((recs["type"] == abi.EV_GPU_FAULT).sum())
+                self.counters[2] += int((recs["type"] == abi.EV_CPU_FAULT).sum())
             produce(ring, ctrl, recs[mask])
         self.pending[:0] = keep
 

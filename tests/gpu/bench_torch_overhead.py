@@ -27,12 +27,13 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 
 
 def one(kinds, launches: bool, steps: int, flush_ms: float = 5.0, counters: bool = True,
-        touch: bool = True) -> dict:
+        touch: bool = True, sample: float = 1.0) -> dict:
     p = subprocess.Popen([sys.executable, os.path.join(HERE, "wl_torch.py"), "--wait", "--steps", str(steps)]
                          + ([] if touch else ["--no-touch"]),
                          stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, bufsize=1)
     pid = int(p.stdout.readline().split()[1])
-    src = UvmToolsSource(pid, kinds, flush_ms=flush_ms, counters=counters).start() if kinds is not None else None
+    src = (UvmToolsSource(pid, kinds, flush_ms=flush_ms, counters=counters, sample=sample).start()
+           if kinds is not None else None)
     probe = None
     if launches:
         from umctl.sources.uprobes import LaunchProbe
@@ -56,6 +57,8 @@ def one(kinds, launches: bool, steps: int, flush_ms: float = 5.0, counters: bool
     out = {"step_ms": steps_ms, "events": events}
     if src is not None:
         out["dropped"] = src.stats()["dropped"]
+        out["sampled_fraction"] = src.sample_fraction()
+        out["counter_faults"] = src.counters().get("gpu_page_faults")
         src.stop()
         src.close()
     if probe is not None:
@@ -71,8 +74,12 @@ def main() -> None:
     steps = int(sys.argv[sys.argv.index("--steps") + 1]) if "--steps" in sys.argv else 40
     reps = int(sys.argv[sys.argv.index("--reps") + 1]) if "--reps" in sys.argv else 2
     faults = frozenset({Kind.FAULT, Kind.REPLAY})
-    # (name, kinds, launches, flush_ms, counters, host touches the batch every step)
+    # (name, kinds, launches, flush_ms, counters, host touches the batch every step[, sample])
     configs = [("not attached", None, False, 5.0, True, True),
+               ("counters only", frozenset(), False, 0.0, True, True),
+               ("default, sampled 10% (attach's view default)", DEFAULT_KINDS, False, 0.0, True, True, 0.1),
+               ("default, sampled 5%", DEFAULT_KINDS, False, 0.0, True, True, 0.05),
+               ("default + launches, sampled 10%", DEFAULT_KINDS, True, 0.0, True, True, 0.1),
                ("default kinds", DEFAULT_KINDS, False, 5.0, True, True),
                ("default, no flush", DEFAULT_KINDS, False, 0.0, True, True),
                ("faults+replays", faults, False, 5.0, True, True),
@@ -89,9 +96,9 @@ def main() -> None:
     runs = {c[0]: [] for c in configs}
     for rep in range(reps):
         order = configs if rep % 2 == 0 else configs[::-1]   # interleave: drift hits every config alike
-        for name, kinds, launches, flush, counters, touch in order:
+        for name, kinds, launches, flush, counters, touch, *sample in order:
             try:
-                runs[name].append(one(kinds, launches, steps, flush, counters, touch))
+                runs[name].append(one(kinds, launches, steps, flush, counters, touch, *sample))
             except Exception as e:  # a probe that cannot load is reported, not fatal
                 runs[name].append({"error": str(e).splitlines()[0], "step_ms": []})
     table = []
@@ -113,6 +120,8 @@ def main() -> None:
                "paired_overhead_pct_range": [min(paired), max(paired)] if paired else None,
                "rep_medians": per_rep,
                "events": [r.get("events") for r in runs[name]], "dropped": [r.get("dropped") for r in runs[name]],
+               "sampled_fraction": [r.get("sampled_fraction") for r in runs[name]],
+               "counter_faults": [r.get("counter_faults") for r in runs[name]],
                "errors": [r["error"] for r in runs[name] if "error" in r]}
         table.append(row)
         print(json.dumps(row))

@@ -1,7 +1,7 @@
 #!/bin/bash
 # Device sessions of the live-control and live-observation issues, one section per measurement.
 #   bash tests/gpu/run_control.sh [SECTION ...]     (default: every section; logs to $OUT)
-# Sections: calibrate runtime hum humnvcc torch layers harvest kill overhead replay core
+# Sections: calibrate runtime hum humnvcc torch layers harvest tenants kill overhead replay core
 cd "$(dirname "$0")/../.."
 export OUT=${OUT:-/tmp/umctl_out} PYTHONUNBUFFERED=1 PIP_ROOT_USER_ACTION=ignore
 [ -f .umctl_gpu/libbpf.so.1 ] && export UMCTL_LIBBPF=$PWD/.umctl_gpu/libbpf.so.1
@@ -37,6 +37,7 @@ PY
   torch) timeout -k 5 330 python3 tests/gpu/bench_torch_control.py --budget 512MiB --modes none,deepum,deepum-prefetch 2>&1 | tail -12 ;;
   layers) timeout -k 5 300 python3 tests/gpu/bench_control.py --budget 1GiB --sync-each --modes none,deepum 2>&1 | tail -12 ;;
   harvest) [ "$NGPU" -ge 2 ] && timeout -k 5 300 python3 tests/gpu/bench_control.py --budget 1GiB --sync-each --modes none,harvest --spare-gpus 1 2>&1 | tail -12 || echo "needs 2 GPUs" ;;
+  tenants) [ "$NGPU" -ge 2 ] && timeout -k 5 420 python3 benchmarks/gpu/harvest_tenants.py --json "$OUT/tenants.json" 2>&1 | tail -40 || echo "needs 2 GPUs" ;;
   kill) timeout -k 5 120 bash tests/gpu/kill_test.sh 2>&1 | grep -v "^tests/gpu" ;;
   overhead) timeout -k 5 420 python3 tests/gpu/bench_torch_overhead.py "$OUT" --steps 40 --reps 2 ;;
   replay)

@@ -54,7 +54,8 @@ def main() -> None:
             if a.sync_each:
                 cp.cuda.Device().synchronize()
         cp.cuda.Device().synchronize()
-        print(f"ITER {it} {(time.perf_counter() - t) * 1e3:.2f}", flush=True)
+        # the end on CLOCK_MONOTONIC: a co-running job's log can be cut to this iteration's window
+        print(f"ITER {it} {(time.perf_counter() - t) * 1e3:.2f} {time.monotonic_ns()}", flush=True)
     # +1 per pass from x0 = layer index: exact in float32, so any lost or stale page shows
     steps = a.iters * a.repeat
     for i, x in enumerate(bufs):

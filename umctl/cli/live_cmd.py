@@ -145,6 +145,7 @@ def _observe(src: UvmToolsSource, *, command: str, duration: float | None, outpu
     def step() -> None:
         batch = _merge(src.drain(), probe)
         stats.counters = src.counters()
+        stats.sample = src.sample_fraction()
         stats.update(batch)
         if ctl is not None:
             for k, a in ctl.step(batch).arrays.items():
@@ -249,8 +250,11 @@ def _fmt_bytes(n: float) -> str:
 def _print_summary(command: str, stats: LiveStats, st: dict, reason: str) -> None:
     el = max(st.get("elapsed_s", 0.0), 1e-9)
     lines = [f"umctl {command}: pid {stats.pid} ({stats.comm}) observed {el:.1f} s, detached ({reason})",
-             f"  GPU faults   {stats.faults:,} in {stats.batches:,} batches ({stats.faults / el:,.0f}/s)",
-             f"  CPU faults   {stats.cpu_faults:,}"]
+             f"  GPU faults   {stats.faults:,} in {'~' if stats.sample < 1 else ''}{stats.batches:,} batches "
+             f"({stats.faults / el:,.0f}/s)", f"  CPU faults   {stats.cpu_faults:,}"]
+    if stats.sample < 1:
+        lines.append(f"  sampling     events collected {100 * stats.sample:.1f}% of the time (--sample); fault totals are "
+                     "the driver's counters, batches and thrashing scaled, top kernels ranked from the sample")
     if stats.have_migrations:
         def causes(d: dict) -> str:
             return ", ".join(f"{k} {_fmt_bytes(v)}" for k, v in d.items() if v)
@@ -287,8 +291,30 @@ SOURCE_HELP = ("Where events come from: uvmtools (the UVM tools API; works every
                "commands then go through the umctl kernel module).")
 
 
+#: ``--sample auto`` for a view only (no trace, no controller): events this fraction of the time.
+VIEW_SAMPLE = 0.1
+SAMPLE_HELP = ("Collect events only this fraction of the time (e.g. 0.1 or 10%; 1 = every event). Fault totals "
+               "stay exact (driver counters); rates by cause and top kernels/blocks come from the sample. "
+               "Default 'auto': 10% when only viewing, every event with -o or --mode (a trace must replay "
+               "and a controller must see every fault).")
+
+
+def _resolve_sample(sample: str, *, recording: bool, control: bool) -> float:
+    """``auto`` -> sampled view, full collection when recording or controlling; an explicit
+    fraction below 1 together with -o or --mode is refused (it would lose data silently)."""
+    from ..sources.uvmtools.sampling import parse_sample
+
+    if sample.strip().lower() == "auto":
+        return 1.0 if (recording or control) else VIEW_SAMPLE
+    v = parse_sample(sample)
+    if v < 1 and (recording or control):
+        raise UmctlError("--sample below 1 is for viewing only: a trace (-o) or a controller (--mode) needs "
+                         "every event")
+    return v
+
+
 def _attach(pid: int, kinds: str, ring_entries: int, flush_ms: float | None,
-            control: "ControlSpec | None" = None, source: str = "uvmtools"):
+            control: "ControlSpec | None" = None, source: str = "uvmtools", sample: float = 1.0):
     if source not in SOURCES:
         raise UmctlError(f"unknown source {source!r} (choose from {', '.join(SOURCES)})")
     if source == "kprobe":
@@ -303,7 +329,7 @@ def _attach(pid: int, kinds: str, ring_entries: int, flush_ms: float | None,
         # reach the ring as they are recorded. A flush costs ~190 us of driver time (H100),
         # so it runs only where something needs it: migrations on, or a controller waiting.
         flush_ms = 5.0 if (Kind.MIGRATION in kind_set or control is not None) else 0.0
-    return UvmToolsSource(pid, kind_set, ring_entries=ring_entries, flush_ms=flush_ms).start()
+    return UvmToolsSource(pid, kind_set, ring_entries=ring_entries, flush_ms=flush_ms, sample=sample).start()
 
 
 class ControlSpec:
@@ -430,6 +456,7 @@ def attach_command(
     spare_gpus: int = typer.Option(0, "--spare-gpus", help="Evict over the budget into this many neighbour GPUs' memory instead of the host."),
     rate: Optional[str] = typer.Option(None, "--rate", help="Cap on the data umctl itself moves, per second (e.g. 20GB)."),
     source: str = typer.Option("uvmtools", "--source", help=SOURCE_HELP),
+    sample: str = typer.Option("auto", "--sample", help=SAMPLE_HELP),
 ) -> None:
     """Observe a running process's Unified Memory live, and with --mode control it.
 
@@ -445,13 +472,16 @@ def attach_command(
       [bold]sudo umctl attach --pid 4242 --mode deepum --degree 32 --budget 8GiB[/bold]
 
       [bold]sudo umctl attach --pid 4242 --mode none --budget 8GiB[/bold]   (LRU baseline)
+
+      [bold]sudo umctl attach --pid 4242 --sample 1[/bold]   (every event, at the cost in docs/live.md)
     """
     from .main import check_output_path
 
     check_output_path(output, "trace")
     control = (ControlSpec(mode, budget, option, degree, spare_gpus, rate)
                if (mode or budget or option or degree is not None or spare_gpus or rate) else None)
-    src = _attach(pid, kinds, ring_entries, flush_ms, control, source)
+    frac = _resolve_sample(sample, recording=output is not None, control=control is not None)
+    src = _attach(pid, kinds, ring_entries, flush_ms, control, source, sample=frac)
     stats, st, reason = _observe(src, command="attach", duration=duration, output=output, interval=interval,
                                  launches=launches, live=not as_json, control=control)
     if as_json:
@@ -622,6 +652,7 @@ def top_command(
     kinds: str = typer.Option("default", "--kinds", "-k", help=KINDS_HELP),
     sort: str = typer.Option("faults", "--sort", "-s", help="Sort by faults, batches, h2d, d2h, thrashing, cpu_faults or pid."),
     launches: bool = typer.Option(True, "--launches/--no-launches", help="Kernel launches (top kernels) through the BPF probe."),
+    sample: str = typer.Option("auto", "--sample", help=SAMPLE_HELP),
 ) -> None:
     """Live per-process view of every process using CUDA Unified Memory (like htop / nvtop).
 
@@ -641,6 +672,7 @@ def top_command(
     if sort not in SORT_KEYS.values():
         raise UmctlError(f"unknown sort key {sort!r} (choose from {', '.join(SORT_KEYS.values())})")
     kind_set = parse_kinds(kinds)
+    frac = _resolve_sample(sample, recording=False, control=False)
     sessions: dict[int, tuple[UvmToolsSource | None, object, LiveStats]] = {}
     hidden = 0
 
@@ -657,7 +689,8 @@ def top_command(
                 continue
             stats = LiveStats(pid=p, comm=comm_of(p))
             try:
-                src = UvmToolsSource(p, kind_set, flush_ms=5.0 if Kind.MIGRATION in kind_set else 0.0).start()
+                src = UvmToolsSource(p, kind_set, flush_ms=5.0 if Kind.MIGRATION in kind_set else 0.0,
+                                     sample=frac).start()
                 probe = _start_launch_probe(p, launches)
                 stats.status = ""
             except LiveError as e:
@@ -681,12 +714,13 @@ def top_command(
         if src is not None:
             src.close()
 
-    def sample() -> None:
+    def sample_all() -> None:
         for p, (src, probe, stats) in list(sessions.items()):
             if src is None:
                 continue
             try:
                 stats.counters = src.counters()
+                stats.sample = src.sample_fraction()
                 stats.update(_merge(src.drain(), probe))
             except UmctlError as e:
                 stats.status = str(e)[:60]
@@ -701,7 +735,7 @@ def top_command(
         scan()
         if once:
             time.sleep(interval)
-            sample()
+            sample_all()
             for _, _, s in sessions.values():
                 s.tick()
             print(render_top([s for _, _, s in sessions.values()], sort, note=note(), plain=True))
@@ -726,7 +760,7 @@ def top_command(
                         for p in list(sessions):
                             close(p)
                         scan()
-                    sample()
+                    sample_all()
                     now = time.monotonic()
                     if now - last_scan > 2.0:
                         scan()

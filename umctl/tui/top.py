@@ -55,7 +55,12 @@ class LiveStats:
     names: list[str] = field(default_factory=list)
     counters: dict[str, int] = field(default_factory=dict)
     have_migrations: bool = False
+    #: measured fraction of the time events were collected (the source's sampler); below 1
+    #: the totals come from the driver's counters and event-only counts are scaled up, while
+    #: top blocks / top kernels are rankings of the sampled events
+    sample: float = 1.0
     status: str = ""
+    _seen: dict[str, int] = field(default_factory=lambda: {"faults": 0, "batches": 0, "cpu_faults": 0, "thrashing": 0})
     t0: float = field(default_factory=time.monotonic)
     _prev: dict[str, float] = field(default_factory=dict)
     _prev_t: float = 0.0
@@ -66,15 +71,17 @@ class LiveStats:
 
     def update(self, batch: EventBatch) -> None:
         f = batch[Kind.FAULT]
-        self.faults += len(f)
+        seen = self._seen
+        seen["faults"] += len(f)
         if Kind.REPLAY in batch:
-            self.batches += len(batch[Kind.REPLAY])
+            seen["batches"] += len(batch[Kind.REPLAY])
         elif len(f):  # replays disabled: count distinct batch ids instead
             new = set(np.unique((f["gpu"].astype(np.int64) << 32) | f["batch_id"]).tolist()) - self._batch_ids
-            self.batches += len(new)
+            seen["batches"] += len(new)
             self._batch_ids = (self._batch_ids | new) if len(self._batch_ids) < 100_000 else new
-        self.cpu_faults += len(batch[Kind.CPU_FAULT])
-        self.thrashing += len(batch[Kind.THRASHING])
+        seen["cpu_faults"] += len(batch[Kind.CPU_FAULT])
+        seen["thrashing"] += len(batch[Kind.THRASHING])
+        self._estimate()
         if Kind.DROPS in batch:
             self.dropped += int(batch[Kind.DROPS]["count"].sum())
         m = batch[Kind.MIGRATION]
@@ -108,13 +115,28 @@ class LiveStats:
             for i, c in zip(ids.tolist(), n.tolist()):
                 kf[i] = kf.get(i, 0) + c
 
+    def _estimate(self) -> None:
+        """Totals from what was seen: exact without sampling; with it, the driver's exact
+        counters where there is one (GPU and CPU faults), else the seen count over the
+        sampled fraction."""
+        seen, frac = self._seen, max(self.sample, 1e-6)
+        if frac >= 1:
+            self.faults, self.batches = seen["faults"], seen["batches"]
+            self.cpu_faults, self.thrashing = seen["cpu_faults"], seen["thrashing"]
+            return
+        c = self.counters
+        self.faults = c["gpu_page_faults"] if "gpu_page_faults" in c else round(seen["faults"] / frac)
+        self.cpu_faults = c["cpu_page_faults"] if "cpu_page_faults" in c else round(seen["cpu_faults"] / frac)
+        self.batches = round(seen["batches"] / frac)
+        self.thrashing = round(seen["thrashing"] / frac)
+
     def h2d_total(self) -> int:
-        if self.have_migrations:
+        if self.have_migrations and (self.sample >= 1 or "bytes_htd" not in self.counters):
             return sum(self.h2d.values())
         return self.counters.get("bytes_htd", 0)
 
     def d2h_total(self) -> int:
-        if self.have_migrations:
+        if self.have_migrations and (self.sample >= 1 or "bytes_dth" not in self.counters):
             return sum(self.d2h.values())
         return self.counters.get("bytes_dth", 0)
 
@@ -124,9 +146,10 @@ class LiveStats:
         cur = {"faults": self.faults, "batches": self.batches, "cpu_faults": self.cpu_faults,
                "thrashing": self.thrashing, "dropped": self.dropped, "h2d": self.h2d_total(),
                "d2h": self.d2h_total(), "launches": self.launches}
+        scale = 1 / max(min(self.sample, 1.0), 1e-6)   # by-cause bytes come from sampled events
         for name, _ in CAUSE_COLUMNS + (("other", None),):
-            cur[f"h2d_{name}"] = self.h2d[name]
-            cur[f"d2h_{name}"] = self.d2h[name]
+            cur[f"h2d_{name}"] = self.h2d[name] * scale
+            cur[f"d2h_{name}"] = self.d2h[name] * scale
         if self._prev:
             dt = max(now - self._prev_t, 1e-6)
             self.rates = {k: (v - self._prev.get(k, 0)) / dt for k, v in cur.items()}
@@ -156,6 +179,8 @@ def summary_line(s: LiveStats, elapsed: float, lag_p99_ms: float | None = None) 
              f"cpu-faults {_si(s.cpu_faults)}", f"thrash {s.thrashing}", f"dropped {s.dropped}"]
     if s.launches:
         parts.append(f"launches {_si(s.launches)}")
+    if s.sample < 1:
+        parts.append(f"events sampled {100 * s.sample:.0f}%")
     if lag_p99_ms is not None:
         parts.append(f"lag p99 {lag_p99_ms:.1f} ms")
     return "  ".join(parts)
@@ -205,7 +230,8 @@ def render_top(stats: list[LiveStats], sort: str = "faults", *, note: str = "", 
             continue
         ks = s.top_kernels()
         bs = s.top_blocks()
-        line = f"pid {s.pid}: top kernels by faults: " + (
+        tag = f" (events sampled {100 * s.sample:.0f}% of the time)" if s.sample < 1 else ""
+        line = f"pid {s.pid}: top kernels by faults{tag}: " + (
             ", ".join(f"{n[:40]} {_si(c)}" for n, c in ks) if ks else "(no launch events)")
         line += "   top 2 MiB blocks: " + (", ".join(f"{_fmt_block(b)} {_si(c)}" for b, c in bs) if bs else "-")
         details.append(line)

@@ -112,8 +112,10 @@ class Drainer:
     8 ms, at ~0.13 ms per call."""
 
     def __init__(self, ring: Ring, *, flush: Callable[[], None] | None = None, flush_ms: float = 5.0,
-                 drain_ms: float = 2.0, name: str = "umctl-uvm-drain"):
+                 drain_ms: float = 2.0, name: str = "umctl-uvm-drain",
+                 tick: Callable[[], None] | None = None):
         self.ring = ring
+        self.tick = tick   # called every wake-up before draining (the event sampler's clock)
         self.flush = flush
         self.flush_ms = float(flush_ms)
         self.drain_ms = float(drain_ms)
@@ -170,6 +172,12 @@ class Drainer:
             if now >= next_flush:
                 self._do_flush()
                 next_flush = now + self.flush_ms / 1e3
+            if self.tick is not None:
+                try:
+                    self.tick()
+                except Exception as e:  # noqa: BLE001 - sampling trouble must not stop draining
+                    if len(self.stats.errors) < 10:
+                        self.stats.errors.append(f"tick: {e}")
             self.drain_once()
 
     def take(self) -> list[Chunk]:

@@ -5,6 +5,9 @@ pid exists -> /dev/nvidia-uvm-tools opens -> the target has /dev/nvidia-uvm fds 
 duplication -> V2 event tracker on our ring (tried on each fd until NV_OK) -> enable the
 requested event types -> counters tracker (optional) -> UUID table -> drain thread.
 
+``sample`` < 1 collects events in time windows only (sampling.py: exact totals then come from
+the counters tracker); recording and control never sample.
+
 Which kinds to enable is the caller's choice because their costs differ by an order of
 magnitude (docs/live.md has the measurements): GPU faults, replays, CPU faults, thrashing and
 the counters are cheap, while Migration events made a fault-heavy pass ~1.8x slower, since the
@@ -28,6 +31,7 @@ from .process import (
     nvidia_smi_gpus, processor_map, processor_uuid_table, uvm_fds,
 )
 from .ring import Drainer, LagHistogram, Ring
+from .sampling import Sampler
 
 #: Names accepted by ``--kinds`` (and their event kinds).
 KIND_NAMES: dict[str, Kind] = {
@@ -78,7 +82,8 @@ class UvmToolsSource:
     has exited; its events up to then are still drained."""
 
     def __init__(self, pid: int, kinds: Iterable[Kind] = DEFAULT_KINDS, ring_entries: int = 2 ** 18,
-                 flush_ms: float = 5.0, *, drain_ms: float = 2.0, counters: bool = True,
+                 flush_ms: float = 5.0, *, drain_ms: float = 2.0, counters: bool = True, sample: float = 1.0,
+                 sample_period_ms: float = 100.0,
                  io: abi.Ioctl | None = None, proc_root: str | None = None, smi: list[dict] | None = None):
         if ring_entries < 2 or ring_entries & (ring_entries - 1):
             raise LiveError(f"ring_entries must be a power of two (got {ring_entries})")
@@ -91,6 +96,12 @@ class UvmToolsSource:
         self.flush_ms = float(flush_ms)
         self.drain_ms = float(drain_ms)
         self.want_counters = counters
+        if not 0 < sample <= 1:
+            raise LiveError(f"sample must be in (0, 1] (got {sample})")
+        #: fraction of the time the event queue is on (sampling.py); 1 = every event
+        self.sample = float(sample)
+        self.sample_period_ms = float(sample_period_ms)
+        self.sampler: Sampler | None = None
         self.io = io if io is not None else abi.Ioctl()
         from . import process as _process
 
@@ -168,10 +179,10 @@ class UvmToolsSource:
         self._borrowed = borrow_va_space(self.pid, self.io, try_fd, self.proc_root)
         self.target_fd = self._borrowed.target_fd
         mask = abi.event_mask(KIND_TYPE[k] for k in self.kinds)
+        if self.want_counters:   # first: a sampled view's totals must cover every event it saw
+            self._start_counters()
         self._check(self.io.ioctl(self._tools_fd, abi.UVM_TOOLS_EVENT_QUEUE_ENABLE_EVENTS, abi.U64Params(value=mask)),
                     "enable events")
-        if self.want_counters:
-            self._start_counters()
         try:
             table = processor_uuid_table(self.io, self._borrowed.va_fd)
         except TrackerError:
@@ -187,8 +198,19 @@ class UvmToolsSource:
             if st != abi.NV_OK:
                 raise OSError(0, abi.nv_status_name(st))
 
+        if self.sample < 1:
+            tools_fd = self._tools_fd
+
+            def toggle(on: bool) -> None:
+                req = abi.UVM_TOOLS_EVENT_QUEUE_ENABLE_EVENTS if on else abi.UVM_TOOLS_EVENT_QUEUE_DISABLE_EVENTS
+                st = self.io.ioctl(tools_fd, req, abi.U64Params(value=mask))
+                if st != abi.NV_OK:
+                    raise OSError(0, abi.nv_status_name(st))
+
+            self.sampler = Sampler(toggle, self.sample, self.sample_period_ms)
         self.drainer = Drainer(ring, flush=flush if self.flush_ms > 0 else None, flush_ms=self.flush_ms,
-                               drain_ms=self.drain_ms, name=f"umctl-uvm-{self.pid}")
+                               drain_ms=self.drain_ms, name=f"umctl-uvm-{self.pid}",
+                               tick=self.sampler.tick if self.sampler is not None else None)
 
     def _smi_gpus(self) -> list[dict]:
         if self._smi is None:
@@ -288,6 +310,10 @@ class UvmToolsSource:
             self.dropped_total += int(batch[Kind.DROPS]["count"].sum())
         return batch
 
+    def sample_fraction(self) -> float:
+        """Measured fraction of the time events were collected (1.0 without sampling)."""
+        return self.sampler.fraction() if self.sampler is not None else 1.0
+
     def counters(self) -> dict[str, int]:
         """Driver counters of the target ({} when the counters tracker is off)."""
         if self._counters_view is None:
@@ -312,6 +338,7 @@ class UvmToolsSource:
         return {
             "pid": self.pid, "kinds": kinds_label(self.kinds), "attach_ms": round(self.attach_ms, 2),
             "ring_entries": self.ring_entries, "flush_ms": self.flush_ms, "target_fd": self.target_fd,
+            "sample": self.sample, "sampled_fraction": round(self.sample_fraction(), 4),
             "events": {k.value: n for k, n in self.totals.items() if n},
             "dropped": self.dropped_total,
             "lag_ring_ms": {"p50": ms(self.lag_ring, 50), "p99": ms(self.lag_ring, 99), "n": self.lag_ring.n},

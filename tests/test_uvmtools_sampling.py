@@ -1,0 +1,135 @@
+"""Time-sampled event collection (sampling.py): the duty cycle, the measured fraction, the
+source toggling the driver's event queue, totals from counters in the view, and the CLI rules
+(a trace or a controller never samples)."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+
+from umctl.events.schema import EventBatch, Kind, empty
+from umctl.sources.uvmtools import LiveError, UvmToolsSource, abi
+from umctl.sources.uvmtools.sampling import Sampler, parse_sample
+from umctl.tui.top import LiveStats
+
+from test_uvmtools_source import PID, fake_io, gpu_faults, run_cli, target  # noqa: F401
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 100.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def test_duty_cycle_toggles_at_window_edges_and_measures_on_time():
+    clock, calls = Clock(), []
+    s = Sampler(calls.append, 0.25, period_ms=100, clock=clock)
+    for _ in range(400):          # 4 periods in 1 ms steps
+        clock.t += 0.001
+        s.tick()
+    assert calls[:4] == [False, True, False, True]
+    assert s.toggles == len(calls) >= 7
+    assert s.fraction() == pytest.approx(0.25, abs=0.02)
+
+
+def test_failed_toggle_is_retried_and_counted():
+    clock, calls = Clock(), []
+
+    def toggle(on: bool) -> None:
+        calls.append(on)
+        if len(calls) == 1:
+            raise OSError(0, "NV_ERR_BUSY_RETRY")
+
+    s = Sampler(toggle, 0.5, period_ms=10, clock=clock)
+    clock.t += 0.006
+    s.tick()                       # fails: still on
+    assert s.on and s.errors == 1
+    clock.t += 0.001
+    s.tick()                       # retried
+    assert not s.on and calls == [False, False]
+
+
+def test_full_duty_never_toggles():
+    calls = []
+    s = Sampler(calls.append, 1.0)
+    for _ in range(10):
+        s.tick()
+    assert calls == [] and s.fraction() == 1.0
+
+
+@pytest.mark.parametrize("text, want", [("0.1", 0.1), ("10%", 0.1), ("1", 1.0), (None, 1.0)])
+def test_parse_sample(text, want):
+    assert parse_sample(text) == pytest.approx(want)
+
+
+@pytest.mark.parametrize("bad", ["0", "1.5", "-3", "ten", "%"])
+def test_parse_sample_rejects(bad):
+    with pytest.raises(LiveError, match="--sample"):
+        parse_sample(bad)
+
+
+def test_source_turns_the_queue_off_between_windows(fake_io):
+    drv = fake_io
+    src = UvmToolsSource(PID, {Kind.FAULT}, flush_ms=0, drain_ms=1.0, sample=0.2, sample_period_ms=50).start()
+    try:
+        offs = 0
+        seen = 0
+        t_end = time.monotonic() + 1.0
+        while time.monotonic() < t_end:
+            drv.pending.append(gpu_faults(10, batch=1))
+            drv.deliver(flush=False)          # the "driver" produces 10 faults every ms
+            seen += len(src.drain()[Kind.FAULT])
+            offs += drv.enabled_mask == 0
+            time.sleep(0.001)
+        time.sleep(0.01)
+        seen += len(src.drain()[Kind.FAULT])
+        total = int(drv.counters[9])
+        assert drv.calls.count(abi.UVM_TOOLS_EVENT_QUEUE_DISABLE_EVENTS) >= 10
+        assert offs > 0
+        frac = src.sample_fraction()
+        assert 0.1 < frac < 0.35
+        # what reached the ring is the sampled share of every fault the driver counted
+        assert 0.05 * total < seen < 0.45 * total
+        assert src.stats()["sampled_fraction"] == pytest.approx(frac, abs=0.05)
+    finally:
+        src.close()
+
+
+def test_view_takes_totals_from_counters_when_sampled():
+    s = LiveStats(pid=1)
+    s.counters = {"gpu_page_faults": 10_000, "cpu_page_faults": 7}
+    s.sample = 0.1
+    b = EventBatch()
+    f = empty(Kind.FAULT, 1000)
+    f["addr"] = 0x200000
+    f["batch_id"] = np.arange(1000) // 100
+    b.add(Kind.FAULT, f)
+    s.update(b)
+    assert s.faults == 10_000 and s.cpu_faults == 7
+    assert s.batches == 100          # 10 seen batches over a 10 % sample
+    assert s.top_blocks() == [(1, 1000)]
+    s.sample = 1.0
+    s.update(EventBatch())
+    assert s.faults == 1000 and s.batches == 10
+
+
+def test_cli_refuses_sampling_a_trace_or_a_controller(fake_io, capsys, tmp_path):
+    rc, out, err = run_cli(capsys, "attach", "--pid", str(PID), "--no-launches", "--sample", "0.1",
+                           "-o", str(tmp_path / "t.parquet"))
+    assert rc != 0 and "--sample below 1 is for viewing only" in err and "Traceback" not in err
+    assert len([ln for ln in err.splitlines() if ln.strip()]) == 1
+    rc, out, err = run_cli(capsys, "attach", "--pid", str(PID), "--no-launches", "--sample", "2")
+    assert rc != 0 and "--sample must be in (0, 1]" in err
+
+
+def test_attach_view_samples_by_default_and_reports_counter_totals(fake_io, capsys):
+    drv = fake_io
+    drv.pending.append(gpu_faults(300, batch=1))
+    rc, out, err = run_cli(capsys, "attach", "--pid", str(PID), "--no-launches", "--duration", "0.4")
+    assert rc == 0, err
+    assert "GPU faults   300 in" in out          # counters: exact although sampled
+    assert "sampling     events collected" in out
