@@ -77,7 +77,7 @@ def main() -> None:
     # (name, kinds, launches, flush_ms, counters, host touches the batch every step[, sample])
     configs = [("not attached", None, False, 5.0, True, True),
                ("counters only", frozenset(), False, 0.0, True, True),
-               ("default, sampled 10% (attach's view default)", DEFAULT_KINDS, False, 0.0, True, True, 0.1),
+               ("default, sampled 10%", DEFAULT_KINDS, False, 0.0, True, True, 0.1),
                ("default, sampled 5%", DEFAULT_KINDS, False, 0.0, True, True, 0.05),
                ("default + launches, sampled 10%", DEFAULT_KINDS, True, 0.0, True, True, 0.1),
                ("default kinds", DEFAULT_KINDS, False, 5.0, True, True),

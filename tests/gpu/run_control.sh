@@ -1,7 +1,7 @@
 #!/bin/bash
 # Device sessions of the live-control and live-observation issues, one section per measurement.
 #   bash tests/gpu/run_control.sh [SECTION ...]     (default: every section; logs to $OUT)
-# Sections: calibrate runtime hum humnvcc torch layers harvest tenants kill overhead replay core
+# Sections: calibrate runtime hum humnvcc torch layers harvest tenants kill overhead sampling replay core
 cd "$(dirname "$0")/../.."
 export OUT=${OUT:-/tmp/umctl_out} PYTHONUNBUFFERED=1 PIP_ROOT_USER_ACTION=ignore
 [ -f .umctl_gpu/libbpf.so.1 ] && export UMCTL_LIBBPF=$PWD/.umctl_gpu/libbpf.so.1
@@ -39,7 +39,14 @@ PY
   harvest) [ "$NGPU" -ge 2 ] && timeout -k 5 300 python3 tests/gpu/bench_control.py --budget 1GiB --sync-each --modes none,harvest --spare-gpus 1 2>&1 | tail -12 || echo "needs 2 GPUs" ;;
   tenants) [ "$NGPU" -ge 2 ] && timeout -k 5 420 python3 benchmarks/gpu/harvest_tenants.py --json "$OUT/tenants.json" 2>&1 | tail -40 || echo "needs 2 GPUs" ;;
   kill) timeout -k 5 120 bash tests/gpu/kill_test.sh 2>&1 | grep -v "^tests/gpu" ;;
-  overhead) timeout -k 5 420 python3 tests/gpu/bench_torch_overhead.py "$OUT" --steps 40 --reps 2 ;;
+  overhead) timeout -k 5 ${OVERHEAD_S:-420} python3 tests/gpu/bench_torch_overhead.py "$OUT" --steps 40 --reps ${REPS:-2} ${ONLY:+--only "$ONLY"} ;;
+  sampling)   # the live view, sampled (default) and every event, on the same running loop
+    python3 tests/gpu/wl_torch.py --steps 400 > "$OUT/wl_sampling.log" 2>&1 & P=$!
+    sleep 8
+    timeout -k 5 30 umctl attach --pid $P --duration 4 2>&1 | tail -14
+    timeout -k 5 30 umctl attach --pid $P --duration 4 --sample 1 2>&1 | tail -14
+    timeout -k 5 30 umctl top --once --pid $P --interval 2 2>&1 | tail -8
+    kill $P 2>/dev/null; wait $P 2>/dev/null ;;
   replay)
     timeout -k 5 90 umctl run -q -o "$OUT/sweep.parquet" -- python3 tests/gpu/wl_sweep.py --mib 1024 --passes 4 | grep DONE | sed 's/^/MEASURED sweep /'
     # --runtime: the loop's pluggable allocator frees and reallocates managed memory every step,
