@@ -101,6 +101,10 @@ def main() -> None:
                 runs[name].append(one(kinds, launches, steps, flush, counters, touch, *sample))
             except Exception as e:  # a probe that cannot load is reported, not fatal
                 runs[name].append({"error": str(e).splitlines()[0], "step_ms": []})
+            r = runs[name][-1]   # progress, so a run cut short by a timeout still leaves figures
+            st = r["step_ms"][5:]
+            print(f"RUN rep {rep} {name}: median step {statistics.median(st) if st else float('nan'):.2f} ms, "
+                  f"events {r.get('events')}, sampled {r.get('sampled_fraction')}", flush=True)
     table = []
 
     def med(name):

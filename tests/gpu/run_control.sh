@@ -42,7 +42,7 @@ PY
   overhead) timeout -k 5 ${OVERHEAD_S:-420} python3 tests/gpu/bench_torch_overhead.py "$OUT" --steps 40 --reps ${REPS:-2} ${ONLY:+--only "$ONLY"} ;;
   sampling)   # the live view, sampled (default) and every event, on the same running loop
     python3 tests/gpu/wl_torch.py --steps 400 > "$OUT/wl_sampling.log" 2>&1 & P=$!
-    sleep 8
+    for i in $(seq 60); do grep -q "^STEP 3 " "$OUT/wl_sampling.log" && break; sleep 0.5; done   # in the loop, not in torch's start-up
     timeout -k 5 30 umctl attach --pid $P --duration 4 2>&1 | tail -14
     timeout -k 5 30 umctl attach --pid $P --duration 4 --sample 1 2>&1 | tail -14
     timeout -k 5 30 umctl top --once --pid $P --interval 2 2>&1 | tail -8

@@ -60,7 +60,8 @@ class LiveStats:
     #: top blocks / top kernels are rankings of the sampled events
     sample: float = 1.0
     status: str = ""
-    _seen: dict[str, int] = field(default_factory=lambda: {"faults": 0, "batches": 0, "cpu_faults": 0, "thrashing": 0})
+    _seen: dict[str, int] = field(default_factory=lambda: {"faults": 0, "batches": 0, "cpu_faults": 0, "thrashing": 0,
+                                                           "batch_ids": 0})
     t0: float = field(default_factory=time.monotonic)
     _prev: dict[str, float] = field(default_factory=dict)
     _prev_t: float = 0.0
@@ -73,12 +74,15 @@ class LiveStats:
         f = batch[Kind.FAULT]
         seen = self._seen
         seen["faults"] += len(f)
+        new: set = set()
+        if len(f):
+            new = set(np.unique((f["gpu"].astype(np.int64) << 32) | f["batch_id"]).tolist()) - self._batch_ids
+            seen["batch_ids"] += len(new)
+            self._batch_ids = (self._batch_ids | new) if len(self._batch_ids) < 100_000 else new
         if Kind.REPLAY in batch:
             seen["batches"] += len(batch[Kind.REPLAY])
-        elif len(f):  # replays disabled: count distinct batch ids instead
-            new = set(np.unique((f["gpu"].astype(np.int64) << 32) | f["batch_id"]).tolist()) - self._batch_ids
+        else:  # replays disabled: count distinct batch ids instead
             seen["batches"] += len(new)
-            self._batch_ids = (self._batch_ids | new) if len(self._batch_ids) < 100_000 else new
         seen["cpu_faults"] += len(batch[Kind.CPU_FAULT])
         seen["thrashing"] += len(batch[Kind.THRASHING])
         self._estimate()
@@ -127,7 +131,12 @@ class LiveStats:
         c = self.counters
         self.faults = c["gpu_page_faults"] if "gpu_page_faults" in c else round(seen["faults"] / frac)
         self.cpu_faults = c["cpu_page_faults"] if "cpu_page_faults" in c else round(seen["cpu_faults"] / frac)
-        self.batches = round(seen["batches"] / frac)
+        if "gpu_page_faults" in c and seen["batch_ids"]:
+            # the sample's mean faults per batch applied to the exact fault count: windows cut
+            # few batches, while replay events seen in windows undercount (measured on the H100)
+            self.batches = round(self.faults * seen["batch_ids"] / max(seen["faults"], 1))
+        else:
+            self.batches = round(seen["batches"] / frac)
         self.thrashing = round(seen["thrashing"] / frac)
 
     def h2d_total(self) -> int:
