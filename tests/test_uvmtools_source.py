@@ -70,6 +70,7 @@ class FakeDriver(abi.Ioctl):
         self.rings: list[tuple[np.ndarray, np.ndarray]] = []
         self.enabled_mask = 0
         self.counters: np.ndarray | None = None
+        self.counters_on = False
         self.calls: list[int] = []
 
     def _new(self, what: tuple) -> int:
@@ -125,6 +126,10 @@ class FakeDriver(abi.Ioctl):
             self.enabled_mask &= ~params.value
             return abi.NV_OK
         if cmd == abi.UVM_TOOLS_ENABLE_COUNTERS:
+            self.counters_on = True
+            return abi.NV_OK
+        if cmd == abi.UVM_TOOLS_DISABLE_COUNTERS:
+            self.counters_on = False
             return abi.NV_OK
         if cmd == abi.UVM_TOOLS_GET_PROCESSOR_UUID_TABLE_V2:
             assert kind == ("dup", self.va_target_fd)
@@ -151,7 +156,7 @@ class FakeDriver(abi.Ioctl):
                 if deferred.any():
                     keep.append(recs[deferred])
                 mask &= ~deferred
-            if self.counters is not None:   # the driver counts every fault, enabled events or not
+            if self.counters is not None and self.counters_on:   # every fault, enabled events or not
                 self.counters[9] += int((recs["type"] == abi.EV_GPU_FAULT).sum())
                 self.counters[2] += int((recs["type"] == abi.EV_CPU_FAULT).sum())
             produce(ring, ctrl, recs[mask])

@@ -253,18 +253,17 @@ def _print_summary(command: str, stats: LiveStats, st: dict, reason: str) -> Non
              f"  GPU faults   {stats.faults:,} in {'~' if stats.sample < 1 else ''}{stats.batches:,} batches "
              f"({stats.faults / el:,.0f}/s)", f"  CPU faults   {stats.cpu_faults:,}"]
     if stats.sample < 1:
-        lines.append(f"  sampling     events collected {100 * stats.sample:.1f}% of the time (--sample); fault totals are "
-                     "the driver's counters, batches and thrashing scaled, top kernels ranked from the sample")
+        lines.append(f"  sampling     events and counters collected {100 * stats.sample:.1f}% of the time (--sample): "
+                     "totals are estimates scaled by that, top kernels/blocks ranked from the sample")
     if stats.have_migrations:
         def causes(d: dict) -> str:
             return ", ".join(f"{k} {_fmt_bytes(v)}" for k, v in d.items() if v)
         lines.append(f"  H2D          {_fmt_bytes(stats.h2d_total())} ({causes(stats.h2d) or '-'})")
         lines.append(f"  D2H          {_fmt_bytes(stats.d2h_total())} ({causes(stats.d2h) or '-'})")
     elif stats.counters:
-        c = stats.counters
-        lines.append(f"  H2D          {_fmt_bytes(c.get('bytes_htd', 0))} (prefetch {_fmt_bytes(c.get('prefetch_bytes_htd', 0))};"
+        lines.append(f"  H2D          {_fmt_bytes(stats.h2d_total())} (prefetch {_fmt_bytes(stats.counter('prefetch_bytes_htd'))};"
                      " --kinds +migrations splits by cause)")
-        lines.append(f"  D2H          {_fmt_bytes(c.get('bytes_dth', 0))}")
+        lines.append(f"  D2H          {_fmt_bytes(stats.d2h_total())}")
     lines.append(f"  thrashing    {stats.thrashing:,}")
     if stats.launches:
         ks = ", ".join(f"{n} {c:,}" for n, c in stats.top_kernels())
@@ -293,8 +292,9 @@ SOURCE_HELP = ("Where events come from: uvmtools (the UVM tools API; works every
 
 #: ``--sample auto`` for a view only (no trace, no controller): events this fraction of the time.
 VIEW_SAMPLE = 0.1
-SAMPLE_HELP = ("Collect events only this fraction of the time (e.g. 0.1 or 10%; 1 = every event). Fault totals "
-               "stay exact (driver counters); rates by cause and top kernels/blocks come from the sample. "
+SAMPLE_HELP = ("Collect events and counters only this fraction of the time (e.g. 0.1 or 10%; 1 = every event): "
+               "while attached, the driver slows every CPU and GPU fault, so a view samples. Totals are estimates, "
+               "top kernels/blocks rankings of the sample. "
                "Default 'auto': 10% when only viewing, every event with -o or --mode (a trace must replay "
                "and a controller must see every fault).")
 

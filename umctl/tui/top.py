@@ -120,34 +120,34 @@ class LiveStats:
                 kf[i] = kf.get(i, 0) + c
 
     def _estimate(self) -> None:
-        """Totals from what was seen: exact without sampling; with it, the driver's exact
-        counters where there is one (GPU and CPU faults), else the seen count over the
-        sampled fraction."""
+        """Totals from what was seen: exact without sampling; with it (events and counters
+        both on in windows only) the window counts over the measured on-time."""
         seen, frac = self._seen, max(self.sample, 1e-6)
         if frac >= 1:
             self.faults, self.batches = seen["faults"], seen["batches"]
             self.cpu_faults, self.thrashing = seen["cpu_faults"], seen["thrashing"]
             return
-        c = self.counters
-        self.faults = c["gpu_page_faults"] if "gpu_page_faults" in c else round(seen["faults"] / frac)
-        self.cpu_faults = c["cpu_page_faults"] if "cpu_page_faults" in c else round(seen["cpu_faults"] / frac)
-        if "gpu_page_faults" in c and seen["batch_ids"]:
-            # the sample's mean faults per batch applied to the exact fault count: windows cut
-            # few batches, while replay events seen in windows undercount (measured on the H100)
-            self.batches = round(self.faults * seen["batch_ids"] / max(seen["faults"], 1))
-        else:
-            self.batches = round(seen["batches"] / frac)
+        self.faults = round(seen["faults"] / frac)
+        self.cpu_faults = round(seen["cpu_faults"] / frac)
+        # batches: distinct batch ids of the sampled faults (replay events in windows
+        # undercounted on the H100: they are posted when the replay completes)
+        self.batches = round((seen["batch_ids"] or seen["batches"]) / frac)
         self.thrashing = round(seen["thrashing"] / frac)
 
+    def counter(self, name: str) -> int:
+        """A driver counter, scaled up when it too only counted in the sample windows."""
+        v = self.counters.get(name, 0)
+        return v if self.sample >= 1 else round(v / max(self.sample, 1e-6))
+
     def h2d_total(self) -> int:
-        if self.have_migrations and (self.sample >= 1 or "bytes_htd" not in self.counters):
-            return sum(self.h2d.values())
-        return self.counters.get("bytes_htd", 0)
+        if self.have_migrations:
+            return round(sum(self.h2d.values()) / min(max(self.sample, 1e-6), 1.0))
+        return self.counter("bytes_htd")
 
     def d2h_total(self) -> int:
-        if self.have_migrations and (self.sample >= 1 or "bytes_dth" not in self.counters):
-            return sum(self.d2h.values())
-        return self.counters.get("bytes_dth", 0)
+        if self.have_migrations:
+            return round(sum(self.d2h.values()) / min(max(self.sample, 1e-6), 1.0))
+        return self.counter("bytes_dth")
 
     def tick(self) -> None:
         """Recompute rates over the time since the last tick."""

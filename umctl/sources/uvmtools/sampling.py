@@ -1,12 +1,14 @@
-"""Time-sampled event collection: the tracker's events on for ``on_ms`` of every ``period_ms``.
+"""Time-sampled collection: the tracker's events and counters on for ``on_ms`` of every ``period_ms``.
 
-Why: with GPU fault events enabled the driver writes one ring entry per fault entry on its
-fault-service path, and on a fault-heavy PyTorch loop (about 400 K entries/s) that alone cost
-about +12 % step time on the H100 (docs/live.md), whatever our drain thread did. A view that
-wants rates and rankings (faults/s, top kernels, top blocks) does not need every event: the
-counters tracker counts every fault exactly at no measurable cost, and a duty cycle of events
-gives the distributions -- the way a sampling profiler trades exactness for overhead.
-Recording and control never sample: a trace must replay and a controller must see every fault.
+Why: while any tools event or counter is enabled on a va_space, the driver (580) makes every
+CPU fault wait for its tools kthread queue (``uvm_va_space_cpu_fault`` calls
+``uvm_tools_flush_events``) and runs a tools callback on every GPU fault. On a fault-heavy
+PyTorch loop that cost +10..16 % step time on the H100 with every event *and* with the
+counters alone (docs/live.md), so it is the attachment, not our drain, that costs. A view that
+wants rates and rankings (faults/s, top kernels, top blocks) does not need every event: in a
+10 % duty cycle the driver runs tool-free 90 % of the time, and totals are the windows' counts
+over the measured on-time -- the trade a sampling profiler makes. Recording and control never
+sample: a trace must replay and a controller must see every fault.
 
 The sampler is ticked by the drain thread (every ``drain_ms``), so window edges are accurate
 to a couple of milliseconds; ``fraction`` is the measured on-time over the elapsed time, which

@@ -5,8 +5,8 @@ pid exists -> /dev/nvidia-uvm-tools opens -> the target has /dev/nvidia-uvm fds 
 duplication -> V2 event tracker on our ring (tried on each fd until NV_OK) -> enable the
 requested event types -> counters tracker (optional) -> UUID table -> drain thread.
 
-``sample`` < 1 collects events in time windows only (sampling.py: exact totals then come from
-the counters tracker); recording and control never sample.
+``sample`` < 1 collects events and counters in time windows only (sampling.py: totals are
+then estimates, scaled by the measured on-time); recording and control never sample.
 
 Which kinds to enable is the caller's choice because their costs differ by an order of
 magnitude (docs/live.md has the measurements): GPU faults, replays, CPU faults, thrashing and
@@ -202,8 +202,16 @@ class UvmToolsSource:
             tools_fd = self._tools_fd
 
             def toggle(on: bool) -> None:
+                # Events AND counters: the driver's va_space "tools enabled" state is on while
+                # either is, and in that state every CPU fault waits for the tools kthread
+                # queue (uvm_va_space_cpu_fault -> uvm_tools_flush_events) and every GPU fault
+                # runs the tools callback. Counters alone cost as much as every event (H100,
+                # docs/live.md), so a sampled view turns both off between windows.
                 req = abi.UVM_TOOLS_EVENT_QUEUE_ENABLE_EVENTS if on else abi.UVM_TOOLS_EVENT_QUEUE_DISABLE_EVENTS
                 st = self.io.ioctl(tools_fd, req, abi.U64Params(value=mask))
+                if st == abi.NV_OK and self._counters_fd >= 0:
+                    creq = abi.UVM_TOOLS_ENABLE_COUNTERS if on else abi.UVM_TOOLS_DISABLE_COUNTERS
+                    st = self.io.ioctl(self._counters_fd, creq, abi.U64Params(value=abi.COUNTER_MASK))
                 if st != abi.NV_OK:
                     raise OSError(0, abi.nv_status_name(st))
 
