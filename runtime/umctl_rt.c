@@ -1861,7 +1861,7 @@ static void part_setup(void)
     tl_internal++;
     int n = 0, cur = current_device(), ok = 1;
     if (real_cudaGetDeviceCount(&n) != 0 || n < cfg_gpus) {
-        fprintf(stderr, "umctl_rt: UMCTL_RT_GPUS=%d but %d GPUs visible: kernels are not partitioned\n", cfg_gpus, n);
+        fprintf(stderr, "umctl runtime: UMCTL_RT_GPUS=%d but %d GPUs visible: kernels are not partitioned\n", cfg_gpus, n);
         ok = 0;
     }
     for (int g = 0; ok && g < cfg_gpus; g++) {
