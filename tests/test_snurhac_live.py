@@ -199,3 +199,21 @@ def test_live_dynamic_prefetch_per_gpu():
     assert lc.ctl.stats()["correlation_pages"] > 0
     # a GPU the program was not spread over is not tracked (and does not crash the tables)
     lc.step(fault_batch(100, [1], gpu=7))
+
+
+def test_gpu_programs_compile_and_follow_the_convention(tmp_path):
+    """tests/gpu/snurhac/*.cu build as the benchmark builds them (nvcc -cudart shared, so the
+    runtime interposes the launches), and each kernel's mangled name carries umctl_part_t as its
+    first parameter, which is what the runtime looks for. Skipped without nvcc."""
+    import shutil
+
+    cc = shutil.which("nvcc") or ("/usr/local/cuda/bin/nvcc" if Path("/usr/local/cuda/bin/nvcc").exists() else None)
+    if cc is None:
+        pytest.skip("nvcc not installed")
+    src = Path(__file__).resolve().parent / "gpu" / "snurhac"
+    for prog, kernel in [("gemm", "gemm_kernel"), ("gesummv", "gesummv_kernel"), ("stencil", "calculate_temp")]:
+        exe = tmp_path / prog
+        subprocess.run([cc, "-O3", "-arch=sm_90", "-cudart", "shared", "-o", str(exe), str(src / f"{prog}.cu")],
+                       check=True, capture_output=True, text=True, timeout=300)
+        blob = exe.read_bytes()
+        assert f"_Z{len(kernel)}{kernel}12umctl_part_t".encode() in blob

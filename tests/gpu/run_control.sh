@@ -1,7 +1,7 @@
 #!/bin/bash
 # Device sessions of the live-control and live-observation issues, one section per measurement.
 #   bash tests/gpu/run_control.sh [SECTION ...]     (default: every section; logs to $OUT)
-# Sections: calibrate runtime hum humnvcc torch layers harvest kill overhead replay core
+# Sections: calibrate runtime hum humnvcc torch layers harvest kill overhead replay core snurhac
 cd "$(dirname "$0")/../.."
 export OUT=${OUT:-/tmp/umctl_out} PYTHONUNBUFFERED=1 PIP_ROOT_USER_ACTION=ignore
 [ -f .umctl_gpu/libbpf.so.1 ] && export UMCTL_LIBBPF=$PWD/.umctl_gpu/libbpf.so.1
@@ -50,6 +50,8 @@ PY
       [ "$c" = default ] && CA="" || CA="--calibration $c"
       umctl replay "$OUT/$t.parquet" --mode none --json $CA | python3 -c "import json,sys; r=json.load(sys.stdin)[0]; print('PREDICTED $t none ($(basename $c))', round(r['time_s']*1e3,1), 'ms; faults', r['faults'], 'batches', r['fault_batches'], 'stall', round(r['stall_ns']/1e6,1), 'ms')"
     done; done ;;
+  snurhac)   # tracker 8a: gemm/gesummv/stencil over 1/2/4 GPUs under the runtime's grid partitioning vs the simulator
+    timeout -k 5 420 python3 benchmarks/gpu/snurhac_real.py --json "$OUT/snurhac_real.json" 2>&1 | tail -40 ;;
   core)   # CO-RE relocations of the fault-path programs against this machine's live nvidia_uvm BTF
     timeout -k 5 60 python3 tools/core_check.py ;;
   *) echo "unknown section $s" ;;
