@@ -22,6 +22,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -71,22 +72,35 @@ def build(out: Path) -> dict[str, Path]:
 def run_once(cmd: list[str], timeout: float, env: dict | None = None) -> dict:
     """One run: {ms, kernel_ms, check, ok} or {error}."""
     t0 = time.monotonic()
+    # its own process group: a timeout ends umctl *and* the program it started
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                         start_new_session=True)
     try:
-        p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
+        stdout, stderr = p.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
+        try:
+            os.killpg(p.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        p.communicate()
         return {"error": f"timeout after {timeout:g} s"}
-    m = LINE.search(p.stdout)
+    m = LINE.search(stdout)
     if not m:
-        tail = (p.stderr.strip().splitlines() or p.stdout.strip().splitlines() or ["no output"])[-1]
+        tail = (stderr.strip().splitlines() or stdout.strip().splitlines() or ["no output"])[-1]
         return {"error": f"rc {p.returncode}: {tail[:200]}"}
-    k = KLINE.search(p.stdout)
-    rt = [ln for ln in p.stderr.splitlines() if ln.startswith("umctl_rt:")]
+    k = KLINE.search(stdout)
+    rt = [ln for ln in stderr.splitlines() if ln.startswith("umctl_rt:")]
     return {"ms": float(m[1]), "kernel_ms": float(k[1]) if k else None, "check": m[2], "ok": m[3] == "OK",
             "wall_s": round(time.monotonic() - t0, 2), "rt_stats": rt[-1] if rt else None}
 
 
-def measure(cmd: list[str], reps: int, timeout: float, env: dict | None = None) -> dict:
-    runs = [run_once(cmd, timeout, env) for _ in range(reps)]
+def measure(cmd: list[str], reps: int, timeout: float, env: dict | None = None, deadline: float = float("inf")) -> dict:
+    """Median of ``reps`` runs (fewer once past ``deadline``, at least one)."""
+    runs = []
+    for _ in range(reps):
+        if runs and time.monotonic() > deadline:
+            break
+        runs.append(run_once(cmd, min(timeout, max(10.0, deadline - time.monotonic() + timeout / 2)), env))
     good = [r for r in runs if "error" not in r]
     if not good:
         return {"error": runs[-1]["error"]}
@@ -171,7 +185,7 @@ def main() -> None:
     ap.add_argument("--size", action="append", default=[], metavar="PROG=ARGS",
                     help="program arguments, e.g. gemm=4096 or stencil=8192,20")
     ap.add_argument("--timeout", type=float, default=60.0, help="seconds per run")
-    ap.add_argument("--budget", type=float, default=400.0, help="stop starting new runs after this many seconds")
+    ap.add_argument("--budget", type=float, default=300.0, help="stop starting new runs after this many seconds")
     ap.add_argument("--no-dp", action="store_true", help="skip --mode snurhac-dp")
     ap.add_argument("--json", metavar="PATH", help="also write the rows as JSON")
     a = ap.parse_args()
@@ -200,7 +214,8 @@ def main() -> None:
         configs = [(g, "snurhac") for g in counts]
         if not a.no_dp and max(counts) >= 2:
             configs.append((max(counts), "snurhac-dp"))
-        base = measure(cmd, a.reps, a.timeout, env)
+        deadline = t_start + a.budget
+        base = measure(cmd, a.reps, a.timeout, env, deadline)
         params = sim_params(prog, args, base.get("kernel_ms"), gpu_mem)
         pred_base = predict(prog, params, 1, "none", calib)
         rows.append({"program": prog, "args": args, "gpus": 1, "mode": "plain", **base, "predicted_ms": pred_base,
@@ -211,7 +226,7 @@ def main() -> None:
                 rows.append({"program": prog, "gpus": g, "mode": mode, "error": "skipped (time budget)"})
                 continue
             r = measure([*umctl_cmd(), "run", "-q", "--mode", mode, "--gpus", str(g), "--", *cmd], a.reps,
-                        a.timeout, env)
+                        a.timeout, env, deadline)
             if "error" not in r and "error" not in base:
                 r["check_equal"] = r["checks"] == base["checks"]
             rows.append({"program": prog, "args": args, "gpus": g, "mode": mode, **r,
