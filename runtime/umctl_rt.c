@@ -85,6 +85,14 @@ static _Atomic u64 st_dma, st_pinned, st_stage_ns, st_dmawait_ns, st_populated;
 static _Atomic u64 st_hum, st_fallback, st_waits, st_segv, st_launch, st_managed, st_wrapped, st_chunks,
     st_prefetch;
 
+/* SnuRHAC grid partitioning (UMCTL_RT_GPUS, UMCTL_RT_READ_ONLY): see part_launch */
+static int cfg_gpus, cfg_ro = 1;
+static _Atomic u64 st_part, st_part_fallback, st_ro_set, st_ro_unset;
+static pthread_mutex_t part_mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_once_t part_once = PTHREAD_ONCE_INIT;
+static void part_setup(void);
+static void part_forget(const void *p);
+
 static __thread int tl_internal;   /* >0: our own call or our worker: no barrier, no HUM, no report */
 static __thread uintptr_t tl_last_fault;
 
@@ -181,6 +189,10 @@ REAL(cudaError_t, cudaStreamIsCapturing, cudaStream_t, int *)
 REAL(cudaError_t, cudaHostAlloc, void **, size_t, unsigned)
 REAL(cudaError_t, cudaFuncGetName, const char **, const void *)
 REAL(cudaError_t, cudaGetFuncBySymbol, void **, const void *)
+REAL(cudaError_t, cudaGetDeviceCount, int *)
+REAL(cudaError_t, cudaStreamWaitEvent, cudaStream_t, cudaEvent_t, unsigned)
+REAL(cudaError_t, cudaDeviceCanAccessPeer, int *, int, int)
+REAL(cudaError_t, cudaDeviceEnablePeerAccess, int, unsigned)
 
 /* Driver API, from libcuda.so.1 (absent or broken: the features that need it are skipped). */
 typedef int (*cuFuncGetParamInfo_t)(void *, size_t, size_t *, size_t *);
@@ -191,6 +203,12 @@ static cuFuncGetParamInfo_t cu_param_info;
 static cuMemPrefetchAsync_t cu_prefetch;
 static cuGetProcAddress_t real_getproc;
 static cuGetProcAddress_v2_t real_getproc_v2;
+/* cuMemAdvise (CUDA <= 12 ABI: int device) and cuMemAdvise_v2 (CUmemLocation by value) */
+typedef struct { int type, id; } cu_mem_location_t;
+typedef int (*cuMemAdvise_t)(u64, size_t, int, int);
+typedef int (*cuMemAdvise_v2_t)(u64, size_t, int, cu_mem_location_t);
+static cuMemAdvise_t cu_advise;
+static cuMemAdvise_v2_t cu_advise_v2;
 
 /* cuMemPrefetchAsync_v2(ptr, n, CUmemLocation {type, id} by value, flags, stream) */
 typedef struct { int type, id; } cu_mem_location;
@@ -211,6 +229,9 @@ static void load_driver(void)
         return;
     cu_param_info = (cuFuncGetParamInfo_t)rdlsym(h, "cuFuncGetParamInfo");
     cu_prefetch = (cuMemPrefetchAsync_t)rdlsym(h, "cuMemPrefetchAsync");
+    cu_advise_v2 = (cuMemAdvise_v2_t)rdlsym(h, "cuMemAdvise_v2");
+    if (!cu_advise_v2)
+        cu_advise = (cuMemAdvise_t)rdlsym(h, "cuMemAdvise");
     if (!cu_prefetch) {   /* CUDA 13 drivers may keep only the location-based entry point */
         cu_prefetch_v2 = (cuMemPrefetchAsync_v2_t)rdlsym(h, "cuMemPrefetchAsync_v2");
         if (cu_prefetch_v2)
@@ -1393,7 +1414,7 @@ API void *dlsym(void *h, const char *name)
 
 /* ---------------------------------------------------------------- launch identity */
 
-struct finfo { const void *f; int32_t name_id; int nparams; uint32_t *sizes; uint64_t name_hash; };
+struct finfo { const void *f; int32_t name_id; int nparams; uint32_t *sizes; uint64_t name_hash; int part; };
 #define FTAB 8192
 static struct finfo ftab[FTAB];
 static pthread_mutex_t ftab_mu = PTHREAD_MUTEX_INITIALIZER;
@@ -1406,6 +1427,50 @@ static u64 fnv(u64 h, const void *p, size_t n)
     return h;
 }
 #define FNV0 0xcbf29ce484222325ULL
+
+
+/* SnuRHAC convention (umctl_snurhac.h): the kernel's first parameter is a umctl_part_t. Read
+   from the Itanium-mangled name: _Z[L]<len><id>12umctl_part_t..., _ZN...E12umctl_part_t... (in a
+   namespace), or a template's ...Ev12umctl_part_t... (a template function's mangling carries its
+   void return type before the parameters); a demangled name has "(umctl_part_t". */
+#define PART_TYPE "12umctl_part_t"
+static int part_kernel_name(const char *nm)
+{
+    if (!nm)
+        return 0;
+    if (strstr(nm, "(umctl_part_t"))
+        return 1;
+    if (nm[0] != '_' || nm[1] != 'Z')
+        return 0;
+    const char *p = nm + 2;
+    if (*p == 'L')
+        p++;
+    int nested = *p == 'N';
+    if (nested) {
+        p++;
+        while (*p == 'K' || *p == 'V' || *p == 'r')
+            p++;
+    }
+    for (;;) {
+        if (*p < '0' || *p > '9')
+            break;
+        char *end;
+        unsigned long len = strtoul(p, &end, 10);
+        if (strlen(end) < len)
+            return 0;
+        p = end + len;
+        if (!nested)
+            break;
+    }
+    if (nested) {
+        if (*p != 'E')
+            return 0;
+        p++;
+    }
+    if (*p == 'I')   /* template arguments: not parsed; the void return type then the parameters */
+        return strstr(p, "Ev" PART_TYPE) != NULL;
+    return strncmp(p, PART_TYPE, strlen(PART_TYPE)) == 0;
+}
 
 static struct finfo *func_info(const void *f)
 {
@@ -1421,12 +1486,13 @@ static struct finfo *func_info(const void *f)
     }
     struct finfo *e = ftab[i].f ? NULL : &ftab[i];
     pthread_mutex_unlock(&ftab_mu);
-    struct finfo fi = {f, -1, -1, NULL, FNV0};
+    struct finfo fi = {f, -1, -1, NULL, FNV0, 0};
     tl_internal++;
     const char *name = NULL;
     if (get_cudaFuncGetName() && real_cudaFuncGetName(&name, f) == 0 && name && *name) {
         fi.name_id = intern_name(name);
         fi.name_hash = fnv(FNV0, name, strlen(name));
+        fi.part = part_kernel_name(name);
     } else {
         fi.name_hash = fnv(FNV0, &f, sizeof f);   /* unnamed: the host stub's address */
     }
@@ -1496,6 +1562,9 @@ __attribute__((constructor)) static void rt_init(void)
     cfg_hum_min = env_size("UMCTL_RT_HUM_MIN", cfg_hum_min);
     cfg_cap = env_size("UMCTL_RT_MANAGED_CAP", 0);
     cfg_delay_us = (unsigned)env_size("UMCTL_RT_HUM_DELAY_US", 0);
+    cfg_gpus = (int)env_size("UMCTL_RT_GPUS", 0);
+    if (getenv("UMCTL_RT_READ_ONLY"))
+        cfg_ro = env_on("UMCTL_RT_READ_ONLY");
     cfg_socket = getenv("UMCTL_RT_SOCKET");
     if (cfg_socket && *cfg_socket && strlen(cfg_socket) < sizeof sock_addr.sun_path) {
         memset(&sock_addr, 0, sizeof sock_addr);
@@ -1513,13 +1582,15 @@ __attribute__((destructor)) static void rt_fini(void)
         fprintf(stderr,
                 "umctl_rt: pid=%d hum_copies=%llu fallbacks=%llu barrier_waits=%llu segv_waits=%llu launches=%llu "
                 "managed_allocs=%llu driver_wrapped=%llu chunks=%llu pinned_chunks=%llu stage_ms=%.1f dma_wait_ms=%.1f populated=%llu "
-                "dma_chunks=%llu prefetches=%llu drops=%llu,%llu,%llu\n",
+                "dma_chunks=%llu prefetches=%llu drops=%llu,%llu,%llu partitioned=%llu part_fallbacks=%llu "
+                "read_mostly=%llu,%llu\n",
                 (int)getpid(), (unsigned long long)st_hum, (unsigned long long)st_fallback,
                 (unsigned long long)st_waits, (unsigned long long)st_segv, (unsigned long long)st_launch,
                 (unsigned long long)st_managed, (unsigned long long)st_wrapped, (unsigned long long)st_chunks,
                 (unsigned long long)st_pinned, st_stage_ns / 1e6, st_dmawait_ns / 1e6, (unsigned long long)st_populated,
                 (unsigned long long)st_dma, (unsigned long long)st_prefetch, (unsigned long long)drops[0], (unsigned long long)drops[1],
-                (unsigned long long)drops[2]);
+                (unsigned long long)drops[2], (unsigned long long)st_part, (unsigned long long)st_part_fallback,
+                (unsigned long long)st_ro_set, (unsigned long long)st_ro_unset);
 }
 
 /* ---------------------------------------------------------------- the runtime API we interpose */
@@ -1549,6 +1620,8 @@ API cudaError_t cudaMalloc(void **p, size_t n)
 {
     if (!get_cudaMalloc())
         return 1;   /* cudaErrorInvalidValue: no runtime below us (cannot happen when linked) */
+    if (cfg_gpus >= 2 && !tl_internal)
+        pthread_once(&part_once, part_setup);
     if (cfg_managed && !tl_internal && p && n && get_cudaMallocManaged() &&
         (!cfg_cap || atomic_load(&managed_bytes) + n <= cfg_cap)) {
         tl_internal++;   /* the driver-API wrapper below must not track it a second time */
@@ -1575,8 +1648,10 @@ API cudaError_t cudaFree(void *p)
     if (!get_cudaFree())
         return 1;
     hum_barrier();
-    if (p && !tl_internal)
+    if (p && !tl_internal) {
         forget_alloc(p);
+        part_forget(p);
+    }
     tl_internal++;
     cudaError_t r = real_cudaFree(p);
     tl_internal--;
@@ -1749,14 +1824,233 @@ static int64_t report_launch(const void *f, dim3 g, dim3 b, void **args, size_t 
     return seq;
 }
 
+
+/* ---------------------------------------------------------------- SnuRHAC: grid partitioning
+
+   UMCTL_RT_GPUS=N (N >= 2; `umctl run --mode snurhac --gpus N`): each launch of a kernel that
+   follows the umctl_snurhac.h convention is cut into N contiguous slabs of thread blocks along
+   one dimension, by the rule of umctl.controller.snurhac.partition (thesis §6.2): z if the grid
+   has at least N blocks there, else y, else x; slab g is [dim*g/N, dim*(g+1)/N). Slab g runs on
+   GPU g, on a non-blocking stream of ours, with the kernel's umctl_part_t offset set to the
+   slab's first block. Stream order is kept without host syncs: the slab streams wait on an
+   event recorded on the caller's stream, and the caller's stream waits on an event recorded
+   after each slab, so whatever the program issues next on its stream follows all slabs (which
+   is SnuRHAC's "all GPUs finish a kernel before the next starts"). The caller's current device
+   is restored. Anything not set up (fewer GPUs than N, a stream being captured, a setup call
+   failing, a launch on a device >= N) takes the original single launch. With
+   UMCTL_RT_READ_ONLY (default on), the buffers the convention marks read-only are advised
+   READ_MOSTLY for the kernel (duplicated on every GPU that reads them, §6.4) and the advice is
+   taken back when a later partitioned kernel passes them without the mark. */
+struct umctl_part { unsigned off[3], grid[3], ro_mask, magic; };
+#define UMCTL_PART_MAGIC 0x54504d55u
+static int part_ok;
+static cudaStream_t part_stream[MAX_DEV];
+static cudaEvent_t part_done[MAX_DEV], part_start[MAX_DEV];
+#define MAX_RO 256
+static uintptr_t ro_flagged[MAX_RO];
+static int n_ro;
+
+/* Streams, events and peer access on every GPU, once (the program's first cudaMalloc calls
+   this, so context creation on the other GPUs happens outside its timed region). */
+static void part_setup(void)
+{
+    if (cfg_gpus < 2 || cfg_gpus > MAX_DEV || !get_cudaGetDeviceCount() || !get_cudaSetDevice() ||
+        !get_cudaGetDevice() || !get_cudaStreamCreateWithFlags() || !get_cudaEventCreateWithFlags() ||
+        !get_cudaEventRecord() || !get_cudaStreamWaitEvent() || !get_cudaLaunchKernel())
+        return;
+    tl_internal++;
+    int n = 0, cur = current_device(), ok = 1;
+    if (real_cudaGetDeviceCount(&n) != 0 || n < cfg_gpus) {
+        fprintf(stderr, "umctl runtime: UMCTL_RT_GPUS=%d but %d GPUs visible: kernels are not partitioned\n", cfg_gpus, n);
+        ok = 0;
+    }
+    for (int g = 0; ok && g < cfg_gpus; g++) {
+        ok = real_cudaSetDevice(g) == 0 && real_cudaStreamCreateWithFlags(&part_stream[g], 1 /* non-blocking */) == 0 &&
+             real_cudaEventCreateWithFlags(&part_done[g], 2 /* disable timing */) == 0 &&
+             real_cudaEventCreateWithFlags(&part_start[g], 2) == 0;
+        /* managed memory needs no peer mappings; a device buffer of GPU h (cudaMalloc beyond the
+           managed cap) does, so map every pair that can be mapped */
+        for (int h = 0; ok && h < cfg_gpus; h++) {
+            int can = 0;
+            if (h != g && get_cudaDeviceCanAccessPeer() && get_cudaDeviceEnablePeerAccess() &&
+                real_cudaDeviceCanAccessPeer(&can, g, h) == 0 && can)
+                real_cudaDeviceEnablePeerAccess(h, 0);   /* "already enabled" is fine */
+        }
+    }
+    real_cudaSetDevice(cur);
+    if (get_cudaGetLastError())
+        real_cudaGetLastError();
+    part_ok = ok;
+    tl_internal--;
+}
+
+/* The allocation of ours holding p: its start and size (0 if none). */
+static uintptr_t alloc_base(const void *p, size_t *n)
+{
+    uintptr_t a = (uintptr_t)p, base = 0;
+    pthread_mutex_lock(&allocs_mu);
+    size_t i = alloc_pos(a + 1);
+    if (i > 0 && a < allocs[i - 1].addr + allocs[i - 1].n && allocs[i - 1].managed)
+        base = allocs[i - 1].addr, *n = allocs[i - 1].n;
+    pthread_mutex_unlock(&allocs_mu);
+    return base;
+}
+
+static int mem_advise(uintptr_t p, size_t n, int advice, int dev)
+{
+    pthread_once(&driver_once, load_driver);
+    if (cu_advise_v2) {
+        cu_mem_location_t loc = {1 /* device */, dev};
+        return cu_advise_v2((u64)p, n, advice, loc);
+    }
+    return cu_advise ? cu_advise((u64)p, n, advice, dev) : -1;
+}
+
+/* §6.4: flag the buffers the kernel only reads, unflag the flagged ones it may write (a pointer
+   argument into one of our managed allocations without its ro bit). Needs the parameter sizes
+   (cuFuncGetParamInfo) to know which arguments are pointers. Called under part_mu. */
+static void part_read_only(struct finfo *fi, void **args, unsigned mask, int dev)
+{
+    if (!cfg_ro || !fi || fi->nparams <= 1 || !fi->sizes)
+        return;
+    for (int i = 1; i < fi->nparams && i < 32; i++) {
+        if (fi->sizes[i] != sizeof(void *) || !args[i])
+            continue;
+        size_t n = 0;
+        uintptr_t base = alloc_base(*(void **)args[i], &n);
+        if (!base)
+            continue;
+        int k = 0;
+        while (k < n_ro && ro_flagged[k] != base)
+            k++;
+        int flagged = k < n_ro, ro = (mask >> i) & 1;
+        if (ro && !flagged && n_ro < MAX_RO && mem_advise(base, n, 1 /* SET_READ_MOSTLY */, dev) == 0) {
+            ro_flagged[n_ro++] = base;
+            atomic_fetch_add(&st_ro_set, 1);
+        } else if (!ro && flagged) {
+            mem_advise(base, n, 2 /* UNSET_READ_MOSTLY */, dev);
+            ro_flagged[k] = ro_flagged[--n_ro];
+            atomic_fetch_add(&st_ro_unset, 1);
+        }
+    }
+}
+
+/* A freed allocation loses its flag (its address may come back as another buffer). */
+static void part_forget(const void *p)
+{
+    if (cfg_gpus < 2)
+        return;
+    pthread_mutex_lock(&part_mu);
+    for (int k = 0; k < n_ro; k++)
+        if (ro_flagged[k] == (uintptr_t)p) {
+            ro_flagged[k] = ro_flagged[--n_ro];
+            break;
+        }
+    pthread_mutex_unlock(&part_mu);
+}
+
+/* 1: the launch was taken (partitioned; *res its result); 0: launch it as it is. `ptsz`: a
+   per-thread-default-stream entry point (stream 0 means cudaStreamPerThread there). */
+static int part_launch(const void *f, dim3 g, dim3 b, void **args, size_t smem, cudaStream_t s, int ptsz,
+                       cudaError_t *res)
+{
+    if (cfg_gpus < 2 || tl_internal || !args || !args[0])
+        return 0;
+    struct finfo *fi = func_info(f);
+    if (!fi || fi->part != 1)
+        return 0;
+    struct umctl_part *p = args[0];
+    if (p->magic != UMCTL_PART_MAGIC || p->off[0] || p->off[1] || p->off[2] || p->grid[0] != g.x ||
+        p->grid[1] != g.y || p->grid[2] != g.z) {
+        atomic_fetch_add(&st_part_fallback, 1);
+        return 0;
+    }
+    pthread_once(&part_once, part_setup);
+    int d = current_device(), capturing = 0;
+    if (!s && ptsz)
+        s = (cudaStream_t)0x2;   /* cudaStreamPerThread */
+    if (!part_ok || d < 0 || d >= cfg_gpus ||
+        (get_cudaStreamIsCapturing() && (real_cudaStreamIsCapturing(s, &capturing) != 0 || capturing))) {
+        if (get_cudaGetLastError())
+            real_cudaGetLastError();
+        atomic_fetch_add(&st_part_fallback, 1);
+        return 0;
+    }
+    const int G = cfg_gpus;
+    unsigned dims[3] = {g.x, g.y, g.z};
+    int dim = g.z >= (unsigned)G ? 2 : g.y >= (unsigned)G ? 1 : 0;
+    pthread_mutex_lock(&part_mu);
+    tl_internal++;
+    part_read_only(fi, args, p->ro_mask, d);
+    int ok = real_cudaEventRecord(part_start[d], s) == 0;
+    for (int k = 0; ok && k < G; k++) {
+        unsigned lo = (unsigned)((u64)dims[dim] * k / G), hi = (unsigned)((u64)dims[dim] * (k + 1) / G);
+        if (hi > lo)
+            ok = real_cudaSetDevice(k) == 0 && real_cudaStreamWaitEvent(part_stream[k], part_start[d], 0) == 0;
+    }
+    cudaError_t r = 0;
+    int launched = 0, done[MAX_DEV] = {0};
+    struct umctl_part save = *p;
+    for (int k = 0; ok && k < G; k++) {
+        unsigned lo = (unsigned)((u64)dims[dim] * k / G), hi = (unsigned)((u64)dims[dim] * (k + 1) / G);
+        if (hi <= lo)
+            continue;
+        unsigned sd[3] = {g.x, g.y, g.z};
+        sd[dim] = hi - lo;
+        dim3 sg = {sd[0], sd[1], sd[2]};
+        p->off[dim] = lo;   /* the runtime copies argument values at the launch call */
+        if (real_cudaSetDevice(k) != 0) {
+            ok = launched > 0;
+            r = 1;
+            break;
+        }
+        tl_internal--;
+        int64_t q = report_launch(f, sg, b, args, smem, part_stream[k]);
+        tl_internal++;
+        cudaError_t e = real_cudaLaunchKernel(f, sg, b, args, smem, part_stream[k]);
+        if (e != 0) {
+            /* nothing launched yet: the original launch instead; else the error is the launch's */
+            ok = launched > 0;
+            r = e;
+            break;
+        }
+        launched++;
+        tl_internal--;
+        track_end(q, part_stream[k]);
+        tl_internal++;
+        done[k] = real_cudaEventRecord(part_done[k], part_stream[k]) == 0;
+        if (!done[k])
+            r = 1;
+    }
+    *p = save;
+    real_cudaSetDevice(d);
+    for (int k = 0; k < G; k++)
+        if (done[k] && real_cudaStreamWaitEvent(s, part_done[k], 0) != 0)
+            r = r ? r : 1;
+    if (!ok && get_cudaGetLastError())
+        real_cudaGetLastError();
+    tl_internal--;
+    pthread_mutex_unlock(&part_mu);
+    if (!ok) {
+        atomic_fetch_add(&st_part_fallback, 1);
+        return 0;
+    }
+    atomic_fetch_add(&st_part, 1);
+    *res = r;
+    return 1;
+}
+
 typedef cudaError_t (*launch_plain_t)(const void *, dim3, dim3, void **, size_t, cudaStream_t);
 
 /* A launch through an entry point with cudaLaunchKernel's signature: wait for pending HUM
    copies, report it, launch, and track its end. */
 static cudaError_t launch_plain(launch_plain_t real, const void *f, dim3 g, dim3 b, void **args, size_t smem,
-                                cudaStream_t s)
+                                cudaStream_t s, int ptsz)
 {
     hum_barrier();
+    cudaError_t pr;
+    if (part_launch(f, g, b, args, smem, s, ptsz, &pr))
+        return pr;
     int64_t q = report_launch(f, g, b, args, smem, s);
     cudaError_t r = real(f, g, b, args, smem, s);
     if (r == 0)
@@ -1768,7 +2062,7 @@ API cudaError_t cudaLaunchKernel(const void *f, dim3 g, dim3 b, void **args, siz
 {
     if (!get_cudaLaunchKernel())
         return 1;
-    return launch_plain(real_cudaLaunchKernel, f, g, b, args, smem, s);
+    return launch_plain(real_cudaLaunchKernel, f, g, b, args, smem, s, 0);
 }
 
 /* cudaLaunchConfig_t of cuda_runtime_api.h (CUDA >= 11.8): the layout the ExC entry points
@@ -1786,13 +2080,16 @@ typedef struct {
 typedef cudaError_t (*launch_exc_t)(const umrt_launch_config *, const void *, void **);
 
 static cudaError_t launch_exc(const char *name, launch_exc_t *real, const umrt_launch_config *c, const void *f,
-                              void **args)
+                              void **args, int ptsz)
 {
     if (!*real)
         *real = (launch_exc_t)next_sym(name);
     if (!*real)
         return 1;
     hum_barrier();
+    cudaError_t pr;   /* launch attributes (clusters, ...) are not carried over to slabs: never split those */
+    if (c && !c->numAttrs && part_launch(f, c->gridDim, c->blockDim, args, c->dynamicSmemBytes, c->stream, ptsz, &pr))
+        return pr;
     int64_t q = c ? report_launch(f, c->gridDim, c->blockDim, args, c->dynamicSmemBytes, c->stream) : -1;
     cudaError_t r = (*real)(c, f, args);
     if (r == 0 && c)
@@ -1803,13 +2100,13 @@ static cudaError_t launch_exc(const char *name, launch_exc_t *real, const umrt_l
 API cudaError_t cudaLaunchKernelExC(const umrt_launch_config *c, const void *f, void **args)
 {
     static launch_exc_t real;
-    return launch_exc("cudaLaunchKernelExC", &real, c, f, args);
+    return launch_exc("cudaLaunchKernelExC", &real, c, f, args, 0);
 }
 
 API cudaError_t cudaLaunchKernelExC_ptsz(const umrt_launch_config *c, const void *f, void **args)
 {
     static launch_exc_t real;
-    return launch_exc("cudaLaunchKernelExC_ptsz", &real, c, f, args);
+    return launch_exc("cudaLaunchKernelExC_ptsz", &real, c, f, args, 1);
 }
 
 /* The <<<>>> stub of CUDA >= 12.8 calls __cudaLaunchKernel(func, grid, block, args, smem, stream)
@@ -1819,7 +2116,7 @@ API cudaError_t cudaLaunchKernelExC_ptsz(const umrt_launch_config *c, const void
    them: rdi func, rsi grid.x|grid.y<<32, rdx grid.z, rcx block.x|block.y<<32, r8 block.z,
    r9 args, then smem and stream on the stack. */
 static u64 stub_launch(const char *name, fn12 *real, u64 a, u64 b, u64 c, u64 d, u64 e, u64 f, u64 g, u64 h,
-                       u64 i, u64 j, u64 k, u64 l)
+                       u64 i, u64 j, u64 k, u64 l, int ptsz)
 {
     if (!*real)
         *real = (fn12)next_sym(name);
@@ -1828,6 +2125,10 @@ static u64 stub_launch(const char *name, fn12 *real, u64 a, u64 b, u64 c, u64 d,
     hum_barrier();
     dim3 gd = {(unsigned)b, (unsigned)(b >> 32), (unsigned)c};
     dim3 bd = {(unsigned)d, (unsigned)(d >> 32), (unsigned)e};
+    cudaError_t pr;
+    if (part_launch((const void *)(uintptr_t)a, gd, bd, (void **)(uintptr_t)f, (size_t)g, (cudaStream_t)(uintptr_t)h,
+                    ptsz, &pr))
+        return (u64)(unsigned)pr;
     int64_t q = report_launch((const void *)(uintptr_t)a, gd, bd, (void **)(uintptr_t)f, (size_t)g,
                               (cudaStream_t)(uintptr_t)h);
     u64 r = (*real)(a, b, c, d, e, f, g, h, i, j, k, l);
@@ -1839,13 +2140,13 @@ static u64 stub_launch(const char *name, fn12 *real, u64 a, u64 b, u64 c, u64 d,
 API u64 __cudaLaunchKernel(u64 a, u64 b, u64 c, u64 d, u64 e, u64 f, u64 g, u64 h, u64 i, u64 j, u64 k, u64 l)
 {
     static fn12 real;
-    return stub_launch("__cudaLaunchKernel", &real, a, b, c, d, e, f, g, h, i, j, k, l);
+    return stub_launch("__cudaLaunchKernel", &real, a, b, c, d, e, f, g, h, i, j, k, l, 0);
 }
 
 API u64 __cudaLaunchKernel_ptsz(u64 a, u64 b, u64 c, u64 d, u64 e, u64 f, u64 g, u64 h, u64 i, u64 j, u64 k, u64 l)
 {
     static fn12 real;
-    return stub_launch("__cudaLaunchKernel_ptsz", &real, a, b, c, d, e, f, g, h, i, j, k, l);
+    return stub_launch("__cudaLaunchKernel_ptsz", &real, a, b, c, d, e, f, g, h, i, j, k, l, 1);
 }
 
 API cudaError_t cudaLaunchKernel_ptsz(const void *f, dim3 g, dim3 b, void **args, size_t smem, cudaStream_t s)
@@ -1855,7 +2156,7 @@ API cudaError_t cudaLaunchKernel_ptsz(const void *f, dim3 g, dim3 b, void **args
         real = (launch_plain_t)next_sym("cudaLaunchKernel_ptsz");
     if (!real)
         return 1;
-    return launch_plain(real, f, g, b, args, smem, s);
+    return launch_plain(real, f, g, b, args, smem, s, 1);
 }
 
 /* Everything else that enqueues work, synchronises or touches memory: barrier, then the real

@@ -58,6 +58,8 @@ PY
       [ "$c" = default ] && CA="" || CA="--calibration $c"
       umctl replay "$OUT/$t.parquet" --mode none --json $CA | python3 -c "import json,sys; r=json.load(sys.stdin)[0]; print('PREDICTED $t none ($(basename $c))', round(r['time_s']*1e3,1), 'ms; faults', r['faults'], 'batches', r['fault_batches'], 'stall', round(r['stall_ns']/1e6,1), 'ms')"
     done; done ;;
+  snurhac)   # tracker 8a: gemm/gesummv/stencil over 1/2/4 GPUs under the runtime's grid partitioning vs the simulator
+    timeout -k 5 400 python3 benchmarks/gpu/snurhac_real.py --budget 280 --json "$OUT/snurhac_real.json" 2>&1 | tail -45 ;;
   core)   # CO-RE relocations of the fault-path programs against this machine's live nvidia_uvm BTF
     timeout -k 5 60 python3 tools/core_check.py ;;
   *) echo "unknown section $s" ;;

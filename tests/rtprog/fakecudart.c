@@ -75,6 +75,18 @@ API int cuMemAllocManaged(uint64_t *p, size_t n, unsigned flags)
     return 0;
 }
 
+/* cuMemAdvise_v2(ptr, n, advice, CUmemLocation {type, id}): counted per advice (1 set / 2 unset
+   READ_MOSTLY) */
+API int fake_advises[8];
+typedef struct { int type, id; } fake_location;
+API int cuMemAdvise_v2(uint64_t p, size_t n, int advice, fake_location loc)
+{
+    (void)p, (void)n, (void)loc;
+    if (advice >= 0 && advice < 8)
+        __sync_fetch_and_add(&fake_advises[advice], 1);
+    return 0;
+}
+
 API int cuMemFree_v2(uint64_t p)
 {
     free((void *)(uintptr_t)p);
@@ -137,7 +149,6 @@ static pthread_mutex_t ce_mu = PTHREAD_MUTEX_INITIALIZER;
 static struct ce { void *d; const void *s; size_t n; void *stream; unsigned long seq; } ceq[1024];
 static int n_ceq;
 static unsigned long ce_seq;
-struct fake_event { void *stream; unsigned long seq; };
 API int fake_deferred_copies;
 
 /* run the queued copies of @stream (NULL: all) up to @seq */
@@ -176,31 +187,83 @@ API int cudaMemcpyAsync(void *d, const void *s, size_t n, int kind, void *st)
 API int cudaMemset(void *d, int v, size_t n) { memset(d, v, n); return 0; }
 
 typedef struct { unsigned x, y, z; } dim3;
-static int launch(const void *f, void **args, void *stream)
+
+/* Several fake GPUs (FAKE_DEVICES, default 1) with a per-thread current device, streams and
+   events that belong to the device current at their creation, and the rules of the real runtime
+   that SnuRHAC partitioning must respect: a launch goes to a stream of the current device, an
+   event is recorded on a stream of its own device; a stream may wait on any device's event.
+   Every device-side call is appended to a log (fake_log_text) so a test sees the order. The
+   kernel running now can read fake_cur_device and fake_cur_grid. */
+struct fake_stream { int id, dev; };
+struct fake_event { void *stream; unsigned long seq; int id, dev; };
+static __thread int cur_dev;
+API __thread int fake_cur_device;
+API __thread dim3 fake_cur_grid;
+static int n_streams, n_events;
+static char fake_log[1 << 16];
+static size_t fake_log_len;
+static pthread_mutex_t log_mu = PTHREAD_MUTEX_INITIALIZER;
+#include <stdarg.h>
+#include <stdio.h>
+static void logf_(const char *fmt, ...)
 {
+    va_list ap;
+    pthread_mutex_lock(&log_mu);
+    va_start(ap, fmt);
+    if (fake_log_len < sizeof fake_log - 128)
+        fake_log_len += vsnprintf(fake_log + fake_log_len, sizeof fake_log - fake_log_len, fmt, ap);
+    va_end(ap);
+    pthread_mutex_unlock(&log_mu);
+}
+API const char *fake_log_text(void) { return fake_log; }
+API void fake_log_clear(void) { fake_log_len = 0; fake_log[0] = 0; }
+static int n_devices(void) { const char *v = getenv("FAKE_DEVICES"); return v ? atoi(v) : 1; }
+/* legacy default stream (NULL) and cudaStreamPerThread (0x2) belong to the current device */
+static int stream_dev(void *s) { return s && s != (void *)0x2 ? ((struct fake_stream *)s)->dev : cur_dev; }
+static int stream_id(void *s) { return !s ? 0 : s == (void *)0x2 ? -2 : ((struct fake_stream *)s)->id; }
+
+static int launch(const void *f, dim3 g, void **args, void *stream)
+{
+    if (stream_dev(stream) != cur_dev)
+        return (last_error = 400);   /* cudaErrorInvalidResourceHandle */
     ce_run(stream, 0, ~0ul);   /* a stream runs in order: its queued copies first */
-    fake_launches++;
+    __sync_fetch_and_add(&fake_launches, 1);
+    Dl_info di;
+    logf_("launch %s dev=%d stream=%d grid=%u,%u,%u\n", dladdr(f, &di) && di.dli_sname ? di.dli_sname : "?", cur_dev,
+          stream_id(stream), g.x, g.y, g.z);
+    fake_cur_device = cur_dev, fake_cur_grid = g;
     ((kernel_fn)f)(args);
     return 0;
 }
 API int cudaLaunchKernel(const void *f, dim3 g, dim3 b, void **args, size_t smem, void *s)
 {
-    (void)g, (void)b, (void)smem;
-    return launch(f, args, s);
+    (void)b, (void)smem;
+    return launch(f, g, args, s);
 }
 
 /* the <<<>>> stub's entry point of CUDA >= 12.8 */
 API int __cudaLaunchKernel(const void *f, dim3 g, dim3 b, void **args, size_t smem, void *s)
 {
-    (void)g, (void)b, (void)smem;
-    return launch(f, args, s);
+    (void)b, (void)smem;
+    return launch(f, g, args, s);
 }
 typedef struct { dim3 grid, block; size_t smem; void *stream; void *attrs; unsigned nattrs; } launch_config;
 API int cudaLaunchKernelExC(const launch_config *c, const void *f, void **args)
 {
     /* an internal call, as in libcudart: not through the exported (interposed) symbol */
-    return launch(f, args, c->stream);
+    return launch(f, c->grid, args, c->stream);
 }
+API int cudaStreamWaitEvent(void *s, void *e, unsigned flags)
+{
+    (void)flags;
+    if (!e)
+        return (last_error = 400);
+    logf_("wait stream=%d event=%d\n", stream_id(s), ((struct fake_event *)e)->id);
+    return 0;
+}
+API int cudaGetDeviceCount(int *n) { *n = n_devices(); return 0; }
+API int cudaDeviceCanAccessPeer(int *can, int d, int p) { *can = d != p; return 0; }
+API int cudaDeviceEnablePeerAccess(int p, unsigned flags) { (void)flags; logf_("peer %d->%d\n", cur_dev, p); return 0; }
 
 API int cudaFuncGetName(const char **name, const void *f)
 {
@@ -226,20 +289,43 @@ API int cudaDeviceGetAttribute(int *v, int attr, int dev)
     *v = attr == 89 ? !getenv("FAKE_NO_CONCURRENT") : 0;
     return 0;
 }
-API int cudaGetDevice(int *d) { *d = 0; return 0; }
-API int cudaSetDevice(int d) { (void)d; return 0; }
+API int cudaGetDevice(int *d) { *d = cur_dev; return 0; }
+API int cudaSetDevice(int d)
+{
+    if (d < 0 || d >= n_devices())
+        return (last_error = 101);   /* cudaErrorInvalidDevice */
+    cur_dev = d;
+    return 0;
+}
 API int cudaGetLastError(void) { int e = last_error; last_error = 0; return e; }
-API int cudaEventCreateWithFlags(void **e, unsigned f) { (void)f; *e = calloc(1, sizeof(struct fake_event)); return 0; }
+API int cudaEventCreateWithFlags(void **e, unsigned f)
+{
+    (void)f;
+    struct fake_event *ev = calloc(1, sizeof(struct fake_event));
+    ev->id = __sync_add_and_fetch(&n_events, 1), ev->dev = cur_dev;
+    *e = ev;
+    return 0;
+}
 API int cudaEventRecord(void *e, void *s)
 {
     struct fake_event *ev = e;
+    if (ev->dev != stream_dev(s))
+        return (last_error = 400);
+    logf_("record event=%d stream=%d\n", ev->id, stream_id(s));
     pthread_mutex_lock(&ce_mu);
     ev->stream = s, ev->seq = ce_seq;
     pthread_mutex_unlock(&ce_mu);
     return 0;
 }
 API int cudaEventSynchronize(void *e) { struct fake_event *ev = e; ce_run(ev->stream, 0, ev->seq); return 0; }
-API int cudaStreamCreateWithFlags(void **s, unsigned f) { (void)f; *s = malloc(8); return 0; }
+API int cudaStreamCreateWithFlags(void **s, unsigned f)
+{
+    (void)f;
+    struct fake_stream *st = calloc(1, sizeof *st);
+    st->id = __sync_add_and_fetch(&n_streams, 1), st->dev = cur_dev;
+    *s = st;
+    return 0;
+}
 API int cudaStreamIsCapturing(void *s, int *st) { (void)s; *st = 0; return 0; }
 API int cudaStreamSynchronize(void *s) { ce_run(s, 0, ~0ul); return 0; }
 API int cudaDeviceSynchronize(void) { ce_run(NULL, 1, ~0ul); return 0; }

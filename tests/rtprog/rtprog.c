@@ -26,6 +26,11 @@ int cudaDeviceSynchronize(void);
 int cudaPointerGetAttributes(void *, const void *);
 int fake_driver_launch(const void *, void **);
 extern int fake_device_allocs, fake_managed_allocs, fake_copies, fake_launches;
+int cudaGetDevice(int *);
+extern __thread int fake_cur_device;
+extern __thread dim3 fake_cur_grid;
+const char *fake_log_text(void);
+void fake_log_clear(void);
 
 #define MB ((size_t)1 << 20)
 enum { H2D = 1, D2H = 2 };
@@ -64,15 +69,104 @@ static int type_of(const void *p)
     return attr[0];
 }
 
+/* SnuRHAC convention (runtime/umctl_snurhac.h), by hand in C: the kernels' names are the
+   mangled names nvcc would give `part_kern(umctl_part_t, unsigned*, int*, const unsigned*)` and
+   `plain_kern(unsigned*, int*)`. A "thread block" here is one iteration over the launch grid. */
+struct umctl_part { unsigned off[3], grid[3], ro_mask, magic; };
+void part_kern(void **args) __asm__("_Z9part_kern12umctl_part_tPjPiPKj");
+void part_kern(void **args)
+{
+    struct umctl_part p = *(struct umctl_part *)args[0];
+    unsigned *hits = *(unsigned **)args[1];
+    int *owner = *(int **)args[2];
+    dim3 g = fake_cur_grid;
+    for (unsigned z = 0; z < g.z; z++)
+        for (unsigned y = 0; y < g.y; y++)
+            for (unsigned x = 0; x < g.x; x++) {
+                unsigned gx = x + p.off[0], gy = y + p.off[1], gz = z + p.off[2];
+                if (gx >= p.grid[0] || gy >= p.grid[1] || gz >= p.grid[2])
+                    continue;
+                size_t t = gx + (size_t)p.grid[0] * (gy + (size_t)p.grid[1] * gz);
+                hits[t]++;
+                owner[t] = fake_cur_device;
+            }
+}
+void plain_kern(void **args) __asm__("_Z10plain_kernPjPi");
+void plain_kern(void **args)
+{
+    unsigned *hits = *(unsigned **)args[0];
+    int *owner = *(int **)args[1];
+    dim3 g = fake_cur_grid;
+    for (size_t t = 0; t < (size_t)g.x * g.y * g.z; t++)
+        hits[t]++, owner[t] = fake_cur_device;
+}
+
+static void print_int_list(const char *key, const int *v, size_t n)
+{
+    printf("\"%s\": [", key);
+    for (size_t i = 0; i < n; i++)
+        printf("%s%d", i ? ", " : "", v[i]);
+    printf("]");
+}
+
+/* rtprog part GX GY GZ [plain|nomagic]: one partitionable launch (twice: first marking `in`
+   read-only, then not), or a kernel without the convention, or with the convention but no
+   magic; prints which device ran each block, how often, the fake's log and the device after. */
+static int part(int argc, char **argv)
+{
+    if (argc < 5)
+        return 2;
+    dim3 g = {(unsigned)atoi(argv[2]), (unsigned)atoi(argv[3]), (unsigned)atoi(argv[4])};
+    const char *variant = argc > 5 ? argv[5] : "part";
+    size_t n = (size_t)g.x * g.y * g.z;
+    void *hits, *owner, *in;
+    if (cudaMalloc(&hits, n * 4) || cudaMalloc(&owner, n * 4) || cudaMalloc(&in, n * 4))
+        return 1;
+    memset(hits, 0, n * 4);
+    memset(owner, 0xff, n * 4);
+    dim3 b = {16, 16, 1};
+    fake_log_clear();
+    int rc = 0;
+    if (!strcmp(variant, "plain")) {
+        void *args[2] = {&hits, &owner};
+        rc = cudaLaunchKernel((void *)plain_kern, g, b, args, 0, NULL);
+    } else {
+        struct umctl_part p = {{0, 0, 0}, {g.x, g.y, g.z}, 1u << 3, strcmp(variant, "nomagic") ? 0x54504d55u : 0};
+        void *args[4] = {&p, &hits, &owner, &in};
+        rc = cudaLaunchKernel((void *)part_kern, g, b, args, 0, NULL);
+        int *own = owner;
+        int first[4096];
+        memcpy(first, own, (n < 4096 ? n : 4096) * 4);
+        p.ro_mask = 0;   /* a second kernel writing `in` (as far as the runtime knows) */
+        rc |= __cudaLaunchKernel((void *)part_kern, g, b, args, 0, NULL) << 8;   /* the <<<>>> stub's path */
+        memcpy(owner, first, (n < 4096 ? n : 4096) * 4);
+        if (p.off[0] || p.off[1] || p.off[2] || p.ro_mask)
+            rc |= 1 << 16;   /* the caller's argument must be as it was */
+    }
+    int dev = -1;
+    cudaGetDevice(&dev);
+    printf("RESULT {\"rc\": %d, \"dev_after\": %d, ", rc, dev);
+    print_int_list("owner", owner, n);
+    printf(", ");
+    print_int_list("hits", (int *)hits, n);
+    printf(", \"log\": \"");
+    for (const char *c = fake_log_text(); *c; c++)
+        printf(*c == '\n' ? "\\n" : "%c", *c);
+    printf("\"}\n");
+    return 0;
+}
+
 static void register_params(void)
 {
     const char *path = getenv("FAKE_LIBCUDA");
     void *h = path ? dlopen(path, RTLD_NOW | RTLD_GLOBAL) : NULL;
     void (*set)(void *, int, const size_t *) = h ? (void (*)(void *, int, const size_t *))dlsym(h, "fake_set_params") : NULL;
-    size_t four[4] = {8, 8, 8, 8}, two[2] = {8, 8};
+    size_t four[4] = {8, 8, 8, 8}, two[2] = {8, 8}, pk[4] = {32, 8, 8, 8};
     if (set) {
         set((void *)vec_add, 4, four);
         set((void *)sum_bytes, 2, two);
+        set((void *)part_kern, 4, pk);
+        set((void *)plain_kern, 2, two);
     }
 }
 
@@ -236,5 +330,7 @@ int main(int argc, char **argv)
         return allocator();
     if (!strcmp(mode, "driver-alloc"))
         return driver_alloc();
+    if (!strcmp(mode, "part"))
+        return part(argc, argv);
     return 2;
 }

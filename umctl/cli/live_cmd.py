@@ -332,22 +332,70 @@ def _attach(pid: int, kinds: str, ring_entries: int, flush_ms: float | None,
     return UvmToolsSource(pid, kind_set, ring_entries=ring_entries, flush_ms=flush_ms, sample=sample).start()
 
 
+def gpus_present() -> int:
+    """GPUs this process could use, without touching CUDA: the driver's /proc entries (or
+    nvidia-smi), limited by CUDA_VISIBLE_DEVICES."""
+    import os
+    from pathlib import Path
+
+    d = Path("/proc/driver/nvidia/gpus")
+    n = len(list(d.iterdir())) if d.is_dir() else 0
+    if not n:
+        try:
+            r = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=20)
+            n = sum(1 for ln in r.stdout.splitlines() if ln.startswith("GPU "))
+        except (OSError, subprocess.SubprocessError):
+            n = 0
+    vis = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if vis is not None:
+        n = min(n, len([v for v in vis.split(",") if v.strip()]))
+    return n
+
+
+def check_snurhac(mode: str, gpus: int | None, *, live_run: bool) -> int:
+    """The live SnuRHAC variants and their --gpus, checked before anything starts; returns the
+    GPU count. Static prefetching needs the compiler's per-thread-block access ranges (MAPA),
+    which a live program does not hand over, so the -sp variants stay on replay."""
+    if "-sp" in mode:
+        raise UmctlError(f"{mode} prefetches from the compiler's access ranges, which a live program does not give "
+                         "umctl: use --mode snurhac or snurhac-dp live, or umctl replay mgpu-gemm --mode " + mode)
+    if mode not in ("snurhac", "snurhac-dp"):
+        raise UmctlError(f"unknown SnuRHAC variant {mode!r} (live: snurhac, snurhac-dp)")
+    if not live_run:
+        raise UmctlError("snurhac partitions the program's kernels inside the program, so it must start under umctl: "
+                         f"umctl run --mode {mode} --gpus N -- CMD")
+    if gpus is None:
+        raise UmctlError(f"--mode {mode} needs --gpus N (the GPUs to spread the program over)")
+    if gpus < 1:
+        raise UmctlError(f"--gpus must be 1 or more (got {gpus})")
+    have = gpus_present()
+    if gpus > have:
+        raise UmctlError(f"--gpus {gpus} but this machine has {have} GPU{'s' if have != 1 else ''}")
+    return gpus
+
+
 class ControlSpec:
     """What ``--mode/--budget/-O`` asked for, checked before attaching (a typo must not cost
     an attach), turned into a running :class:`~umctl.live.control.LiveControl` once the
     source is attached."""
 
     def __init__(self, mode: str | None, budget: str | None, options: list[str] | None, degree: int | None,
-                 spare_gpus: int, rate: str | None):
+                 spare_gpus: int, rate: str | None, gpus: int | None = None, live_run: bool = False):
         from ..controller.base import make_controller
         from ..sim.replay import parse_mode_options
         from ..units import parse_size
 
         self.mode = mode or "none"
         self.label = self.mode
+        self.gpus: int | None = None
         if self.mode.startswith("snurhac"):
-            raise UmctlError("snurhac partitions kernel grids over GPUs inside the program, which the live runtime "
-                             "does not do yet: try it on replay (umctl replay mgpu-gemm --mode snurhac-sp-dp)")
+            # Live SnuRHAC: the runtime partitions the grids (UMCTL_RT_GPUS); the controller sees
+            # the faults of every GPU (descriptors, and with -dp dynamic prefetching)
+            self.gpus = check_snurhac(self.mode, gpus, live_run=live_run)
+            if budget or spare_gpus:
+                raise UmctlError("--mode snurhac takes no --budget/--spare-gpus (the program fits in one GPU)")
+        elif gpus is not None:
+            raise UmctlError("--gpus is for --mode snurhac / snurhac-dp (the GPUs to spread the program over)")
         if self.mode.startswith("hum"):
             raise UmctlError("hum changes how the program copies, so it must start under umctl: "
                              "umctl run --mode hum -- CMD")
@@ -390,6 +438,12 @@ class ControlSpec:
             raise UmctlError(f"mode {self.mode} needs kernel-launch events and the launch probe is unavailable "
                              "(see the message above; docs/launch-probes.md)")
         gpus = src.gpus or [{"gpu": 0, "memory_bytes": None}]
+        if self.gpus is not None:
+            # SnuRHAC's controller keeps per-GPU tables for every GPU the program is spread over,
+            # including those the target has not registered with UVM yet
+            mem = next((g.get("memory_bytes") for g in gpus if g.get("memory_bytes")), None)
+            gpus = [dict(g, memory_bytes=g.get("memory_bytes") or mem) for g in gpus]
+            gpus += [{"gpu": i, "memory_bytes": mem} for i in range(len(gpus), self.gpus)]
         act = src.actuator(max_bytes_per_s=float(self.rate))
         try:
             return LiveControl(self.controller, act, pid=src.pid, gpus=gpus, budget_bytes=self.budget,
@@ -562,6 +616,8 @@ def run_command(
                                  "so the program can use more memory than the GPU has."),
     hum: bool = typer.Option(False, "--hum", help="Runtime: host-to-device cudaMemcpy(Async) become HUM's asynchronous "
                              "chunked migrations with write-protected sources (same as --mode hum)."),
+    gpus: Optional[int] = typer.Option(None, "--gpus", help="--mode snurhac/snurhac-dp: spread the program's "
+                                       "partitionable kernels (runtime/umctl_snurhac.h) over GPUs 0..N-1."),
 ) -> None:
     """Start a program and record or control it from its first CUDA use; exits with its status.
 
@@ -576,6 +632,8 @@ def run_command(
       [bold]umctl run --mode deepum --budget 8GiB --runtime --managed -- python3 train.py[/bold]
 
       [bold]umctl run --mode hum -- ./app[/bold]   (HUM: copies overlap host work; results unchanged)
+
+      [bold]umctl run --mode snurhac-dp --gpus 4 -- ./gemm[/bold]   (SnuRHAC: one program over 4 GPUs)
     """
     if not cmd:
         raise UmctlError("no program given (umctl run -o trace.parquet -- CMD ...)")
@@ -586,8 +644,14 @@ def run_command(
         # HUM is a runtime mechanism (the program's copies change): nothing to steer, unless
         # a budget is asked for too
         hum, mode = True, None
-    control = (ControlSpec(mode, budget, option, degree, spare_gpus, rate)
-               if (mode or budget or option or degree is not None or spare_gpus or rate) else None)
+    control = (ControlSpec(mode, budget, option, degree, spare_gpus, rate, gpus, live_run=True)
+               if (mode or budget or option or degree is not None or spare_gpus or rate or gpus is not None) else None)
+    rt_extra: dict[str, str] = {}
+    if control is not None and control.gpus is not None:
+        # SnuRHAC's runtime: cudaMalloc becomes managed memory that every GPU reaches, and the
+        # runtime partitions the convention's kernels over the GPUs
+        runtime = managed = True
+        rt_extra["gpus"] = str(control.gpus)
     if output is None and control is None and not (hum or runtime or managed):
         raise UmctlError("nothing to do: give -o TRACE to record, --mode/--budget to control, "
                          "--runtime/--managed/--hum to run under the runtime, or several")
@@ -602,7 +666,8 @@ def run_command(
         starts = control is not None
         rt_source = RuntimeSource(kernel_starts=starts)
         rt_source.start()
-        env = child_env(socket=rt_source.path, managed=managed, hum=hum, **({"track_end": "1"} if starts else {}))
+        env = child_env(socket=rt_source.path, managed=managed, hum=hum, **({"track_end": "1"} if starts else {}),
+                        **rt_extra)
     try:
         child = subprocess.Popen(cmd, env=env)
     except OSError as e:
@@ -624,6 +689,7 @@ def run_command(
         stats, st, reason = _observe(src, command="run", duration=duration, output=output, interval=1.0,
                                      launches=launches, live=not quiet, child=child,
                                      extra_meta={"command": cmd, "mode": "hum" if hum else (control.mode if control else None),
+                                                 "gpus": control.gpus if control else None,
                                                  "runtime": {"managed": managed, "hum": hum} if rt_source else None},
                                      control=control, launch_source=rt_source)
         _print_summary("run", stats, st, reason)

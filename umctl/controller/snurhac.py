@@ -379,6 +379,11 @@ class SnuRHACController(Controller):
         super().attach(ctx)
         self.desc = BlockDescriptors(ctx.n_gpus)
         self._ro_blocks: set[int] = set()
+        # Live there is no prepare(): the runtime sets the read-only advice in-process from the
+        # convention's ro_mask (runtime/umctl_snurhac.h) and the controller is not told, so a
+        # block no GPU has written yet stands in for a flagged one (its descriptor's write
+        # masks are empty: every copy of it is a read copy, which is what the flag promises)
+        self.live = bool(ctx.options.get("live", False))
 
     def on_events(self, batch: EventBatch) -> np.ndarray | None:
         out: list[np.ndarray] = []
@@ -407,6 +412,10 @@ class SnuRHACController(Controller):
                 self.desc.read_only.difference_update(blocks)
 
     def _faults(self, f: np.ndarray) -> list[np.ndarray]:
+        # live, a GPU the program was not spread over may still report faults: not ours to track
+        f = f[(f["gpu"] >= 0) & (f["gpu"] < self.desc.nodes)]
+        if len(f) == 0:
+            return []
         self.st["faults"] += len(f)
         page = f["addr"].astype(np.int64) >> PAGE_SHIFT
         block = page >> (BLOCK_SHIFT - PAGE_SHIFT)
@@ -428,7 +437,7 @@ class SnuRHACController(Controller):
         adj: set[tuple[int, int]] = set()
         corr: dict[int, list[int]] = {}
         for g, p, b in zip(gpu.tolist(), page.tolist(), block.tolist()):
-            if b in ro:
+            if b in ro or (self.live and not self.desc.write[b].any()):
                 adj.add((g, b))            # adjacent pages: the faulted page's whole block
                 continue
             t = self.tables.get(g)
