@@ -129,10 +129,11 @@ def test_cli_refuses_sampling_a_trace_or_a_controller(fake_io, capsys, tmp_path)
     assert rc != 0 and "--sample must be in (0, 1]" in err
 
 
-def test_attach_view_samples_by_default_and_says_so(fake_io, capsys):
+def test_attach_sample_option_says_so(fake_io, capsys):
     drv = fake_io
     drv.pending.append(gpu_faults(300, batch=1))
-    rc, out, err = run_cli(capsys, "attach", "--pid", str(PID), "--no-launches", "--duration", "0.4")
+    rc, out, err = run_cli(capsys, "attach", "--pid", str(PID), "--no-launches", "--duration", "0.4",
+                           "--sample", "10%")
     assert rc == 0, err
     assert "sampling     events and counters collected" in out
     assert "GPU faults   0 in" not in out       # the one window's 300 faults, scaled up

@@ -43,9 +43,9 @@ PY
   sampling)   # the live view, sampled (default) and every event, on the same running loop
     python3 tests/gpu/wl_torch.py --steps 400 > "$OUT/wl_sampling.log" 2>&1 & P=$!
     for i in $(seq 60); do grep -q "^STEP 3 " "$OUT/wl_sampling.log" && break; sleep 0.5; done   # in the loop, not in torch's start-up
-    timeout -k 5 30 umctl attach --pid $P --duration 4 2>&1 | tail -14
+    timeout -k 5 30 umctl attach --pid $P --duration 4 --sample 10% 2>&1 | tail -14
     timeout -k 5 30 umctl attach --pid $P --duration 4 --sample 1 2>&1 | tail -14
-    timeout -k 5 30 umctl top --once --pid $P --interval 2 2>&1 | tail -8
+    timeout -k 5 30 umctl top --once --pid $P --interval 2 --sample 10% 2>&1 | tail -8
     kill $P 2>/dev/null; wait $P 2>/dev/null ;;
   replay)
     timeout -k 5 90 umctl run -q -o "$OUT/sweep.parquet" -- python3 tests/gpu/wl_sweep.py --mib 1024 --passes 4 | grep DONE | sed 's/^/MEASURED sweep /'

@@ -290,22 +290,17 @@ SOURCE_HELP = ("Where events come from: uvmtools (the UVM tools API; works every
                "commands then go through the umctl kernel module).")
 
 
-#: ``--sample auto`` for a view only (no trace, no controller): events this fraction of the time.
-VIEW_SAMPLE = 0.1
-SAMPLE_HELP = ("Collect events and counters only this fraction of the time (e.g. 0.1 or 10%; 1 = every event): "
-               "while attached, the driver slows every CPU and GPU fault, so a view samples. Totals are estimates, "
-               "top kernels/blocks rankings of the sample. "
-               "Default 'auto': 10% when only viewing, every event with -o or --mode (a trace must replay "
-               "and a controller must see every fault).")
+SAMPLE_HELP = ("Collect events and counters only this fraction of the time (e.g. 0.1 or 10%; default 1 = every "
+               "event): a view then costs umctl ~10x fewer events to decode; totals become estimates and top "
+               "kernels/blocks rankings of the sample. Measured on the H100, it does not lower the target's slowdown "
+               "(docs/live.md). Not with -o or --mode: a trace must replay and a controller must see every fault.")
 
 
 def _resolve_sample(sample: str, *, recording: bool, control: bool) -> float:
-    """``auto`` -> sampled view, full collection when recording or controlling; an explicit
-    fraction below 1 together with -o or --mode is refused (it would lose data silently)."""
+    """The ``--sample`` fraction; below 1 together with -o or --mode is refused (it would
+    lose data silently)."""
     from ..sources.uvmtools.sampling import parse_sample
 
-    if sample.strip().lower() == "auto":
-        return 1.0 if (recording or control) else VIEW_SAMPLE
     v = parse_sample(sample)
     if v < 1 and (recording or control):
         raise UmctlError("--sample below 1 is for viewing only: a trace (-o) or a controller (--mode) needs "
@@ -510,7 +505,7 @@ def attach_command(
     spare_gpus: int = typer.Option(0, "--spare-gpus", help="Evict over the budget into this many neighbour GPUs' memory instead of the host."),
     rate: Optional[str] = typer.Option(None, "--rate", help="Cap on the data umctl itself moves, per second (e.g. 20GB)."),
     source: str = typer.Option("uvmtools", "--source", help=SOURCE_HELP),
-    sample: str = typer.Option("auto", "--sample", help=SAMPLE_HELP),
+    sample: str = typer.Option("1", "--sample", help=SAMPLE_HELP),
 ) -> None:
     """Observe a running process's Unified Memory live, and with --mode control it.
 
@@ -527,7 +522,7 @@ def attach_command(
 
       [bold]sudo umctl attach --pid 4242 --mode none --budget 8GiB[/bold]   (LRU baseline)
 
-      [bold]sudo umctl attach --pid 4242 --sample 1[/bold]   (every event, at the cost in docs/live.md)
+      [bold]sudo umctl attach --pid 4242 --sample 10%[/bold]   (events 10% of the time: estimates)
     """
     from .main import check_output_path
 
@@ -718,7 +713,7 @@ def top_command(
     kinds: str = typer.Option("default", "--kinds", "-k", help=KINDS_HELP),
     sort: str = typer.Option("faults", "--sort", "-s", help="Sort by faults, batches, h2d, d2h, thrashing, cpu_faults or pid."),
     launches: bool = typer.Option(True, "--launches/--no-launches", help="Kernel launches (top kernels) through the BPF probe."),
-    sample: str = typer.Option("auto", "--sample", help=SAMPLE_HELP),
+    sample: str = typer.Option("1", "--sample", help=SAMPLE_HELP),
 ) -> None:
     """Live per-process view of every process using CUDA Unified Memory (like htop / nvtop).
 

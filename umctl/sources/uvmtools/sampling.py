@@ -1,14 +1,18 @@
 """Time-sampled collection: the tracker's events and counters on for ``on_ms`` of every ``period_ms``.
 
-Why: while any tools event or counter is enabled on a va_space, the driver (580) makes every
-CPU fault wait for its tools kthread queue (``uvm_va_space_cpu_fault`` calls
-``uvm_tools_flush_events``) and runs a tools callback on every GPU fault. On a fault-heavy
-PyTorch loop that cost +10..16 % step time on the H100 with every event *and* with the
-counters alone (docs/live.md), so it is the attachment, not our drain, that costs. A view that
-wants rates and rankings (faults/s, top kernels, top blocks) does not need every event: in a
-10 % duty cycle the driver runs tool-free 90 % of the time, and totals are the windows' counts
-over the measured on-time -- the trade a sampling profiler makes. Recording and control never
-sample: a trace must replay and a controller must see every fault.
+Why it exists: while any tools event or counter is enabled on a va_space, the driver (580)
+makes every CPU fault wait for its tools kthread queue (``uvm_va_space_cpu_fault`` calls
+``uvm_tools_flush_events``) and runs a tools callback on every GPU fault, and we decode every
+event. A view that wants rates and rankings (faults/s, top kernels, top blocks) does not need
+every event: in a 10 % duty cycle the driver runs tool-free 90 % of the time, umctl decodes a
+tenth of the events, and totals are the windows' counts over the measured on-time -- the trade
+a sampling profiler makes.
+
+What it did not do (H100, fault-heavy PyTorch loop, docs/live.md): lower the target's slowdown.
+Every event, counters alone and a 10 % sample all cost about +12 % there, so that cost is
+something fixed about being attached, not per-event work; sampling therefore is an option
+(``--sample``), not the default. Recording and control never sample: a trace must replay and a
+controller must see every fault.
 
 The sampler is ticked by the drain thread (every ``drain_ms``), so window edges are accurate
 to a couple of milliseconds; ``fraction`` is the measured on-time over the elapsed time, which

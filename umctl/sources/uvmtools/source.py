@@ -205,8 +205,7 @@ class UvmToolsSource:
                 # Events AND counters: the driver's va_space "tools enabled" state is on while
                 # either is, and in that state every CPU fault waits for the tools kthread
                 # queue (uvm_va_space_cpu_fault -> uvm_tools_flush_events) and every GPU fault
-                # runs the tools callback. Counters alone cost as much as every event (H100,
-                # docs/live.md), so a sampled view turns both off between windows.
+                # runs the tools callback; between windows the driver is tool-free.
                 req = abi.UVM_TOOLS_EVENT_QUEUE_ENABLE_EVENTS if on else abi.UVM_TOOLS_EVENT_QUEUE_DISABLE_EVENTS
                 st = self.io.ioctl(tools_fd, req, abi.U64Params(value=mask))
                 if st == abi.NV_OK and self._counters_fd >= 0:
