@@ -40,7 +40,7 @@ PY
   tenants) [ "$NGPU" -ge 2 ] && timeout -k 5 420 python3 benchmarks/gpu/harvest_tenants.py --json "$OUT/tenants.json" 2>&1 | tail -40 || echo "needs 2 GPUs" ;;
   kill) timeout -k 5 120 bash tests/gpu/kill_test.sh 2>&1 | grep -v "^tests/gpu" ;;
   overhead) timeout -k 5 ${OVERHEAD_S:-420} python3 tests/gpu/bench_torch_overhead.py "$OUT" --steps 40 --reps ${REPS:-2} ${ONLY:+--only "$ONLY"} ;;
-  sampling)   # the live view, sampled (default) and every event, on the same running loop
+  sampling)   # the live view, sampled (--sample 10%) and every event, on the same running loop
     python3 tests/gpu/wl_torch.py --steps 400 > "$OUT/wl_sampling.log" 2>&1 & P=$!
     for i in $(seq 60); do grep -q "^STEP 3 " "$OUT/wl_sampling.log" && break; sleep 0.5; done   # in the loop, not in torch's start-up
     timeout -k 5 30 umctl attach --pid $P --duration 4 --sample 10% 2>&1 | tail -14
