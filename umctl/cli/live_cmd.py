@@ -437,6 +437,12 @@ class ControlSpec:
             # SnuRHAC's controller keeps per-GPU tables for every GPU the program is spread over,
             # including those the target has not registered with UVM yet
             mem = next((g.get("memory_bytes") for g in gpus if g.get("memory_bytes")), None)
+            if mem is None:
+                # the target registers its GPUs with UVM only as it creates contexts, so at
+                # attach time there may be none yet: the machine's GPUs say how big they are
+                from ..sources.uvmtools.process import nvidia_smi_gpus
+
+                mem = next((g["memory_bytes"] for g in nvidia_smi_gpus() if g.get("memory_bytes")), None)
             gpus = [dict(g, memory_bytes=g.get("memory_bytes") or mem) for g in gpus]
             gpus += [{"gpu": i, "memory_bytes": mem} for i in range(len(gpus), self.gpus)]
         act = src.actuator(max_bytes_per_s=float(self.rate))
