@@ -1911,10 +1911,30 @@ static int mem_advise(uintptr_t p, size_t n, int advice, int dev)
    (cuFuncGetParamInfo) to know which arguments are pointers. Called under part_mu. */
 static void part_read_only(struct finfo *fi, void **args, unsigned mask, int dev)
 {
-    if (!cfg_ro || !fi || fi->nparams <= 1 || !fi->sizes)
+    if (!cfg_ro || !fi)
         return;
-    for (int i = 1; i < fi->nparams && i < 32; i++) {
-        if (fi->sizes[i] != sizeof(void *) || !args[i])
+    /* Without parameter sizes (no cuFuncGetParamInfo for this function), the arguments the
+       program marked read-only are pointers by the convention; unmarked ones are read as
+       pointers only to match an exact flagged base (a non-pointer's bytes never equal one in
+       practice), and only up to the highest marked index + 8 (args has that many entries). */
+    int known = fi->nparams > 1 && fi->sizes;
+    int np = known ? fi->nparams : 0;
+    if (!known) {
+        for (int i = 31; i >= 1; i--)
+            if ((mask >> i) & 1) {
+                np = i + 1;
+                break;
+            }
+    }
+    static int said;
+    if (getenv("UMCTL_RT_DEBUG") && !said) {
+        said = 1;
+        fprintf(stderr, "umctl_rt: read-only advice: %d parameters (%s)\n", np, known ? "sizes known" : "from ro_mask");
+    }
+    for (int i = 1; i < np && i < 32; i++) {
+        if ((known && fi->sizes[i] != sizeof(void *)) || !args[i])
+            continue;
+        if (!known && !((mask >> i) & 1))
             continue;
         size_t n = 0;
         uintptr_t base = alloc_base(*(void **)args[i], &n);
@@ -1924,9 +1944,14 @@ static void part_read_only(struct finfo *fi, void **args, unsigned mask, int dev
         while (k < n_ro && ro_flagged[k] != base)
             k++;
         int flagged = k < n_ro, ro = (mask >> i) & 1;
-        if (ro && !flagged && n_ro < MAX_RO && mem_advise(base, n, 1 /* SET_READ_MOSTLY */, dev) == 0) {
+        int rc = 0;
+        if (ro && !flagged && n_ro < MAX_RO && (rc = mem_advise(base, n, 1 /* SET_READ_MOSTLY */, dev)) == 0) {
             ro_flagged[n_ro++] = base;
             atomic_fetch_add(&st_ro_set, 1);
+        } else if (rc && getenv("UMCTL_RT_DEBUG")) {
+            static int told;
+            if (!told++)
+                fprintf(stderr, "umctl_rt: READ_MOSTLY advice failed (CUresult %d)\n", rc);
         } else if (!ro && flagged) {
             mem_advise(base, n, 2 /* UNSET_READ_MOSTLY */, dev);
             ro_flagged[k] = ro_flagged[--n_ro];
