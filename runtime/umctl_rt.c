@@ -1909,32 +1909,72 @@ static int mem_advise(uintptr_t p, size_t n, int advice, int dev)
 /* §6.4: flag the buffers the kernel only reads, unflag the flagged ones it may write (a pointer
    argument into one of our managed allocations without its ro bit). Needs the parameter sizes
    (cuFuncGetParamInfo) to know which arguments are pointers. Called under part_mu. */
+static void ro_set(uintptr_t base, size_t n, int dev)
+{
+    int rc = mem_advise(base, n, 1 /* SET_READ_MOSTLY */, dev);
+    if (rc == 0) {
+        ro_flagged[n_ro++] = base;
+        atomic_fetch_add(&st_ro_set, 1);
+    } else if (getenv("UMCTL_RT_DEBUG")) {
+        static int told;
+        if (!told++)
+            fprintf(stderr, "umctl_rt: READ_MOSTLY advice failed (CUresult %d)\n", rc);
+    }
+}
+
+static void ro_unset(int k, int dev)
+{
+    size_t n = 0;
+    uintptr_t base = ro_flagged[k];
+    if (alloc_base((void *)base, &n) == base)
+        mem_advise(base, n, 2 /* UNSET_READ_MOSTLY */, dev);
+    ro_flagged[k] = ro_flagged[--n_ro];
+    atomic_fetch_add(&st_ro_unset, 1);
+}
+
 static void part_read_only(struct finfo *fi, void **args, unsigned mask, int dev)
 {
     if (!cfg_ro || !fi)
         return;
-    /* Without parameter sizes (no cuFuncGetParamInfo for this function), the arguments the
-       program marked read-only are pointers by the convention; unmarked ones are read as
-       pointers only to match an exact flagged base (a non-pointer's bytes never equal one in
-       practice), and only up to the highest marked index + 8 (args has that many entries). */
     int known = fi->nparams > 1 && fi->sizes;
-    int np = known ? fi->nparams : 0;
-    if (!known) {
-        for (int i = 31; i >= 1; i--)
-            if ((mask >> i) & 1) {
-                np = i + 1;
-                break;
-            }
-    }
     static int said;
     if (getenv("UMCTL_RT_DEBUG") && !said) {
         said = 1;
-        fprintf(stderr, "umctl_rt: read-only advice: %d parameters (%s)\n", np, known ? "sizes known" : "from ro_mask");
+        fprintf(stderr, "umctl_rt: read-only advice: %s\n", known ? "parameter sizes known" : "from ro_mask only");
     }
-    for (int i = 1; i < np && i < 32; i++) {
-        if ((known && fi->sizes[i] != sizeof(void *)) || !args[i])
-            continue;
-        if (!known && !((mask >> i) & 1))
+    if (!known) {
+        /* Without parameter sizes (no cuFuncGetParamInfo for this function) only the arguments
+           the program marked read-only are known to be pointers (the convention); any other
+           argument might be a pointer the kernel writes through, so every flagged buffer this
+           launch does not mark read-only loses its flag (a written READ_MOSTLY buffer makes
+           every GPU's copy bounce: 100x slower on the stencil over 2 H200s). */
+        uintptr_t keep[32];
+        int nk = 0;
+        for (int i = 1; i < 32; i++) {
+            if (!((mask >> i) & 1) || !args[i])
+                continue;
+            size_t n = 0;
+            uintptr_t base = alloc_base(*(void **)args[i], &n);
+            if (!base)
+                continue;
+            keep[nk++] = base;
+            int k = 0;
+            while (k < n_ro && ro_flagged[k] != base)
+                k++;
+            if (k == n_ro && n_ro < MAX_RO)
+                ro_set(base, n, dev);
+        }
+        for (int k = n_ro - 1; k >= 0; k--) {
+            int kept = 0;
+            for (int j = 0; j < nk; j++)
+                kept |= keep[j] == ro_flagged[k];
+            if (!kept)
+                ro_unset(k, dev);
+        }
+        return;
+    }
+    for (int i = 1; i < fi->nparams && i < 32; i++) {
+        if (fi->sizes[i] != sizeof(void *) || !args[i])
             continue;
         size_t n = 0;
         uintptr_t base = alloc_base(*(void **)args[i], &n);
@@ -1944,19 +1984,10 @@ static void part_read_only(struct finfo *fi, void **args, unsigned mask, int dev
         while (k < n_ro && ro_flagged[k] != base)
             k++;
         int flagged = k < n_ro, ro = (mask >> i) & 1;
-        int rc = 0;
-        if (ro && !flagged && n_ro < MAX_RO && (rc = mem_advise(base, n, 1 /* SET_READ_MOSTLY */, dev)) == 0) {
-            ro_flagged[n_ro++] = base;
-            atomic_fetch_add(&st_ro_set, 1);
-        } else if (rc && getenv("UMCTL_RT_DEBUG")) {
-            static int told;
-            if (!told++)
-                fprintf(stderr, "umctl_rt: READ_MOSTLY advice failed (CUresult %d)\n", rc);
-        } else if (!ro && flagged) {
-            mem_advise(base, n, 2 /* UNSET_READ_MOSTLY */, dev);
-            ro_flagged[k] = ro_flagged[--n_ro];
-            atomic_fetch_add(&st_ro_unset, 1);
-        }
+        if (ro && !flagged && n_ro < MAX_RO)
+            ro_set(base, n, dev);
+        else if (!ro && flagged)
+            ro_unset(k, dev);
     }
 }
 

@@ -94,13 +94,22 @@ def test_budget_evicts_least_recently_migrated_with_slack():
     assert bud.free_memory(0) == (64 - 64 + bud.slack_blocks) * BLOCK_SIZE
 
 
-def test_budget_to_spare_gpus_round_robin():
+def test_budget_to_spare_gpus_round_robin_in_coalescible_runs():
     r = Residency(3)
-    r.arrive(0, range(10), 0)
-    bud = Budget(8 * BLOCK_SIZE, r, dst=[1, 2], slack=0.0)
+    r.arrive(0, list(range(40)) + [100, 101, 200], 0)
+    bud = Budget(3 * BLOCK_SIZE, r, dst=[1, 2], slack=0.0)
     cmds = bud.enforce([0], 1)
+    blocks = (cmds["addr"] >> np.uint64(BLOCK_SHIFT)).astype(np.int64)
     assert sorted(set(cmds["dst"].tolist())) == [1, 2]
     assert r.resident_bytes(1) + r.resident_bytes(2) == len(cmds) * BLOCK_SIZE
+    # runs of contiguous blocks share a destination, at most SPREAD_RUN blocks each: the
+    # actuator coalesces each run into one ioctl
+    order = np.argsort(blocks)
+    b, d = blocks[order], cmds["dst"][order]
+    changes = np.flatnonzero(d[1:] != d[:-1]) + 1
+    runs = np.split(b, changes)
+    assert all(len(x) <= Budget.SPREAD_RUN and (np.diff(x) == 1).all() for x in runs)
+    assert len(runs) >= 3 and len(runs[0]) == Budget.SPREAD_RUN   # 0-15, 16-31, 32-39, ...
 
 
 def test_none_with_budget_is_lru_eviction_only():

@@ -123,6 +123,28 @@ class Budget:
         self.peak_bytes = 0
         self.peak_before = 0
 
+    #: Round-robin unit over several destinations, in 2 MiB blocks: per block, every command
+    #: would be its own 2 MiB ioctl (14,683 ioctls for 14,858 blocks over 3 spare H200s, where
+    #: the host-only run coalesced 13,322 blocks into 817).
+    SPREAD_RUN = 16
+
+    def _spread(self, victims: list[int], dsts: list[int]) -> tuple[list[int], np.ndarray]:
+        """Destinations for the victims: runs of up to SPREAD_RUN address-contiguous blocks
+        go round-robin to ``dsts`` so the actuator can still coalesce each run."""
+        if len(dsts) == 1:
+            return victims, np.full(len(victims), dsts[0], np.int16)
+        v = np.sort(np.asarray(victims, np.int64))
+        new_run = np.ones(len(v), bool)
+        new_run[1:] = np.diff(v) != 1
+        run_id = np.cumsum(new_run) - 1
+        start = np.flatnonzero(new_run)[run_id]
+        piece = run_id * 0 + (np.arange(len(v)) - start) // self.SPREAD_RUN
+        # one id per (run, piece), in address order
+        key = np.cumsum(np.r_[True, (run_id[1:] != run_id[:-1]) | (piece[1:] != piece[:-1])]) - 1
+        dst = np.asarray(dsts, np.int16)[(self._rr + key) % len(dsts)]
+        self._rr += int(key[-1]) + 1 if len(key) else 0
+        return v.tolist(), dst
+
     def free_memory(self, g: int) -> int:
         return max(0, self.nbytes - self.res.resident_bytes(g))
 
@@ -148,8 +170,7 @@ class Budget:
             self.peak_bytes = max(self.peak_bytes, self.res.resident_bytes(g))
             self.enforced_blocks += len(victims)
             dsts = [d for d in self.dst if d != g] or [CPU]
-            dst = np.array([dsts[(self._rr + i) % len(dsts)] for i in range(len(victims))], np.int16)
-            self._rr += len(victims)
+            victims, dst = self._spread(victims, dsts)
             for d in set(dst.tolist()):
                 if d >= 0:
                     self.res.arrive(d, [b for b, x in zip(victims, dst.tolist()) if x == d], now)
