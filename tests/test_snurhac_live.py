@@ -28,9 +28,12 @@ from test_runtime import built  # noqa: F401 - the module-scoped build fixture
 MANGLED = "_Z9part_kern12umctl_part_tPjPiPKj"
 
 
-def run_part(built, grid, gpus: int, devices: int = 4, variant: str = "part") -> tuple[dict, str]:  # noqa: F811
-    base = {k: v for k, v in os.environ.items() if not k.startswith(("UMCTL_RT_", "LD_PRELOAD"))}
+def run_part(built, grid, gpus: int, devices: int = 4, variant: str = "part",
+             param_info: bool = True) -> tuple[dict, str]:  # noqa: F811
+    base = {k: v for k, v in os.environ.items() if not k.startswith(("UMCTL_RT_", "LD_PRELOAD", "FAKE_"))}
     base.update(FAKE_LIBCUDA=str(built["libcuda"]), FAKE_DEVICES=str(devices))
+    if not param_info:
+        base["FAKE_NO_PARAM_INFO"] = "1"
     env = child_env(base, library=built["lib"], managed=True, gpus=str(gpus), libcuda=str(built["libcuda"]),
                     stats="1")
     p = subprocess.run([str(built["prog"]), "part", *map(str, grid), variant], env=env, capture_output=True,
@@ -100,6 +103,16 @@ def test_runtime_partition_equals_the_replay_rule(built, grid, gpus):  # noqa: F
     assert st["partitioned"] == "2" and st["part_fallbacks"] == "0"
     # §6.4: `in` is marked read-only by the first launch and written (unmarked) by the second
     assert st["read_mostly"] == "1,1"
+
+
+def test_read_only_advice_without_parameter_sizes(built):  # noqa: F811
+    """Driver 580 / CUDA 13 gave no parameter sizes for nvcc-built kernels: the ro_mask's
+    arguments are then taken as pointers, and a flagged buffer the next launch does not mark
+    read-only loses its flag (a written READ_MOSTLY buffer bounced between 2 H200s, 100x slower)."""
+    res, err = run_part(built, (8, 4, 1), 2, param_info=False)
+    st = stats(err)
+    assert st["partitioned"] == "2" and st["read_mostly"] == "1,1"
+    assert set(res["hits"]) == {2}
 
 
 def test_kernel_without_convention_or_magic_runs_once_unchanged(built):  # noqa: F811
