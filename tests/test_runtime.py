@@ -42,7 +42,12 @@ def run(built, mode: str, *, preload: bool = True, libcuda: str | None = None, *
     env = child_env(base, library=built["lib"], **kw) if preload else base
     env["UMCTL_RT_LIBCUDA"] = libcuda if libcuda is not None else str(built["libcuda"])
     env["UMCTL_RT_STATS"] = "1"
-    p = subprocess.run([str(built["prog"]), mode], env=env, capture_output=True, text=True, timeout=60)
+    return run_prog(built, [mode], env)
+
+
+def run_prog(built, argv: list[str], env: dict) -> tuple[dict, str]:
+    """rtprog with these arguments: its RESULT json and its stderr (the runtime's stats line)."""
+    p = subprocess.run([str(built["prog"]), *argv], env=env, capture_output=True, text=True, timeout=60)
     assert p.returncode == 0, p.stderr
     line = next(ln for ln in p.stdout.splitlines() if ln.startswith("RESULT "))
     return json.loads(line[len("RESULT "):]), p.stderr

@@ -23,7 +23,7 @@ from umctl.runtime import child_env
 from umctl.units import BLOCK_SHIFT, BLOCK_SIZE, PAGE_SIZE
 
 from test_live_control import FakeActuator
-from test_runtime import built  # noqa: F401 - the module-scoped build fixture
+from test_runtime import built, run_prog, stats  # noqa: F401 - built: the module-scoped build fixture
 
 MANGLED = "_Z9part_kern12umctl_part_tPjPiPKj"
 
@@ -36,16 +36,7 @@ def run_part(built, grid, gpus: int, devices: int = 4, variant: str = "part",
         base["FAKE_NO_PARAM_INFO"] = "1"
     env = child_env(base, library=built["lib"], managed=True, gpus=str(gpus), libcuda=str(built["libcuda"]),
                     stats="1")
-    p = subprocess.run([str(built["prog"]), "part", *map(str, grid), variant], env=env, capture_output=True,
-                       text=True, timeout=60)
-    assert p.returncode == 0, p.stderr
-    line = next(ln for ln in p.stdout.splitlines() if ln.startswith("RESULT "))
-    return json.loads(line[len("RESULT "):]), p.stderr
-
-
-def stats(stderr: str) -> dict[str, str]:
-    line = next(ln for ln in stderr.splitlines() if ln.startswith("umctl_rt:"))
-    return dict(kv.split("=", 1) for kv in line.split()[1:])
+    return run_prog(built, ["part", *map(str, grid), variant], env)
 
 
 def check_wiring(log: list[str], n_slabs: int) -> None:
