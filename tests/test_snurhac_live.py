@@ -5,7 +5,6 @@ refusals; the replay controller's dynamic prefetcher driven by live-shaped fault
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import subprocess
