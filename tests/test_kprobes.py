@@ -153,3 +153,19 @@ def test_attach_source_kprobe_on_this_kernel_says_which_source_to_use(capsys):
     assert code != 0
     lines = [ln for ln in err.splitlines() if ln.strip()]
     assert len(lines) == 1 and "--source uvmtools" in lines[0], err
+
+
+def test_kprobe_source_has_the_interface_the_live_loop_calls():
+    """`umctl attach --source kprobe` drives KprobeSource through the same loop as the tools
+    source; a method missing here was a traceback in the VM (sample_fraction)."""
+    import inspect
+
+    from umctl.sources.uvmtools import UvmToolsSource
+
+    used = {"start", "drain", "stop", "close", "stats", "exited", "counters", "sample_fraction", "actuator"}
+    public = {n for n, _ in inspect.getmembers(UvmToolsSource, inspect.isfunction) if not n.startswith("_")}
+    assert used <= public
+    from umctl.sources.kprobes import KprobeSource
+
+    missing = sorted(n for n in used if not hasattr(KprobeSource, n))
+    assert missing == []

@@ -340,6 +340,11 @@ class KprobeSource:
             return dict(self._final)
         return self._lb.percpu_counters(self._counters_fd, COUNTER_NAMES)
 
+    def sample_fraction(self) -> float:
+        """Every batch record is kept (the interface's sampling hook: one record per fault
+        batch is cheap enough to keep them all)."""
+        return 1.0
+
     def exited(self) -> bool:
         """True when every target process has exited (never, when watching all processes)."""
         return bool(self.pids) and not any(os.path.exists(f"/proc/{p}") for p in self.pids)
