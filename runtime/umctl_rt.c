@@ -1906,9 +1906,15 @@ static int mem_advise(uintptr_t p, size_t n, int advice, int dev)
     return cu_advise ? cu_advise((u64)p, n, advice, dev) : -1;
 }
 
-/* §6.4: flag the buffers the kernel only reads, unflag the flagged ones it may write (a pointer
-   argument into one of our managed allocations without its ro bit). Needs the parameter sizes
-   (cuFuncGetParamInfo) to know which arguments are pointers. Called under part_mu. */
+/* Index of a READ_MOSTLY-flagged allocation in ro_flagged, or n_ro when it is not flagged. */
+static int ro_find(uintptr_t base)
+{
+    int k = 0;
+    while (k < n_ro && ro_flagged[k] != base)
+        k++;
+    return k;
+}
+
 static void ro_set(uintptr_t base, size_t n, int dev)
 {
     int rc = mem_advise(base, n, 1 /* SET_READ_MOSTLY */, dev);
@@ -1932,6 +1938,10 @@ static void ro_unset(int k, int dev)
     atomic_fetch_add(&st_ro_unset, 1);
 }
 
+/* §6.4: flag the buffers the kernel only reads, unflag the flagged ones it may write (a pointer
+   argument into one of our managed allocations without its ro bit). Which arguments are
+   pointers comes from the parameter sizes (cuFuncGetParamInfo), else from the ro_mask alone.
+   Called under part_mu. */
 static void part_read_only(struct finfo *fi, void **args, unsigned mask, int dev)
 {
     if (!cfg_ro || !fi)
@@ -1958,10 +1968,7 @@ static void part_read_only(struct finfo *fi, void **args, unsigned mask, int dev
             if (!base)
                 continue;
             keep[nk++] = base;
-            int k = 0;
-            while (k < n_ro && ro_flagged[k] != base)
-                k++;
-            if (k == n_ro && n_ro < MAX_RO)
+            if (ro_find(base) == n_ro && n_ro < MAX_RO)
                 ro_set(base, n, dev);
         }
         for (int k = n_ro - 1; k >= 0; k--) {
@@ -1980,9 +1987,7 @@ static void part_read_only(struct finfo *fi, void **args, unsigned mask, int dev
         uintptr_t base = alloc_base(*(void **)args[i], &n);
         if (!base)
             continue;
-        int k = 0;
-        while (k < n_ro && ro_flagged[k] != base)
-            k++;
+        int k = ro_find(base);
         int flagged = k < n_ro, ro = (mask >> i) & 1;
         if (ro && !flagged && n_ro < MAX_RO)
             ro_set(base, n, dev);
@@ -1997,12 +2002,16 @@ static void part_forget(const void *p)
     if (cfg_gpus < 2)
         return;
     pthread_mutex_lock(&part_mu);
-    for (int k = 0; k < n_ro; k++)
-        if (ro_flagged[k] == (uintptr_t)p) {
-            ro_flagged[k] = ro_flagged[--n_ro];
-            break;
-        }
+    int k = ro_find((uintptr_t)p);
+    if (k < n_ro)
+        ro_flagged[k] = ro_flagged[--n_ro];
     pthread_mutex_unlock(&part_mu);
+}
+
+/* First block of slab k of G along a dimension of n blocks (partition()'s edges g*n//G). */
+static unsigned slab_edge(unsigned n, int k, int G)
+{
+    return (unsigned)((u64)n * k / G);
 }
 
 /* 1: the launch was taken (partitioned; *res its result); 0: launch it as it is. `ptsz`: a
@@ -2040,7 +2049,7 @@ static int part_launch(const void *f, dim3 g, dim3 b, void **args, size_t smem, 
     part_read_only(fi, args, p->ro_mask, d);
     int ok = real_cudaEventRecord(part_start[d], s) == 0;
     for (int k = 0; ok && k < G; k++) {
-        unsigned lo = (unsigned)((u64)dims[dim] * k / G), hi = (unsigned)((u64)dims[dim] * (k + 1) / G);
+        unsigned lo = slab_edge(dims[dim], k, G), hi = slab_edge(dims[dim], k + 1, G);
         if (hi > lo)
             ok = real_cudaSetDevice(k) == 0 && real_cudaStreamWaitEvent(part_stream[k], part_start[d], 0) == 0;
     }
@@ -2048,7 +2057,7 @@ static int part_launch(const void *f, dim3 g, dim3 b, void **args, size_t smem, 
     int launched = 0, done[MAX_DEV] = {0};
     struct umctl_part save = *p;
     for (int k = 0; ok && k < G; k++) {
-        unsigned lo = (unsigned)((u64)dims[dim] * k / G), hi = (unsigned)((u64)dims[dim] * (k + 1) / G);
+        unsigned lo = slab_edge(dims[dim], k, G), hi = slab_edge(dims[dim], k + 1, G);
         if (hi <= lo)
             continue;
         unsigned sd[3] = {g.x, g.y, g.z};

@@ -24,7 +24,7 @@ from ..events.schema import EventBatch, Kind
 from ..sources.uvmtools import (
     LiveError, NoUvm, TargetExited, UvmToolsSource, kinds_label, list_uvm_processes, parse_kinds,
 )
-from ..sources.uvmtools.process import comm_of, cmdline_of, process_alive, uvm_fds
+from ..sources.uvmtools.process import comm_of, cmdline_of, nvidia_smi_gpus, process_alive, uvm_fds
 from ..tui.top import KeyReader, LiveStats, render_top, summary_line
 
 out = Console()
@@ -113,6 +113,14 @@ def _trace_meta(src: UvmToolsSource, command: str, extra: dict) -> dict:
     return meta
 
 
+def _feed(stats: LiveStats, src, batch: EventBatch) -> None:
+    """One drained batch into a view's statistics, with the source's counters and sampling
+    fraction as of now (what the estimates are scaled by)."""
+    stats.counters = src.counters()
+    stats.sample = src.sample_fraction()
+    stats.update(batch)
+
+
 def _observe(src: UvmToolsSource, *, command: str, duration: float | None, output: str | None,
              interval: float, launches: bool, live: bool, child: subprocess.Popen | None = None,
              extra_meta: dict | None = None, control: "ControlSpec | None" = None,
@@ -144,9 +152,7 @@ def _observe(src: UvmToolsSource, *, command: str, duration: float | None, outpu
 
     def step() -> None:
         batch = _merge(src.drain(), probe)
-        stats.counters = src.counters()
-        stats.sample = src.sample_fraction()
-        stats.update(batch)
+        _feed(stats, src, batch)
         if ctl is not None:
             for k, a in ctl.step(batch).arrays.items():
                 batch.add(k, a)
@@ -336,11 +342,7 @@ def gpus_present() -> int:
     d = Path("/proc/driver/nvidia/gpus")
     n = len(list(d.iterdir())) if d.is_dir() else 0
     if not n:
-        try:
-            r = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=20)
-            n = sum(1 for ln in r.stdout.splitlines() if ln.startswith("GPU "))
-        except (OSError, subprocess.SubprocessError):
-            n = 0
+        n = len(nvidia_smi_gpus())
     vis = os.environ.get("CUDA_VISIBLE_DEVICES")
     if vis is not None:
         n = min(n, len([v for v in vis.split(",") if v.strip()]))
@@ -440,8 +442,6 @@ class ControlSpec:
             if mem is None:
                 # the target registers its GPUs with UVM only as it creates contexts, so at
                 # attach time there may be none yet: the machine's GPUs say how big they are
-                from ..sources.uvmtools.process import nvidia_smi_gpus
-
                 mem = next((g["memory_bytes"] for g in nvidia_smi_gpus() if g.get("memory_bytes")), None)
             gpus = [dict(g, memory_bytes=g.get("memory_bytes") or mem) for g in gpus]
             gpus += [{"gpu": i, "memory_bytes": mem} for i in range(len(gpus), self.gpus)]
@@ -786,9 +786,7 @@ def top_command(
             if src is None:
                 continue
             try:
-                stats.counters = src.counters()
-                stats.sample = src.sample_fraction()
-                stats.update(_merge(src.drain(), probe))
+                _feed(stats, src, _merge(src.drain(), probe))
             except UmctlError as e:
                 stats.status = str(e)[:60]
 

@@ -136,13 +136,11 @@ class Budget:
         v = np.sort(np.asarray(victims, np.int64))
         new_run = np.ones(len(v), bool)
         new_run[1:] = np.diff(v) != 1
-        run_id = np.cumsum(new_run) - 1
-        start = np.flatnonzero(new_run)[run_id]
-        piece = run_id * 0 + (np.arange(len(v)) - start) // self.SPREAD_RUN
-        # one id per (run, piece), in address order
-        key = np.cumsum(np.r_[True, (run_id[1:] != run_id[:-1]) | (piece[1:] != piece[:-1])]) - 1
-        dst = np.asarray(dsts, np.int16)[(self._rr + key) % len(dsts)]
-        self._rr += int(key[-1]) + 1 if len(key) else 0
+        start = np.flatnonzero(new_run)[np.cumsum(new_run) - 1]   # each block's run start
+        # a piece begins at a run's start and every SPREAD_RUN blocks into it
+        piece = np.cumsum(new_run | ((np.arange(len(v)) - start) % self.SPREAD_RUN == 0)) - 1
+        dst = np.asarray(dsts, np.int16)[(self._rr + piece) % len(dsts)]
+        self._rr += int(piece[-1]) + 1 if len(piece) else 0
         return v.tolist(), dst
 
     def free_memory(self, g: int) -> int:

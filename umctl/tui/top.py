@@ -42,10 +42,6 @@ class LiveStats:
 
     pid: int
     comm: str = ""
-    faults: int = 0
-    batches: int = 0
-    cpu_faults: int = 0
-    thrashing: int = 0
     dropped: int = 0
     launches: int = 0
     h2d: dict[str, int] = field(default_factory=lambda: {n: 0 for n, _ in CAUSE_COLUMNS} | {"other": 0})
@@ -55,8 +51,8 @@ class LiveStats:
     names: list[str] = field(default_factory=list)
     counters: dict[str, int] = field(default_factory=dict)
     have_migrations: bool = False
-    #: measured fraction of the time events were collected (the source's sampler); below 1
-    #: the totals come from the driver's counters and event-only counts are scaled up, while
+    #: measured fraction of the time events and counters were collected (the source's
+    #: sampler); below 1 every total is the window count scaled up (:meth:`scaled`), while
     #: top blocks / top kernels are rankings of the sampled events
     sample: float = 1.0
     status: str = ""
@@ -78,14 +74,16 @@ class LiveStats:
         if len(f):
             new = set(np.unique((f["gpu"].astype(np.int64) << 32) | f["batch_id"]).tolist()) - self._batch_ids
             seen["batch_ids"] += len(new)
-            self._batch_ids = (self._batch_ids | new) if len(self._batch_ids) < 100_000 else new
+            if len(self._batch_ids) < 100_000:
+                self._batch_ids |= new
+            else:
+                self._batch_ids = new
         if Kind.REPLAY in batch:
             seen["batches"] += len(batch[Kind.REPLAY])
         else:  # replays disabled: count distinct batch ids instead
             seen["batches"] += len(new)
         seen["cpu_faults"] += len(batch[Kind.CPU_FAULT])
         seen["thrashing"] += len(batch[Kind.THRASHING])
-        self._estimate()
         if Kind.DROPS in batch:
             self.dropped += int(batch[Kind.DROPS]["count"].sum())
         m = batch[Kind.MIGRATION]
@@ -119,34 +117,44 @@ class LiveStats:
             for i, c in zip(ids.tolist(), n.tolist()):
                 kf[i] = kf.get(i, 0) + c
 
-    def _estimate(self) -> None:
-        """Totals from what was seen: exact without sampling; with it (events and counters
-        both on in windows only) the window counts over the measured on-time."""
-        seen, frac = self._seen, max(self.sample, 1e-6)
-        if frac >= 1:
-            self.faults, self.batches = seen["faults"], seen["batches"]
-            self.cpu_faults, self.thrashing = seen["cpu_faults"], seen["thrashing"]
-            return
-        self.faults = round(seen["faults"] / frac)
-        self.cpu_faults = round(seen["cpu_faults"] / frac)
-        # batches: distinct batch ids of the sampled faults (replay events in windows
-        # undercounted on the H100: they are posted when the replay completes)
-        self.batches = round((seen["batch_ids"] or seen["batches"]) / frac)
-        self.thrashing = round(seen["thrashing"] / frac)
+    def scaled(self, n: int) -> int:
+        """A count taken while collecting, as a total: itself without sampling, else over the
+        measured on-time (events and counters both run in the windows only)."""
+        return n if self.sample >= 1 else round(n / max(self.sample, 1e-6))
+
+    @property
+    def faults(self) -> int:
+        return self.scaled(self._seen["faults"])
+
+    @property
+    def cpu_faults(self) -> int:
+        return self.scaled(self._seen["cpu_faults"])
+
+    @property
+    def thrashing(self) -> int:
+        return self.scaled(self._seen["thrashing"])
+
+    @property
+    def batches(self) -> int:
+        seen = self._seen
+        if self.sample >= 1:
+            return seen["batches"]
+        # distinct batch ids of the sampled faults: replay events seen in windows undercounted
+        # on the H100 (they are posted when the replay completes)
+        return self.scaled(seen["batch_ids"] or seen["batches"])
 
     def counter(self, name: str) -> int:
         """A driver counter, scaled up when it too only counted in the sample windows."""
-        v = self.counters.get(name, 0)
-        return v if self.sample >= 1 else round(v / max(self.sample, 1e-6))
+        return self.scaled(self.counters.get(name, 0))
 
     def h2d_total(self) -> int:
         if self.have_migrations:
-            return round(sum(self.h2d.values()) / min(max(self.sample, 1e-6), 1.0))
+            return self.scaled(sum(self.h2d.values()))
         return self.counter("bytes_htd")
 
     def d2h_total(self) -> int:
         if self.have_migrations:
-            return round(sum(self.d2h.values()) / min(max(self.sample, 1e-6), 1.0))
+            return self.scaled(sum(self.d2h.values()))
         return self.counter("bytes_dth")
 
     def tick(self) -> None:
@@ -155,10 +163,9 @@ class LiveStats:
         cur = {"faults": self.faults, "batches": self.batches, "cpu_faults": self.cpu_faults,
                "thrashing": self.thrashing, "dropped": self.dropped, "h2d": self.h2d_total(),
                "d2h": self.d2h_total(), "launches": self.launches}
-        scale = 1 / max(min(self.sample, 1.0), 1e-6)   # by-cause bytes come from sampled events
-        for name, _ in CAUSE_COLUMNS + (("other", None),):
-            cur[f"h2d_{name}"] = self.h2d[name] * scale
-            cur[f"d2h_{name}"] = self.d2h[name] * scale
+        for name, _ in CAUSE_COLUMNS + (("other", None),):   # by-cause bytes come from sampled events
+            cur[f"h2d_{name}"] = self.scaled(self.h2d[name])
+            cur[f"d2h_{name}"] = self.scaled(self.d2h[name])
         if self._prev:
             dt = max(now - self._prev_t, 1e-6)
             self.rates = {k: (v - self._prev.get(k, 0)) / dt for k, v in cur.items()}

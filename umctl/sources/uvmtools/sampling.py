@@ -41,8 +41,8 @@ def parse_sample(text: str | float | None) -> float:
 
 
 class Sampler:
-    """Turns the event queue on and off in a fixed duty cycle. ``toggle(on)`` is the driver
-    call (ENABLE_EVENTS / DISABLE_EVENTS with the source's mask); it starts on."""
+    """Turns collection on and off in a fixed duty cycle. ``toggle(on)`` is the driver call
+    (the source's ENABLE/DISABLE_EVENTS and ENABLE/DISABLE_COUNTERS); it starts on."""
 
     def __init__(self, toggle: Callable[[bool], None], duty: float, period_ms: float = 100.0,
                  clock: Callable[[], float] = time.monotonic):
