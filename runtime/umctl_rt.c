@@ -82,6 +82,9 @@ static int sock_fd = -1;
 static size_t page_sz = 4096;
 
 static _Atomic u64 st_dma, st_pinned, st_stage_ns, st_dmawait_ns, st_populated;
+/* where a HUM copy's time goes: write-protecting the source at the call, unprotecting it as it is
+   staged, and issue -> last chunk landed (sum and worst) */
+static _Atomic u64 st_protect_ns, st_unprot_ns, st_copy_ns, st_copy_max_ns, st_call_ns;
 static _Atomic u64 st_hum, st_fallback, st_waits, st_segv, st_launch, st_managed, st_wrapped, st_chunks,
     st_prefetch;
 
@@ -536,10 +539,14 @@ struct hcopy {
     char *dst;
     const char *src;
     size_t n;
-    uintptr_t a0, a1;              /* write-protected source pages [a0, a1) */
-    _Atomic uintptr_t unprot;      /* [a0, unprot) is writable again */
+    uintptr_t a0, a1;              /* the source's whole pages [a0, a1): what may be write-protected */
+    _Atomic uintptr_t unprot;      /* [a0, unprot) is writable (never protected, or unprotected again) */
     _Atomic uint32_t done;         /* chunks staged, as a prefix (source read); futex word */
     uint32_t claimed;              /* chunks taken by a worker (under hum_mu) */
+    _Atomic int prot_final;        /* the call has returned: [unprot, a1) is the protected rest */
+    _Atomic int unprot_busy;       /* a worker is unprotecting (one at a time, outside hum_mu) */
+    _Atomic uint32_t waiters;      /* program threads in the SIGSEGV wait on this copy */
+    _Atomic int finished;          /* completion ran (last chunk landed and nothing left protected) */
     _Atomic uint32_t landed;       /* chunks whose bytes are in the destination */
     unsigned char *bits;           /* per chunk: staged (under hum_mu) */
     size_t nchunks;
@@ -630,12 +637,14 @@ static void segv_handler(int sig, siginfo_t *si, void *ctx)
             if (atomic_load(&c->state) == SLOT_FREE || a < c->a0 || a >= c->a1)
                 continue;
             atomic_fetch_add(&st_segv, 1);
+            atomic_fetch_add(&c->waiters, 1);   /* workers then unprotect what is staged at once */
             for (;;) {
                 uint32_t d = atomic_load(&c->done);
                 if (atomic_load(&c->state) == SLOT_FREE || atomic_load(&c->unprot) > a || a < c->a0 || a >= c->a1)
                     break;
                 futex(&c->done, FUTEX_WAIT, d);
             }
+            atomic_fetch_sub(&c->waiters, 1);
             tl_last_fault = 0;
             errno = saved;
             return;
@@ -702,7 +711,12 @@ static void *prefetch_stream[MAX_DEV];
 
 static void finish_copy(struct hcopy *c)
 {
-    report_copy(c->t_issue, now_ns(), 0 /* H2D */, c->dst, c->src, c->n, c->stream, c->is_async, c->dev);
+    int64_t t = now_ns();
+    u64 d = (u64)(t - c->t_issue), m = atomic_load(&st_copy_max_ns);
+    atomic_fetch_add(&st_copy_ns, d);
+    while (d > m && !atomic_compare_exchange_weak(&st_copy_max_ns, &m, d))
+        ;
+    report_copy(c->t_issue, t, 0 /* H2D */, c->dst, c->src, c->n, c->stream, c->is_async, c->dev);
 }
 
 /* our own protection changes bypass the interposed mprotect (which waits and drops the maps cache) */
@@ -763,10 +777,14 @@ static int wk_device(struct hum_wk *w, int dev)
     return 1;
 }
 
-/* a chunk's bytes are in place on the GPU (or in managed memory): the copy is done after its last */
-static void chunk_landed(struct hcopy *c)
+/* The copy is complete when its last chunk has landed and no source page is protected any more
+   (after the call returned): then, once, the slot is freed and barriers pass. */
+static void try_finish(struct hcopy *c)
 {
-    if (atomic_fetch_add(&c->landed, 1) + 1 != c->nchunks)
+    if (atomic_load(&c->landed) != c->nchunks || !atomic_load(&c->prot_final) || atomic_load(&c->unprot) != c->a1)
+        return;
+    int z = 0;
+    if (!atomic_compare_exchange_strong(&c->finished, &z, 1))
         return;
     finish_copy(c);
     free(c->head);
@@ -782,7 +800,65 @@ static void chunk_landed(struct hcopy *c)
     pthread_mutex_unlock(&hum_mu);
 }
 
-/* chunk k's source bytes have been read: extend the staged prefix, unprotect it, wake writers */
+/* a chunk's bytes are in place on the GPU (or in managed memory) */
+static void chunk_landed(struct hcopy *c)
+{
+    if (atomic_fetch_add(&c->landed, 1) + 1 == c->nchunks)
+        try_finish(c);
+}
+
+/* The page boundary at chunk k of the source: chunks [0, k) hold the source pages [a0, this). */
+static uintptr_t chunk_addr(const struct hcopy *c, size_t k)
+{
+    if (k >= c->nchunks)
+        return c->a1;
+    uintptr_t x = ((uintptr_t)c->src + k * CHUNK) & ~(page_sz - 1);
+    return x < c->a0 ? c->a0 : x > c->a1 ? c->a1 : x;
+}
+
+/* Can [unprot, the staged prefix) be made writable now? In steps of UMCTL_RT_HUM_UNPROT_STEP,
+   at once when a writer waits for its page or when the whole source is staged. */
+static size_t cfg_unprot_step = (size_t)32 << 20, cfg_protect_group = (size_t)16 << 20;
+static int unprotect_due(struct hcopy *c, uintptr_t u, uintptr_t upto)
+{
+    return upto > u && (upto == c->a1 || atomic_load(&c->waiters) || upto - u >= cfg_unprot_step);
+}
+
+/* Make the staged prefix of the protected source writable again. mprotect costs per page
+   (~80 ns per 4 KiB page measured, whatever the call size), and each call also splits a VMA and
+   shoots down the TLBs of the process's threads: so this runs outside hum_mu, one thread at a
+   time, in large steps. Only once the call has returned (prot_final): until then the caller is
+   still choosing what to protect. */
+static void unprotect_staged(struct hcopy *c)
+{
+    for (;;) {
+        if (!atomic_load(&c->prot_final))
+            return;
+        int z = 0;
+        if (!atomic_compare_exchange_strong(&c->unprot_busy, &z, 1))
+            return;   /* the thread at it looks again after it lets go */
+        uintptr_t u = atomic_load(&c->unprot), upto = chunk_addr(c, atomic_load(&c->done));
+        if (unprotect_due(c, u, upto)) {
+            int64_t t = now_ns();
+            sys_mprotect(u, upto - u, PROT_READ | PROT_WRITE);
+            atomic_fetch_add(&st_unprot_ns, (u64)(now_ns() - t));
+            atomic_store(&c->unprot, upto);
+            futex(&c->done, FUTEX_WAKE, 0x7fffffff);
+        }
+        atomic_store(&c->unprot_busy, 0);
+        u = atomic_load(&c->unprot);
+        if (u == c->a1) {
+            try_finish(c);
+            return;
+        }
+        /* staged meanwhile by a thread that found us busy? */
+        if (!unprotect_due(c, u, chunk_addr(c, atomic_load(&c->done))))
+            return;
+    }
+}
+
+/* chunk k's source bytes have been read: extend the staged prefix, wake the caller and the
+   writers waiting on it, unprotect */
 static void chunk_staged(struct hcopy *c, uint32_t k)
 {
     pthread_mutex_lock(&hum_mu);
@@ -790,19 +866,14 @@ static void chunk_staged(struct hcopy *c, uint32_t k)
     uint32_t p = atomic_load(&c->done);
     while (p < c->nchunks && c->bits[p])
         p++;
-    if (p != atomic_load(&c->done)) {
-        uintptr_t upto = p == c->nchunks ? c->a1 : (((uintptr_t)c->src + (size_t)p * CHUNK) & ~(page_sz - 1));
-        if (upto > c->a1)
-            upto = c->a1;
-        uintptr_t u = atomic_load(&c->unprot);
-        if (upto > u) {
-            sys_mprotect(u, upto - u, PROT_READ | PROT_WRITE);
-            atomic_store(&c->unprot, upto);
-        }
+    int moved = p != atomic_load(&c->done);
+    if (moved) {
         atomic_store(&c->done, p);
         futex(&c->done, FUTEX_WAKE, 0x7fffffff);
     }
     pthread_mutex_unlock(&hum_mu);
+    if (moved)
+        unprotect_staged(c);
 }
 
 /* wait for the DMA out of buffer b, then count its chunk as landed */
@@ -1138,9 +1209,11 @@ static int hum_try(void *dst, const void *src, size_t n, int kind, void *stream,
         return 0;
     }
     /* one issue at a time: the overlap check and the protection must not interleave with another's */
+    int64_t t0 = now_ns();
     pthread_mutex_lock(&issue_mu);
     int queued = hum_issue(dst, src, n, stream, is_async, s, a0, a1);
     pthread_mutex_unlock(&issue_mu);
+    atomic_fetch_add(&st_call_ns, (u64)(now_ns() - t0));
     if (queued)
         atomic_fetch_add(&st_hum, 1);
     else
@@ -1177,6 +1250,10 @@ static int hum_issue(void *dst, const void *src, size_t n, void *stream, int is_
     atomic_store(&c->unprot, a0);
     atomic_store(&c->done, 0);
     atomic_store(&c->landed, 0);
+    atomic_store(&c->prot_final, 0);
+    atomic_store(&c->unprot_busy, 0);
+    atomic_store(&c->waiters, 0);
+    atomic_store(&c->finished, 0);
     c->claimed = 0;
     c->bits = calloc(c->nchunks, 1);
     tl_internal++;
@@ -1188,8 +1265,6 @@ static int hum_issue(void *dst, const void *src, size_t n, void *stream, int is_
     if (fail && get_cudaGetLastError())
         real_cudaGetLastError();
     tl_internal--;
-    if (!fail && sys_mprotect(a0, a1 - a0, PROT_READ) != 0)
-        fail = 1;
     if (fail) {
         free(c->head);
         free(c->tail);
@@ -1199,7 +1274,7 @@ static int hum_issue(void *dst, const void *src, size_t n, void *stream, int is_
         atomic_store(&c->state, SLOT_FREE);
         return 0;
     }
-    /* snapshot the partial pages now: they are not protected (they hold other data too) */
+    /* snapshot the partial pages now: they are never protected (they hold other data too) */
     if (c->head_n)
         memcpy(c->head, src, c->head_n);
     if (c->tail_n)
@@ -1208,8 +1283,45 @@ static int hum_issue(void *dst, const void *src, size_t n, void *stream, int is_
     pthread_mutex_lock(&hum_mu);
     atomic_fetch_add(&hum_pending, 1);
     atomic_store(&c->state, SLOT_PENDING);
-    pthread_cond_signal(&hum_work_cv);
+    pthread_cond_broadcast(&hum_work_cv);
     pthread_mutex_unlock(&hum_mu);
+
+    /* Protect from the end while the workers stage from the start (PPoPP'20 §4.3's write
+       protection, made cheaper): a chunk the workers reach before the call returns needs no
+       protection, because its bytes are read before the program can write them again. So the
+       call write-protects UMCTL_RT_HUM_PROTECT_GROUP bytes at a time, from the last chunk down,
+       until it meets the chunks the workers have taken; waits until those are staged; and
+       returns. mprotect costs per page, so this halves the protection work at the call and
+       the unprotection after it when staging keeps pace, and changes nothing when the workers
+       cannot start yet (the stream is busy): then the whole source is protected, as before. */
+    int64_t tp = now_ns();
+    uint32_t lo = (uint32_t)c->nchunks, group = (uint32_t)(cfg_protect_group / CHUNK);
+    int all = 0;   /* a protection failed: stage everything before returning instead */
+    if (!group)
+        group = 1;
+    for (;;) {
+        pthread_mutex_lock(&hum_mu);
+        uint32_t cl = c->claimed;
+        pthread_mutex_unlock(&hum_mu);
+        if (lo <= cl)
+            break;
+        uint32_t g0 = lo > cl + group ? lo - group : cl;
+        uintptr_t p0 = chunk_addr(c, g0), p1 = chunk_addr(c, lo);
+        if (p1 > p0 && sys_mprotect(p0, p1 - p0, PROT_READ) != 0) {
+            all = 1;
+            break;
+        }
+        lo = g0;
+    }
+    atomic_fetch_add(&st_protect_ns, (u64)(now_ns() - tp));
+    /* chunks below lo are unprotected: their bytes must be read before the program runs on */
+    uint32_t need = all ? (uint32_t)c->nchunks : lo;
+    for (uint32_t d; (d = atomic_load(&c->done)) < need;)
+        futex(&c->done, FUTEX_WAIT, d);
+    atomic_store(&c->unprot, chunk_addr(c, lo));
+    atomic_store(&c->prot_final, 1);
+    futex(&c->done, FUTEX_WAKE, 0x7fffffff);
+    unprotect_staged(c);   /* if the workers are done already, nobody else will */
     return 1;
 }
 
@@ -1560,6 +1672,8 @@ __attribute__((constructor)) static void rt_init(void)
     cfg_stats = env_on("UMCTL_RT_STATS");
     cfg_track_end = env_on("UMCTL_RT_TRACK_END");
     cfg_hum_min = env_size("UMCTL_RT_HUM_MIN", cfg_hum_min);
+    cfg_unprot_step = env_size("UMCTL_RT_HUM_UNPROT_STEP", cfg_unprot_step);
+    cfg_protect_group = env_size("UMCTL_RT_HUM_PROTECT_GROUP", cfg_protect_group);
     cfg_cap = env_size("UMCTL_RT_MANAGED_CAP", 0);
     cfg_delay_us = (unsigned)env_size("UMCTL_RT_HUM_DELAY_US", 0);
     cfg_gpus = (int)env_size("UMCTL_RT_GPUS", 0);
@@ -1583,14 +1697,15 @@ __attribute__((destructor)) static void rt_fini(void)
                 "umctl_rt: pid=%d hum_copies=%llu fallbacks=%llu barrier_waits=%llu segv_waits=%llu launches=%llu "
                 "managed_allocs=%llu driver_wrapped=%llu chunks=%llu pinned_chunks=%llu stage_ms=%.1f dma_wait_ms=%.1f populated=%llu "
                 "dma_chunks=%llu prefetches=%llu drops=%llu,%llu,%llu partitioned=%llu part_fallbacks=%llu "
-                "read_mostly=%llu,%llu\n",
+                "read_mostly=%llu,%llu call_ms=%.1f protect_ms=%.1f unprotect_ms=%.1f copy_ms=%.1f copy_max_ms=%.1f\n",
                 (int)getpid(), (unsigned long long)st_hum, (unsigned long long)st_fallback,
                 (unsigned long long)st_waits, (unsigned long long)st_segv, (unsigned long long)st_launch,
                 (unsigned long long)st_managed, (unsigned long long)st_wrapped, (unsigned long long)st_chunks,
                 (unsigned long long)st_pinned, st_stage_ns / 1e6, st_dmawait_ns / 1e6, (unsigned long long)st_populated,
                 (unsigned long long)st_dma, (unsigned long long)st_prefetch, (unsigned long long)drops[0], (unsigned long long)drops[1],
                 (unsigned long long)drops[2], (unsigned long long)st_part, (unsigned long long)st_part_fallback,
-                (unsigned long long)st_ro_set, (unsigned long long)st_ro_unset);
+                (unsigned long long)st_ro_set, (unsigned long long)st_ro_unset, st_call_ns / 1e6, st_protect_ns / 1e6, st_unprot_ns / 1e6,
+                st_copy_ns / 1e6, st_copy_max_ns / 1e6);
 }
 
 /* ---------------------------------------------------------------- the runtime API we interpose */

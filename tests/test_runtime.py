@@ -140,6 +140,25 @@ def test_hum_copies_equal_plain_even_when_source_is_rewritten(built, mode, threa
     assert int(st["pinned_chunks" if pinned else "dma_chunks"]) == int(st["chunks"])
 
 
+@pytest.mark.parametrize("delay_us,group,step", [(0, 2 << 20, 2 << 20), (0, 64 << 20, 64 << 20),
+                                                 (1000, 2 << 20, 64 << 20), (20000, 4 << 20, 2 << 20)])
+def test_hum_protection_is_split_between_the_call_and_the_workers(built, delay_us, group, step):
+    """The call write-protects the source from its end while the workers stage from its start,
+    and returns once they meet; what the workers read first is never protected. Whatever the
+    split (fast workers that stage most before the call returns, slow ones that leave it all
+    protected, protection and unprotection in one chunk or in large steps), the device gets the
+    bytes as they were at the call, writers wait only for their own pages, and every copy
+    completes (the program's later copies and the final checks pass)."""
+    plain, _ = run(built, "race", preload=False)
+    hum, err = run(built, "race", hum=True, hum_delay_us=delay_us, hum_threads=4,
+                   hum_protect_group=group, hum_unprot_step=step)
+    assert hum == plain
+    st = stats(err)
+    assert int(st["hum_copies"]) == 3 and int(st["chunks"]) == 3 * 9
+    if delay_us >= 20000:   # workers far behind: the call protected (nearly) everything, writers waited
+        assert int(st["segv_waits"]) > 0 and float(st["protect_ms"]) > 0
+
+
 def test_hum_basic_results_and_copy_reports(built):
     plain, _ = run(built, "basic", preload=False)
     with RuntimeSource() as src:

@@ -26,14 +26,20 @@ class Clock:
 
 
 def test_duty_cycle_toggles_at_window_edges_and_measures_on_time():
+    import random
+
     clock, calls = Clock(), []
-    s = Sampler(calls.append, 0.25, period_ms=100, clock=clock)
-    for _ in range(400):          # 4 periods in 1 ms steps
+    s = Sampler(calls.append, 0.25, period_ms=100, clock=clock, rng=random.Random(1))
+    on_ticks = 0
+    for _ in range(40_000):       # 400 periods in 1 ms steps
         clock.t += 0.001
         s.tick()
-    assert calls[:4] == [False, True, False, True]
-    assert s.toggles == len(calls) >= 7
-    assert s.fraction() == pytest.approx(0.25, abs=0.02)
+        on_ticks += s.on
+    assert calls[0] is False                                    # starts on, so the first edge turns it off
+    assert all(a != b for a, b in zip(calls, calls[1:]))        # strictly alternating
+    assert s.toggles == len(calls) >= 400                       # about one window per period (some merge)
+    assert s.fraction() == pytest.approx(on_ticks / 40_000, abs=0.005)   # what was measured
+    assert s.fraction() == pytest.approx(0.25, abs=0.03)        # and the duty, on average
 
 
 def test_failed_toggle_is_retried_and_counted():
@@ -137,3 +143,42 @@ def test_attach_sample_option_says_so(fake_io, capsys):
     assert rc == 0, err
     assert "sampling     events and counters collected" in out
     assert "GPU faults   0 in" not in out       # the one window's 300 faults, scaled up
+
+
+def test_random_window_placement_is_not_fooled_by_a_workload_in_step_with_the_period():
+    """A loop whose faults all fall in the same 10 ms of every 100 ms (its step time equals the
+    sampling period) would be always caught or always missed by a fixed window; with the
+    window placed at random in each period the estimate converges to the truth."""
+    import random
+
+    clock, state = Clock(), {"on": True}
+    s = Sampler(lambda on: state.update(on=on), 0.1, period_ms=100, clock=clock, rng=random.Random(5))
+    seen = truth = 0
+    for ms in range(200_000):                     # 2000 periods in 1 ms ticks
+        clock.t += 0.001
+        s.tick()
+        if ms % 100 < 10:                         # the workload's burst, locked to the period
+            truth += 100
+            seen += 100 if state["on"] else 0
+    assert seen / s.fraction() == pytest.approx(truth, rel=0.1)
+
+
+def test_views_sample_by_default_traces_and_controllers_never(fake_io, capsys, tmp_path):
+    """A view (attach without -o/--mode, top) takes a 10 % sample unless told otherwise; a
+    trace takes every event without being asked."""
+    from umctl.cli.live_cmd import _resolve_sample
+
+    assert _resolve_sample(None, recording=False, control=False) == pytest.approx(0.1)
+    assert _resolve_sample(None, recording=True, control=False) == 1.0
+    assert _resolve_sample(None, recording=False, control=True) == 1.0
+    assert _resolve_sample("1", recording=False, control=False) == 1.0
+    rc, out, err = run_cli(capsys, "attach", "--pid", str(PID), "--no-launches", "--duration", "0.3")
+    assert rc == 0, err
+    assert "sampling     events and counters collected" in out
+    before = fake_io.calls.count(abi.UVM_TOOLS_EVENT_QUEUE_DISABLE_EVENTS)
+    assert before > 2                                        # windows closed, not just the detach
+    rc, out, err = run_cli(capsys, "attach", "--pid", str(PID), "--no-launches", "--duration", "0.3",
+                           "-o", str(tmp_path / "t.parquet"))
+    assert rc == 0, err
+    assert "sampling" not in out
+    assert fake_io.calls.count(abi.UVM_TOOLS_EVENT_QUEUE_DISABLE_EVENTS) - before <= 1   # only the detach

@@ -367,7 +367,7 @@ def test_cli_no_such_pid(capsys, tmp_path, monkeypatch):
 def test_top_once_shows_each_uvm_process(fake_io, capsys):
     drv = fake_io
     drv.pending.append(gpu_faults(50, batch=1))
-    rc, out, err = run_cli(capsys, "top", "--once", "--interval", "0.3", "--no-launches")
+    rc, out, err = run_cli(capsys, "top", "--once", "--interval", "0.3", "--no-launches", "--sample", "1")
     assert rc == 0, err
     assert "1 process(es) using UVM" in out
     row = next(ln for ln in out.splitlines() if ln.startswith(str(PID)))

@@ -1,7 +1,7 @@
 #!/bin/bash
 # Device sessions of the live-control and live-observation issues, one section per measurement.
 #   bash tests/gpu/run_control.sh [SECTION ...]     (default: every section; logs to $OUT)
-# Sections: calibrate runtime hum humnvcc torch layers harvest tenants kill overhead sampling replay core
+# Sections: calibrate runtime hum humnvcc humab torch layers harvest tenants kill overhead overhead2 overhead3 sampling replay core
 cd "$(dirname "$0")/../.."
 export OUT=${OUT:-/tmp/umctl_out} PYTHONUNBUFFERED=1 PIP_ROOT_USER_ACTION=ignore
 [ -f .umctl_gpu/libbpf.so.1 ] && export UMCTL_LIBBPF=$PWD/.umctl_gpu/libbpf.so.1
@@ -39,13 +39,26 @@ PY
   harvest) [ "$NGPU" -ge 2 ] && timeout -k 5 300 python3 tests/gpu/bench_control.py --budget 1GiB --sync-each --modes none,harvest --spare-gpus 1 2>&1 | tail -12 || echo "needs 2 GPUs" ;;
   tenants) [ "$NGPU" -ge 2 ] && timeout -k 5 420 python3 benchmarks/gpu/harvest_tenants.py --json "$OUT/tenants.json" 2>&1 | tail -40 || echo "needs 2 GPUs" ;;
   kill) timeout -k 5 120 bash tests/gpu/kill_test.sh 2>&1 | grep -v "^tests/gpu" ;;
+  overhead2)   # attach cost factor by factor, inside one running loop (with and without host writes)
+    timeout -k 5 ${OVH_S:-200} python3 benchmarks/gpu/attach_overhead.py --window ${OVH_WIN:-2.5} --rounds ${OVH_ROUNDS:-3} --json "$OUT/ovh_touch.json" 2>&1 | grep -v "^round"
+    timeout -k 5 ${OVH_S:-200} python3 benchmarks/gpu/attach_overhead.py --no-touch --window ${OVH_WIN:-2.5} --rounds ${OVH_ROUNDS2:-5} \
+      --configs "tracker, nothing on;default kinds;all kinds" --json "$OUT/ovh_notouch.json" 2>&1 | grep -v "^round" ;;
+  overhead3)   # the default view (10 % sample, launch probes) against every event, many windows
+    timeout -k 5 ${OVH_S:-200} python3 benchmarks/gpu/attach_overhead.py --window ${OVH_WIN:-2.5} --rounds ${OVH_ROUNDS:-8} \
+      --configs "default, sampled 10%;umctl attach default;default kinds" --json "$OUT/ovh_default.json" 2>&1 | grep -v "^round" ;;
+  humab)   # HUM's protection split (this tree) against a previous build (HUM_OLD=path.so), with the runtime's counters
+    cat /sys/kernel/mm/transparent_hugepage/enabled
+    timeout -k 5 ${HUM_S:-240} python3 benchmarks/gpu/hum_programs.py --reps ${HUM_REPS:-3} --stats \
+      ${HUM_OLD:+--config "previous build=LIBRARY=$HUM_OLD"} \
+      ${HUM_VARIANTS:+--config "per-chunk unprotect=UMCTL_RT_HUM_UNPROT_STEP=2097152" --config "protect all at call=UMCTL_RT_HUM_PROTECT_GROUP=1099511627776"} \
+      2>&1 | grep -v "^STATS.*previous build" | tail -90 ;;
   overhead) timeout -k 5 ${OVERHEAD_S:-420} python3 tests/gpu/bench_torch_overhead.py "$OUT" --steps 40 --reps ${REPS:-2} ${ONLY:+--only "$ONLY"} ;;
   sampling)   # the live view, sampled (--sample 10%) and every event, on the same running loop
     python3 tests/gpu/wl_torch.py --steps 400 > "$OUT/wl_sampling.log" 2>&1 & P=$!
     for i in $(seq 60); do grep -q "^STEP 3 " "$OUT/wl_sampling.log" && break; sleep 0.5; done   # in the loop, not in torch's start-up
-    timeout -k 5 30 umctl attach --pid $P --duration 4 --sample 10% 2>&1 | tail -14
+    timeout -k 5 30 umctl attach --pid $P --duration 4 2>&1 | tail -14            # the default: a 10 % sample
     timeout -k 5 30 umctl attach --pid $P --duration 4 --sample 1 2>&1 | tail -14
-    timeout -k 5 30 umctl top --once --pid $P --interval 2 --sample 10% 2>&1 | tail -8
+    timeout -k 5 30 umctl top --once --pid $P --interval 2 2>&1 | tail -8
     kill $P 2>/dev/null; wait $P 2>/dev/null ;;
   replay)
     timeout -k 5 90 umctl run -q -o "$OUT/sweep.parquet" -- python3 tests/gpu/wl_sweep.py --mib 1024 --passes 4 | grep DONE | sed 's/^/MEASURED sweep /'

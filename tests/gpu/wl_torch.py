@@ -3,7 +3,8 @@
 
 Each step first touches the input batch on the host through its managed pointer (as a data
 loader writing into UVM would), so every step faults the batch back to the GPU. Prints
-``READY pid``, then ``STEP i ms`` and ``DONE total_ms``; managed memory stays under 2 GiB.
+``READY pid``, then ``STEP i ms t_end_ns`` (t_end_ns: CLOCK_MONOTONIC, so a benchmark can place
+each step in its attach windows) and ``DONE total_ms``; managed memory stays under 2 GiB.
 """
 
 import argparse
@@ -29,6 +30,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--batch-mib", type=int, default=64)
+    ap.add_argument("--seconds", type=float, default=0.0, help="run until this long has passed (overrides --steps)")
     ap.add_argument("--wait", action="store_true")
     ap.add_argument("--no-touch", action="store_true", help="the host never touches the batch: few faults")
     a = ap.parse_args()
@@ -51,7 +53,8 @@ def main() -> None:
     if a.wait:
         sys.stdin.readline()
     t_all = time.perf_counter()
-    for i in range(a.steps):
+    i = 0
+    while (time.perf_counter() - t_all < a.seconds) if a.seconds > 0 else i < a.steps:
         t = time.perf_counter()
         torch.cuda.synchronize()
         if not a.no_touch:
@@ -61,7 +64,8 @@ def main() -> None:
         loss.backward()
         opt.step()
         torch.cuda.synchronize()
-        print(f"STEP {i} {(time.perf_counter() - t) * 1e3:.2f}", flush=True)
+        print(f"STEP {i} {(time.perf_counter() - t) * 1e3:.2f} {time.clock_gettime_ns(time.CLOCK_MONOTONIC)}", flush=True)
+        i += 1
     print(f"DONE {(time.perf_counter() - t_all) * 1e3:.1f}", flush=True)
 
 

@@ -296,17 +296,21 @@ SOURCE_HELP = ("Where events come from: uvmtools (the UVM tools API; works every
                "commands then go through the umctl kernel module).")
 
 
-SAMPLE_HELP = ("Collect events and counters only this fraction of the time (e.g. 0.1 or 10%; default 1 = every "
-               "event): a view then costs umctl ~10x fewer events to decode; totals become estimates and top "
-               "kernels/blocks rankings of the sample. Measured on the H100, it does not lower the target's slowdown "
-               "(docs/live.md). Not with -o or --mode: a trace must replay and a controller must see every fault.")
+SAMPLE_HELP = ("Collect events and counters only this fraction of the time (e.g. 0.1 or 10%; 1 = every event). "
+               "Default: 10% for a view (what attaching costs the target is per event in the driver: every event "
+               "made a fault-heavy PyTorch loop ~16% slower on the H100, a 10% sample left it within noise; "
+               "docs/live.md); every event with -o or --mode, which refuse less: a trace must replay and a "
+               "controller must see every fault. Sampled totals are estimates, rankings are of the sample.")
 
 
-def _resolve_sample(sample: str, *, recording: bool, control: bool) -> float:
-    """The ``--sample`` fraction; below 1 together with -o or --mode is refused (it would
-    lose data silently)."""
-    from ..sources.uvmtools.sampling import parse_sample
+def _resolve_sample(sample: str | None, *, recording: bool, control: bool) -> float:
+    """The ``--sample`` fraction: unset is 10 % for a view and every event for a trace or a
+    controller; an explicit value below 1 with -o or --mode is refused (it would lose data
+    silently)."""
+    from ..sources.uvmtools.sampling import VIEW_SAMPLE, parse_sample
 
+    if sample is None:
+        return 1.0 if (recording or control) else VIEW_SAMPLE
     v = parse_sample(sample)
     if v < 1 and (recording or control):
         raise UmctlError("--sample below 1 is for viewing only: a trace (-o) or a controller (--mode) needs "
@@ -511,7 +515,7 @@ def attach_command(
     spare_gpus: int = typer.Option(0, "--spare-gpus", help="Evict over the budget into this many neighbour GPUs' memory instead of the host."),
     rate: Optional[str] = typer.Option(None, "--rate", help="Cap on the data umctl itself moves, per second (e.g. 20GB)."),
     source: str = typer.Option("uvmtools", "--source", help=SOURCE_HELP),
-    sample: str = typer.Option("1", "--sample", help=SAMPLE_HELP),
+    sample: Optional[str] = typer.Option(None, "--sample", help=SAMPLE_HELP),
 ) -> None:
     """Observe a running process's Unified Memory live, and with --mode control it.
 
@@ -528,7 +532,7 @@ def attach_command(
 
       [bold]sudo umctl attach --pid 4242 --mode none --budget 8GiB[/bold]   (LRU baseline)
 
-      [bold]sudo umctl attach --pid 4242 --sample 10%[/bold]   (events 10% of the time: estimates)
+      [bold]sudo umctl attach --pid 4242 --sample 1[/bold]   (every event, not a 10% sample: exact totals)
     """
     from .main import check_output_path
 
@@ -719,7 +723,7 @@ def top_command(
     kinds: str = typer.Option("default", "--kinds", "-k", help=KINDS_HELP),
     sort: str = typer.Option("faults", "--sort", "-s", help="Sort by faults, batches, h2d, d2h, thrashing, cpu_faults or pid."),
     launches: bool = typer.Option(True, "--launches/--no-launches", help="Kernel launches (top kernels) through the BPF probe."),
-    sample: str = typer.Option("1", "--sample", help=SAMPLE_HELP),
+    sample: Optional[str] = typer.Option(None, "--sample", help=SAMPLE_HELP),
 ) -> None:
     """Live per-process view of every process using CUDA Unified Memory (like htop / nvtop).
 
@@ -731,6 +735,8 @@ def top_command(
       [bold]sudo umctl top[/bold]
 
       [bold]sudo umctl top --once --interval 2[/bold]
+
+      [bold]sudo umctl top --sample 1[/bold]   (every event: exact counts, slows a fault-heavy target)
     """
     from rich.live import Live
 

@@ -1,25 +1,30 @@
-"""Time-sampled collection: the tracker's events and counters on for ``on_ms`` of every ``period_ms``.
+"""Time-sampled collection: the tracker's events and counters on for a window of
+``duty x period_ms`` in every ``period_ms``, at a random place in each period.
 
-Why it exists: while any tools event or counter is enabled on a va_space, the driver (580)
-makes every CPU fault wait for its tools kthread queue (``uvm_va_space_cpu_fault`` calls
-``uvm_tools_flush_events``) and runs a tools callback on every GPU fault, and we decode every
-event. A view that wants rates and rankings (faults/s, top kernels, top blocks) does not need
-every event: in a 10 % duty cycle the driver runs tool-free 90 % of the time, umctl decodes a
-tenth of the events, and totals are the windows' counts over the measured on-time -- the trade
-a sampling profiler makes.
+Why it exists: what attaching costs a target is per event, in the driver. Measured inside one
+running PyTorch loop on the H100 (benchmarks/gpu/attach_overhead.py, docs/live.md): the
+duplicated fd and an idle tracker cost nothing measurable, the counters ~4 %, and GPU fault
+events ~0.45 us each on the fault-service path, +15 % on a loop taking 230 K faults/s; while
+any tools event or counter is enabled the driver also makes every CPU fault wait for its tools
+kthread queue (``uvm_va_space_cpu_fault`` -> ``uvm_tools_flush_events``). With a 10 % duty
+cycle the driver runs tool-free 90 % of the time and the cost falls with it, to within the
+noise (-2 % .. +0.2 %, against +16 .. +19 % for every event). A view that wants rates and
+rankings (faults/s, top kernels, top blocks) does not need every event, so ``attach`` and
+``top`` sample by default -- the trade a sampling profiler makes; totals are the windows'
+counts over the measured on-time. Recording and control never sample: a trace must replay and
+a controller must see every fault.
 
-What it did not do (H100, fault-heavy PyTorch loop, docs/live.md): lower the target's slowdown.
-Every event, counters alone and a 10 % sample all cost about +12 % there, so that cost is
-something fixed about being attached, not per-event work; sampling therefore is an option
-(``--sample``), not the default. Recording and control never sample: a trace must replay and a
-controller must see every fault.
-
-The sampler is ticked by the drain thread (every ``drain_ms``), so window edges are accurate
-to a couple of milliseconds; ``fraction`` is the measured on-time over the elapsed time, which
-is what estimates divide by (not the nominal duty)."""
+The window's start in each period is drawn at random (the first period starts on; a window
+may run on into the next period), so every instant is sampled with the same probability and
+a workload whose steps repeat at the sampling period is not always caught in the same phase,
+which would bias the estimates. The sampler is ticked by the drain thread (every
+``drain_ms``), so window edges are accurate to a couple of milliseconds; ``fraction`` is the
+measured on-time over the elapsed time, which is what estimates divide by (not the nominal
+duty)."""
 
 from __future__ import annotations
 
+import random
 import time
 from typing import Callable
 
@@ -40,12 +45,17 @@ def parse_sample(text: str | float | None) -> float:
     return v
 
 
+#: What ``attach`` and ``top`` collect by default (``--sample``): 10 % of the time.
+VIEW_SAMPLE = 0.1
+
+
 class Sampler:
-    """Turns collection on and off in a fixed duty cycle. ``toggle(on)`` is the driver call
-    (the source's ENABLE/DISABLE_EVENTS and ENABLE/DISABLE_COUNTERS); it starts on."""
+    """Turns collection on and off: one window of ``duty`` of each period, at a random offset.
+    ``toggle(on)`` is the driver call (the source's ENABLE/DISABLE_EVENTS and
+    ENABLE/DISABLE_COUNTERS); it starts on."""
 
     def __init__(self, toggle: Callable[[bool], None], duty: float, period_ms: float = 100.0,
-                 clock: Callable[[], float] = time.monotonic):
+                 clock: Callable[[], float] = time.monotonic, rng: random.Random | None = None):
         if not 0 < duty <= 1:
             raise ValueError(f"duty must be in (0, 1], got {duty}")
         self.toggle = toggle
@@ -58,14 +68,30 @@ class Sampler:
         self._on_s = 0.0                   # on-time of finished windows
         self.toggles = 0
         self.errors = 0
+        self.rng = rng if rng is not None else random.Random()
+        self._period = 0                   # index of the period whose offset is drawn
+        self._offset = 0.0                 # its window's start within the period (0: the first)
+        self._prev_offset = -1.0           # the previous period's (its window may run into this one)
+
+    def _want(self, now: float) -> bool:
+        # Each period's window starts at a uniform offset in [0, period) and may run on into the
+        # next period: every instant is then covered with the same probability (the duty), which
+        # a window kept inside its period would not give its edges.
+        k = int((now - self.t0) // self.period_s)
+        while self._period < k:
+            self._prev_offset = self._offset
+            self._period += 1
+            self._offset = self.rng.uniform(0.0, self.period_s)
+        phase = (now - self.t0) - k * self.period_s
+        on = self.duty * self.period_s
+        return (self._offset <= phase < self._offset + on) or phase < self._prev_offset + on - self.period_s
 
     def tick(self) -> None:
         """Called often (every drain): switch state at the window edges."""
         if self.duty >= 1:
             return
         now = self.clock()
-        phase = (now - self.t0) % self.period_s
-        want = phase < self.duty * self.period_s
+        want = self._want(now)
         if want == self.on:
             return
         try:
