@@ -182,3 +182,24 @@ def test_views_sample_by_default_traces_and_controllers_never(fake_io, capsys, t
     assert rc == 0, err
     assert "sampling" not in out
     assert fake_io.calls.count(abi.UVM_TOOLS_EVENT_QUEUE_DISABLE_EVENTS) - before <= 1   # only the detach
+
+
+def test_top_kernels_keep_unnamed_kernels_apart():
+    """Attached to a running process, the kernels it loaded before umctl came have no names (the
+    name probes fire on cuModuleGetFunction/cuLibraryGetKernel): each still gets its own row,
+    by function handle, instead of all of them being lumped into one unknown kernel."""
+    s = LiveStats(pid=1)
+    b = EventBatch(names=["gemm"])
+    la = empty(Kind.LAUNCH, 3)
+    la["t_ns"] = [100, 200, 300]
+    la["name_id"] = [-1, 0, -1]
+    la["func"] = [0xAA00, 0xBB00, 0xCC00]
+    b.add(Kind.LAUNCH, la)
+    f = empty(Kind.FAULT, 7)
+    f["t_ns"] = [50, 150, 150, 250, 350, 350, 350]
+    f["batch_id"] = np.arange(7)
+    b.add(Kind.FAULT, f)
+    s.update(b)
+    top = s.top_kernels(4)
+    assert top[:2] == [("<kernel 0xcc00, loaded before attach>", 3), ("<kernel 0xaa00, loaded before attach>", 2)]
+    assert sorted(top[2:]) == [("<before first launch>", 1), ("gemm", 1)]

@@ -3,7 +3,7 @@ inside ONE process of the loop.
 
 Why this design: separate processes of the same loop differ by up to 40 % in step time (one
 process ran 67 ms steps, the next 96 ms: allocation placement, clocks), which buried a 2 %
-effect under noise in the per-process benchmark (tests/gpu/bench_torch_overhead.py). Here one
+effect under noise in the per-process benchmark this one replaces. Here one
 long-lived ``tests/gpu/wl_torch.py`` runs throughout, and umctl attaches and detaches in
 windows: off, config A, off, config B, off, ... in a shuffled order each round. Each attached
 window is compared with the mean of the unattached windows on either side of it, so slow drift

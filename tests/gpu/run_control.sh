@@ -1,7 +1,7 @@
 #!/bin/bash
 # Device sessions of the live-control and live-observation issues, one section per measurement.
 #   bash tests/gpu/run_control.sh [SECTION ...]     (default: every section; logs to $OUT)
-# Sections: calibrate runtime hum humnvcc humab torch layers harvest tenants kill overhead overhead2 overhead3 sampling replay core
+# Sections: calibrate runtime hum humnvcc humab torch layers harvest tenants kill overhead2 overhead3 sampling replay core
 cd "$(dirname "$0")/../.."
 export OUT=${OUT:-/tmp/umctl_out} PYTHONUNBUFFERED=1 PIP_ROOT_USER_ACTION=ignore
 [ -f .umctl_gpu/libbpf.so.1 ] && export UMCTL_LIBBPF=$PWD/.umctl_gpu/libbpf.so.1
@@ -10,7 +10,7 @@ python3 -m pip install -q --no-build-isolation --no-deps -e . > "$OUT/install.lo
 nvidia-smi --query-gpu=index,name,memory.total,memory.used,driver_version --format=csv,noheader
 GPU=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | tr 'A-Z ' 'a-z-' | sed 's/nvidia-//; s/-.*//')
 NGPU=$(nvidia-smi --query-gpu=index --format=csv,noheader | wc -l)
-SECTIONS=${*:-calibrate runtime hum humnvcc torch layers harvest kill overhead replay}
+SECTIONS=${*:-calibrate runtime hum humnvcc torch layers harvest kill overhead2 replay}
 
 for s in $SECTIONS; do
   echo "== $s"
@@ -52,7 +52,6 @@ PY
       ${HUM_OLD:+--config "previous build=LIBRARY=$HUM_OLD"} \
       ${HUM_VARIANTS:+--config "per-chunk unprotect=UMCTL_RT_HUM_UNPROT_STEP=2097152" --config "protect all at call=UMCTL_RT_HUM_PROTECT_GROUP=1099511627776"} \
       2>&1 | grep -v "^STATS.*previous build" | tail -90 ;;
-  overhead) timeout -k 5 ${OVERHEAD_S:-420} python3 tests/gpu/bench_torch_overhead.py "$OUT" --steps 40 --reps ${REPS:-2} ${ONLY:+--only "$ONLY"} ;;
   sampling)   # the live view, sampled (--sample 10%) and every event, on the same running loop
     python3 tests/gpu/wl_torch.py --steps 400 > "$OUT/wl_sampling.log" 2>&1 & P=$!
     for i in $(seq 60); do grep -q "^STEP 3 " "$OUT/wl_sampling.log" && break; sleep 0.5; done   # in the loop, not in torch's start-up

@@ -47,6 +47,8 @@ class LiveStats:
     h2d: dict[str, int] = field(default_factory=lambda: {n: 0 for n, _ in CAUSE_COLUMNS} | {"other": 0})
     d2h: dict[str, int] = field(default_factory=lambda: {n: 0 for n, _ in CAUSE_COLUMNS} | {"other": 0})
     block_faults: dict[int, int] = field(default_factory=dict)
+    #: faults per kernel: keyed by name_id, or for a kernel whose name is unknown (loaded before
+    #: umctl attached, so the name probes never saw it) by -3 - its index in ``_handles``
     kernel_faults: dict[int, int] = field(default_factory=dict)
     names: list[str] = field(default_factory=list)
     counters: dict[str, int] = field(default_factory=dict)
@@ -63,7 +65,8 @@ class LiveStats:
     _prev_t: float = 0.0
     rates: dict[str, float] = field(default_factory=dict)
     _launch_t: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64))
-    _launch_name: np.ndarray = field(default_factory=lambda: np.empty(0, np.int32))
+    _launch_name: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64))
+    _handles: dict[int, int] = field(default_factory=dict)   # unnamed kernel's function handle -> index
     _batch_ids: set = field(default_factory=set)
 
     def update(self, batch: EventBatch) -> None:
@@ -109,7 +112,10 @@ class LiveStats:
             self.launches += len(la)
             order = np.argsort(la["t_ns"], kind="stable")
             self._launch_t = np.concatenate([self._launch_t, la["t_ns"][order]])[-4096:]
-            self._launch_name = np.concatenate([self._launch_name, la["name_id"][order]])[-4096:]
+            key = la["name_id"][order].astype(np.int64)
+            for j in np.flatnonzero(key < 0):   # unnamed: one entry per function handle, not one "#-1"
+                key[j] = -3 - self._handles.setdefault(int(la["func"][order[j]]), len(self._handles))
+            self._launch_name = np.concatenate([self._launch_name, key])[-4096:]
         if len(f) and len(self._launch_t):
             pos = np.searchsorted(self._launch_t, f["t_ns"], side="right") - 1
             ids, n = np.unique(np.where(pos >= 0, self._launch_name[np.maximum(pos, 0)], -2), return_counts=True)
@@ -178,12 +184,16 @@ class LiveStats:
         items = self.block_faults.items()
         return sorted(items, key=lambda kv: -kv[1])[:n]
 
+    def kernel_label(self, key: int) -> str:
+        if 0 <= key < len(self.names):
+            return self.names[key]
+        if key == -2:
+            return "<before first launch>"
+        handle = next((h for h, i in self._handles.items() if -3 - i == key), None)
+        return f"<kernel 0x{handle:x}, loaded before attach>" if handle is not None else f"#{key}"
+
     def top_kernels(self, n: int = 3) -> list[tuple[str, int]]:
-        out = []
-        for i, c in sorted(self.kernel_faults.items(), key=lambda kv: -kv[1])[:n]:
-            name = self.names[i] if 0 <= i < len(self.names) else ("<before first launch>" if i == -2 else f"#{i}")
-            out.append((name, c))
-        return out
+        return [(self.kernel_label(i), c) for i, c in sorted(self.kernel_faults.items(), key=lambda kv: -kv[1])[:n]]
 
 
 def summary_line(s: LiveStats, elapsed: float, lag_p99_ms: float | None = None) -> str:
