@@ -1,7 +1,7 @@
 #!/bin/bash
 # Device sessions of the live-control and live-observation issues, one section per measurement.
 #   bash tests/gpu/run_control.sh [SECTION ...]     (default: every section; logs to $OUT)
-# Sections: calibrate runtime hum humnvcc humab torch layers harvest tenants kill overhead2 overhead3 sampling replay core
+# Sections: calibrate runtime hum humnvcc humab whyfaults gputests torch layers harvest tenants kill overhead2 overhead3 sampling replay core
 cd "$(dirname "$0")/../.."
 export OUT=${OUT:-/tmp/umctl_out} PYTHONUNBUFFERED=1 PIP_ROOT_USER_ACTION=ignore
 [ -f .umctl_gpu/libbpf.so.1 ] && export UMCTL_LIBBPF=$PWD/.umctl_gpu/libbpf.so.1
@@ -46,6 +46,15 @@ PY
   overhead3)   # the default view (10 % sample, launch probes) against every event, many windows
     timeout -k 5 ${OVH_S:-200} python3 benchmarks/gpu/attach_overhead.py --window ${OVH_WIN:-2.5} --rounds ${OVH_ROUNDS:-8} \
       --configs "default, sampled 10%;umctl attach default;default kinds" --json "$OUT/ovh_default.json" 2>&1 | grep -v "^round" ;;
+  whyfaults)   # the torch loop under a 512 MiB budget, recorded, and each fault classified (umctl trace control)
+    for m in none "deepum --degree 8" deepum; do
+      echo "-- $m"
+      timeout -k 5 150 umctl run -q --runtime --managed --mode $m --budget ${WHY_BUDGET:-512MiB} -o "$OUT/ctl.parquet" -- \
+        python3 tests/gpu/wl_torch_train.py --steps 12 | grep -v "^STEP" | grep -i "faults\|budget\|DONE\|control" | head -8
+      timeout -k 5 60 umctl trace control "$OUT/ctl.parquet" --skip ${WHY_SKIP:-3}
+      rm -f "$OUT/ctl.parquet"
+    done ;;
+  gputests) timeout -k 5 300 python3 -m pytest -m gpu -p no:cacheprovider -q tests/gpu 2>&1 | tail -15 ;;
   humab)   # HUM's protection split (this tree) against a previous build (HUM_OLD=path.so), with the runtime's counters
     cat /sys/kernel/mm/transparent_hugepage/enabled
     timeout -k 5 ${HUM_S:-240} python3 benchmarks/gpu/hum_programs.py --reps ${HUM_REPS:-3} --stats \

@@ -169,6 +169,50 @@ def info(
 
 
 @app.command()
+def control(
+    file: Path = typer.Argument(..., help="Trace of a controlled run (umctl attach/run --mode ... -o FILE)."),
+    skip: float = typer.Option(0.0, "--skip", help="Leave out the first SECONDS (warm-up, tables still learning)."),
+    as_json: bool = typer.Option(False, "--json", help="Print the report as JSON."),
+) -> None:
+    """Why a controlled run still faulted: each faulted block, by what umctl did to it before.
+
+    Classes: late (a prefetch was in flight), evicted after prefetch, evicted and not
+    prefetched back, prefetched and resident (the driver's doing), never touched.
+
+    Example: [bold]umctl trace control run.parquet --skip 2[/bold]
+    """
+    from ..report.control import CLASSES, from_trace
+
+    with read_trace(file) as trace:
+        if not trace.counts()[Kind.COMMAND]:
+            raise UmctlError(f"{file}: no COMMAND records (record a controlled run: umctl attach/run --mode ... -o FILE)")
+        rep = from_trace(trace, skip_s=skip)
+    if as_json:
+        typer.echo(json.dumps(rep.as_dict(), indent=2))
+        return
+    console = Console(highlight=False)
+    t = Table(title=f"{file}: {rep.fault_blocks:,} faulted blocks (one per block per fault batch)"
+              + (f" after the first {skip:g} s" if skip else ""))
+    t.add_column("before the fault, umctl had ...")
+    t.add_column("blocks", justify="right")
+    t.add_column("share", justify="right")
+    for c in CLASSES:
+        n = rep.classes[c]
+        t.add_row(c, f"{n:,}", f"{100 * n / max(rep.fault_blocks, 1):.1f} %")
+    console.print(t)
+    cmds = ", ".join(f"{k} {v:,}" for k, v in rep.commands.items())
+    console.print(f"commands: {cmds or 'none'}")
+    if rep.prefetch_turnaround_ms:
+        console.print(f"prefetch submitted -> completed: p50 {rep.prefetch_turnaround_ms[0]} ms, "
+                      f"p90 {rep.prefetch_turnaround_ms[1]} ms")
+    if rep.late_submitted_before_ms:
+        msg = (f"late prefetches: submitted p50 {rep.late_submitted_before_ms[0]} ms before the fault"
+               + (f", completed p50 {rep.late_completed_after_ms[0]} ms after it" if rep.late_completed_after_ms else ""))
+        console.print(msg)
+    console.print(f"prefetched, then evicted with no fault in between: {rep.prefetch_then_evicted_unfaulted:,}")
+
+
+@app.command()
 def export(
     file: Path = typer.Argument(..., help="Trace file (.parquet)."),
     perfetto: Optional[Path] = typer.Option(None, "--perfetto", help="Write Chrome/Perfetto trace-event JSON here."),
