@@ -1639,20 +1639,62 @@ static struct finfo *func_info(const void *f)
     return e;
 }
 
+/* Occurrences of each argument-less identity since the host last waited for the GPU to drain
+   (cudaDeviceSynchronize / cudaStreamSynchronize): see exec_hash. An epoch per slot instead of
+   clearing the table at every synchronisation. */
+#define OCC_SLOTS 4096
+static struct occ { u64 key; uint32_t n, epoch; } occ_tab[OCC_SLOTS];
+static uint32_t occ_epoch = 1;
+static pthread_mutex_t occ_mu = PTHREAD_MUTEX_INITIALIZER;
+
+static void occ_reset(void)
+{
+    pthread_mutex_lock(&occ_mu);
+    occ_epoch++;
+    pthread_mutex_unlock(&occ_mu);
+}
+
+static uint32_t occ_next(u64 key)
+{
+    uint32_t n = 0;
+    pthread_mutex_lock(&occ_mu);
+    for (uint32_t i = 0; i < 64; i++) {   /* linear probing; a full neighbourhood counts as 0 */
+        struct occ *o = &occ_tab[(key + i) % OCC_SLOTS];
+        if (o->epoch != occ_epoch) {
+            o->key = key, o->n = 0, o->epoch = occ_epoch;
+        } else if (o->key != key) {
+            continue;
+        }
+        n = o->n++;
+        break;
+    }
+    pthread_mutex_unlock(&occ_mu);
+    return n;
+}
+
 /* Execution identity (DeepUM §3.1: kernel + arguments): FNV-1a 64 over the kernel name, grid,
    block, dynamic shared memory and each argument's bytes, with sizes from cuFuncGetParamInfo
-   (CUDA >= 12.4). Without sizes the arguments are left out (bytes past an argument are not the
-   argument and would make repeated launches differ). */
+   (CUDA >= 12.4). Without sizes the argument bytes cannot be read (bytes past an argument are
+   not the argument and would make repeated launches differ), and then the identity is the
+   kernel and geometry plus which occurrence of them this is since the host last synchronised:
+   a training step launches the same GEMM once per layer with different tensors, which the
+   arguments would tell apart, and the occurrence index does it the same way every step
+   (measured: a PyTorch loop on driver 580 / CUDA 13 gave 14 identities for 60 launches a step
+   without it, and DeepUM's tables and chains merged the layers). */
 static u64 exec_hash(struct finfo *fi, const void *f, dim3 g, dim3 b, void **args, size_t smem)
 {
     u64 h = fi ? fi->name_hash : fnv(FNV0, &f, sizeof f);
     h = fnv(h, &g, sizeof g);
     h = fnv(h, &b, sizeof b);
     h = fnv(h, &smem, sizeof smem);
-    if (fi && fi->nparams > 0 && fi->sizes && args)
+    if (fi && fi->nparams > 0 && fi->sizes && args) {
         for (int i = 0; i < fi->nparams; i++)
             if (args[i])
                 h = fnv(h, args[i], fi->sizes[i]);
+    } else {
+        uint32_t k = occ_next(h);
+        h = fnv(h, &k, sizeof k);
+    }
     return h;
 }
 
@@ -2341,19 +2383,24 @@ API cudaError_t cudaLaunchKernel_ptsz(const void *f, dim3 g, dim3 b, void **args
 
 /* Everything else that enqueues work, synchronises or touches memory: barrier, then the real
    call, arguments passed through unchanged (see the trampolines above for why this is exact). */
-#define PASS(name)                                                                                     \
+#define PASS_THEN(name, after)                                                                         \
     API u64 name(u64 a, u64 b, u64 c, u64 d, u64 e, u64 f, u64 g, u64 h, u64 i, u64 j, u64 k, u64 l)   \
     {                                                                                                  \
         static fn12 real;                                                                              \
         if (!real)                                                                                     \
-            real = (fn12)next_sym(#name);                                               \
+            real = (fn12)next_sym(#name);                                                              \
         if (!real)                                                                                     \
             return 1;                                                                                  \
         hum_barrier();                                                                                 \
-        return real(a, b, c, d, e, f, g, h, i, j, k, l);                                               \
+        u64 r = real(a, b, c, d, e, f, g, h, i, j, k, l);                                              \
+        after;                                                                                         \
+        return r;                                                                                      \
     }
-PASS(cudaDeviceSynchronize)
-PASS(cudaStreamSynchronize)
+#define PASS(name) PASS_THEN(name, (void)0)
+/* the host waited for the GPU to drain: an iteration boundary for exec_hash's occurrence counts */
+#define PASS_SYNC(name) PASS_THEN(name, if (!tl_internal) occ_reset())
+PASS_SYNC(cudaDeviceSynchronize)
+PASS_SYNC(cudaStreamSynchronize)
 PASS(cudaStreamQuery)
 PASS(cudaStreamWaitEvent)
 PASS(cudaStreamAddCallback)
@@ -2390,7 +2437,7 @@ PASS(cudaMemcpy_ptds)
 PASS(cudaMemcpyAsync_ptsz)
 PASS(cudaMemset_ptds)
 PASS(cudaMemsetAsync_ptsz)
-PASS(cudaStreamSynchronize_ptsz)
+PASS_SYNC(cudaStreamSynchronize_ptsz)
 PASS(cudaStreamQuery_ptsz)
 PASS(cudaStreamWaitEvent_ptsz)
 PASS(cudaEventRecord_ptsz)

@@ -186,7 +186,7 @@ def test_budget_keeper_asks_the_controller_which_blocks_to_lose():
     ctl = make_controller("deepum")
     r = Residency(1)
     r.arrive(0, [1, 2, 3, 4], 0)
-    ctl._expected_cache = {1, 2}           # the next kernels touch blocks 1 and 2
+    ctl._horizon_cache = {1: 0, 2: 1}      # the next kernels touch blocks 1 and 2
     bud = Budget(2 * BLOCK_SIZE, r)
     bud.slack_blocks = 0
     cmds = bud.enforce([0], 1, order=ctl.eviction_order)
@@ -197,3 +197,42 @@ def test_budget_keeper_asks_the_controller_which_blocks_to_lose():
     plain.slack_blocks = 0
     lru = plain.enforce([0], 1)
     assert sorted((lru["addr"] >> np.uint64(BLOCK_SHIFT)).tolist()) == [1, 2]
+
+
+def test_expected_blocks_are_lost_furthest_need_first():
+    """When the budget needs more room than the unexpected blocks give, DeepUM gives up the
+    expected blocks needed furthest ahead: migration age would pick the block prefetched first,
+    which is the one the next kernel needs (on the H100 torch loop most faults left under
+    deepum were such blocks, prefetched and evicted again before their use)."""
+    ctl = make_controller("deepum")
+    r = Residency(1)
+    r.arrive(0, [10, 11, 12, 13, 14], 0)   # 10 oldest: prefetched first, for the current kernel
+    ctl._horizon_cache = {10: 0, 11: 1, 12: 2, 13: 3}   # 14: no predicted kernel touches it
+    bud = Budget(2 * BLOCK_SIZE, r)
+    bud.slack_blocks = 0
+    cmds = bud.enforce([0], 1, order=ctl.eviction_order)
+    assert (cmds["addr"] >> np.uint64(BLOCK_SHIFT)).tolist() == [14, 13, 12]
+    assert list(r.blocks[0]) == [10, 11]      # what the next two kernels need stays
+
+
+def test_budget_keeper_ranks_by_deepums_predicted_next_use_beyond_n():
+    """Past the N kernels DeepUM prefetches for, the budget keeper still follows DeepUM's own
+    prediction of the kernel sequence: of the blocks the next N kernels do not expect, those
+    needed furthest ahead go first (LRU would take the oldest arrival, which on a training
+    loop's cycle is the block needed soonest)."""
+    ctl = make_controller("deepum", degree=1)
+    seq = [1, 2, 3, 4, 5] * 3                          # a 5-kernel "step", seen three times
+    for i in range(3, len(seq) - 1):
+        ctl.exec_table.record(tuple(seq[i - 3:i]), seq[i], seq[i + 1])
+    for k in range(1, 6):
+        ctl._table(k).record(100 + k)                  # kernel k touches block 100 + k
+    ctl.history = [3, 4, 5, 1]
+    ctl.cur = 1
+    ranks = ctl._next_use(10)
+    assert ranks == {101: 0, 102: 1, 103: 2, 104: 3, 105: 4}
+    r = Residency(1)
+    r.arrive(0, [102, 103, 104, 105, 999], 0)          # 102 arrived first: LRU would lose it first
+    bud = Budget(2 * BLOCK_SIZE, r)
+    bud.slack_blocks = 0
+    cmds = bud.enforce([0], 1, order=ctl.eviction_order)
+    assert (cmds["addr"] >> np.uint64(BLOCK_SHIFT)).tolist() == [999, 105, 104]

@@ -25,10 +25,10 @@ def _faults(items):
 
 
 def _cmds(items):
-    """(t_submit_ms, op, block, t_done_ms or None) -> COMMAND and RESULT records"""
+    """(t_submit_ms, op, block, t_done_ms or None, priority) -> COMMAND and RESULT records"""
     cs, rs = [], []
-    for i, (t, op, b, done) in enumerate(items):
-        c = commands(op, b << BLOCK_SHIFT, 2 << 20, dst=CPU if op == Op.PREEVICT else 0, t_ns=t * MS)
+    for i, (t, op, b, done, prio) in enumerate(items):
+        c = commands(op, b << BLOCK_SHIFT, 2 << 20, dst=CPU if op == Op.PREEVICT else 0, t_ns=t * MS, priority=prio)
         c["cmd_id"] = i
         cs.append(c)
         if done is not None:
@@ -39,27 +39,26 @@ def _cmds(items):
 
 
 CASE_FAULTS = [(10, 1, 1), (10, 1, 1),          # block 1: prefetch still in flight -> late (once per batch)
-               (20, 2, 2),                       # block 2: prefetched, done, evicted again -> evicted after prefetch
-               (30, 3, 3),                       # block 3: only evicted -> evicted, not prefetched back
+               (20, 2, 2),                       # block 2: prefetched, then evicted by the budget keeper
+               (30, 3, 3),                       # block 3: evicted by the controller
                (40, 4, 4),                       # block 4: prefetched and done -> prefetched, resident
                (50, 5, 5)]                       # block 5: no command -> never touched
-CASE_CMDS = [(5, Op.PREFETCH, 1, 12),
-             (1, Op.PREFETCH, 2, 3), (15, Op.PREEVICT, 2, 16),
-             (25, Op.PREEVICT, 3, 26),
-             (35, Op.PREFETCH, 4, 36), (60, Op.PREEVICT, 4, 61),   # evicted only after its fault
-             (70, Op.PREFETCH, 6, 71), (80, Op.PREEVICT, 6, 81)]   # block 6: moved in and out, never faulted
+CASE_CMDS = [(5, Op.PREFETCH, 1, 12, 1),
+             (1, Op.PREFETCH, 2, 3, 1), (15, Op.PREEVICT, 2, 16, 0),
+             (25, Op.PREEVICT, 3, 26, 1),
+             (35, Op.PREFETCH, 4, 36, 1), (60, Op.PREEVICT, 4, 61, 0),   # evicted only after its fault
+             (70, Op.PREFETCH, 6, 71, 1)]
 
 
 def test_each_fault_is_classified_by_what_came_before():
     cmds, res = _cmds(CASE_CMDS)
     rep = analyze(_faults(CASE_FAULTS), cmds, res)
     assert rep.fault_blocks == 5
-    assert rep.classes == {"late": 1, "evicted after prefetch": 1, "evicted, not prefetched back": 1,
-                           "prefetched, resident": 1, "never touched": 1}
+    assert rep.classes == {"late": 1, "prefetched, resident": 1, "evicted by the budget": 1,
+                           "evicted by the controller": 1, "never touched": 1}
     assert rep.late_submitted_before_ms == [5.0, 5.0] and rep.late_completed_after_ms == [2.0, 2.0]
-    assert rep.commands == {"prefetch": 4, "preevict": 4}
-    # block 2 was prefetched then evicted with no fault between; block 6 likewise; block 4 faulted between
-    assert rep.prefetch_then_evicted_unfaulted == 2
+    assert rep.commands == {"prefetch": 4, "preevict": 3}
+    assert rep.evicted_refault_ms == [5.0, 5.0]       # 20-15 and 30-25
     later = analyze(_faults(CASE_FAULTS), cmds, res, since_ns=25 * MS)
     assert later.fault_blocks == 3 and later.classes["late"] == 0
 
@@ -76,9 +75,10 @@ def test_cli_reports_a_control_trace_and_refuses_one_without_commands(tmp_path, 
     assert main(["trace", "control", str(path), "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["fault_blocks"] == 5 and out["classes"]["never touched"] == 1
+    assert out["classes"]["evicted by the budget"] == 1
     assert main(["trace", "control", str(path)]) == 0
     text = capsys.readouterr().out
-    assert "evicted after prefetch" in text and "late prefetches: submitted p50 5.0 ms" in text
+    assert "evicted by the controller" in text and "late prefetches: submitted p50 5.0 ms" in text
     plain = tmp_path / "p.parquet"
     with TraceWriter(plain, {"gpu_mem": [64 << 20]}) as w:
         b = EventBatch()

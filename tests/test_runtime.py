@@ -118,6 +118,30 @@ def test_reports_decode_to_launch_alloc_copy(built):
     assert Kind.DROPS not in batch and stats(err)["drops"] == "0,0,0"
 
 
+@pytest.mark.parametrize("param_info", [True, False])
+def test_launch_identity_repeats_every_step(built, param_info):
+    """DeepUM's execution ID: kernel + arguments. With argument sizes, two launches with equal
+    arguments are the same execution. Without them (driver 580 / CUDA 13 for nvcc and torch
+    kernels) the runtime tells them apart by occurrence since the host last waited for the GPU
+    (cudaDeviceSynchronize / cudaStreamSynchronize): the first and second launch of a step differ,
+    and every step repeats the same identities."""
+    base = {k: v for k, v in os.environ.items() if not k.startswith(("UMCTL_RT_", "LD_PRELOAD"))}
+    base["FAKE_LIBCUDA"] = str(built["libcuda"])
+    if not param_info:
+        base["FAKE_NO_PARAM_INFO"] = "1"
+    with RuntimeSource() as src:
+        env = child_env(base, library=built["lib"], socket=src.path, managed=True)
+        env["UMCTL_RT_LIBCUDA"] = str(built["libcuda"])
+        res, _ = run_prog(built, ["steps"], env)
+    assert res == {"steps": 3}
+    h = src.drain()[Kind.LAUNCH]["exec_hash"].tolist()
+    assert len(h) == 6
+    if param_info:
+        assert len(set(h)) == 1
+    else:
+        assert h[0] != h[1] and h[0::2] == [h[0]] * 3 and h[1::2] == [h[1]] * 3
+
+
 @pytest.mark.parametrize("mode,threads,pinned", [("race", 1, 1), ("race", 4, 1), ("race", 3, 0), ("race-sync", 4, 1)])
 def test_hum_copies_equal_plain_even_when_source_is_rewritten(built, mode, threads, pinned):
     """PPoPP'20 §4.2: the host rewrites the whole source right after the asynchronous copy,

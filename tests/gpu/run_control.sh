@@ -47,7 +47,8 @@ PY
     timeout -k 5 ${OVH_S:-200} python3 benchmarks/gpu/attach_overhead.py --window ${OVH_WIN:-2.5} --rounds ${OVH_ROUNDS:-8} \
       --configs "default, sampled 10%;umctl attach default;default kinds" --json "$OUT/ovh_default.json" 2>&1 | grep -v "^round" ;;
   whyfaults)   # the torch loop under a 512 MiB budget, recorded, and each fault classified (umctl trace control)
-    for m in none "deepum --degree 8" deepum; do
+    IFS=';' read -ra MODES <<< "${WHY_MODES:-none;deepum --degree 8;deepum}"   # modes with their options, ';'-separated
+    for m in "${MODES[@]}"; do
       echo "-- $m"
       timeout -k 5 150 umctl run -q --runtime --managed --mode $m --budget ${WHY_BUDGET:-512MiB} -o "$OUT/ctl.parquet" -- \
         python3 tests/gpu/wl_torch_train.py --steps 12 | grep -v "^STEP" | grep -i "faults\|budget\|DONE\|control" | head -8

@@ -79,8 +79,14 @@ def test_sweep_faults_land_in_the_managed_buffer_and_nothing_is_dropped():
 
 
 def test_attaching_to_a_process_without_cuda_says_so():
-    with pytest.raises(NoUvm):
-        UvmToolsSource(os.getpid()).start()
+    # a child of ours, not this process: an earlier test may have initialised CUDA in pytest
+    p = subprocess.Popen(["sleep", "30"])
+    try:
+        with pytest.raises(NoUvm):
+            UvmToolsSource(p.pid).start()
+    finally:
+        p.kill()
+        p.wait()
 
 
 def test_record_torch_training_loop_and_replay(tmp_path, capsys):

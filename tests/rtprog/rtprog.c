@@ -314,6 +314,30 @@ static int driver_alloc(void)
     return 0;
 }
 
+/* The same kernel with the same arguments twice per "step", three steps, the host waiting for
+   the GPU after each: launch identities must repeat step to step. */
+static int steps(void)
+{
+    size_t n = 1024;
+    void *d;
+    if (cudaMalloc(&d, n * 4))
+        return 1;
+    dim3 g = {4, 1, 1}, b = {256, 1, 1};
+    uint64_t nn = n;
+    void *args[4] = {&d, &d, &d, &nn};
+    for (int s = 0; s < 3; s++) {
+        cudaLaunchKernel((void *)vec_add, g, b, args, 0, NULL);
+        cudaLaunchKernel((void *)vec_add, g, b, args, 0, NULL);
+        if (s == 1)
+            cudaStreamSynchronize(NULL);
+        else
+            cudaDeviceSynchronize();
+    }
+    printf("RESULT {\"steps\": 3}\n");
+    cudaFree(d);
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     register_params();
@@ -332,5 +356,7 @@ int main(int argc, char **argv)
         return driver_alloc();
     if (!strcmp(mode, "part"))
         return part(argc, argv);
+    if (!strcmp(mode, "steps"))
+        return steps();
     return 2;
 }

@@ -176,8 +176,9 @@ def control(
 ) -> None:
     """Why a controlled run still faulted: each faulted block, by what umctl did to it before.
 
-    Classes: late (a prefetch was in flight), evicted after prefetch, evicted and not
-    prefetched back, prefetched and resident (the driver's doing), never touched.
+    Classes, by the block's last command before the fault: late (a prefetch still in flight),
+    prefetched and resident (the driver's doing), evicted by the budget keeper, evicted by the
+    controller, never touched.
 
     Example: [bold]umctl trace control run.parquet --skip 2[/bold]
     """
@@ -193,7 +194,7 @@ def control(
     console = Console(highlight=False)
     t = Table(title=f"{file}: {rep.fault_blocks:,} faulted blocks (one per block per fault batch)"
               + (f" after the first {skip:g} s" if skip else ""))
-    t.add_column("before the fault, umctl had ...")
+    t.add_column("umctl's last command for the block")
     t.add_column("blocks", justify="right")
     t.add_column("share", justify="right")
     for c in CLASSES:
@@ -209,7 +210,9 @@ def control(
         msg = (f"late prefetches: submitted p50 {rep.late_submitted_before_ms[0]} ms before the fault"
                + (f", completed p50 {rep.late_completed_after_ms[0]} ms after it" if rep.late_completed_after_ms else ""))
         console.print(msg)
-    console.print(f"prefetched, then evicted with no fault in between: {rep.prefetch_then_evicted_unfaulted:,}")
+    if rep.evicted_refault_ms:
+        console.print(f"evicted blocks faulted again p50 {rep.evicted_refault_ms[0]} ms, "
+                      f"p90 {rep.evicted_refault_ms[1]} ms after their eviction")
 
 
 @app.command()

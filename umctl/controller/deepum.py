@@ -71,7 +71,7 @@ class DeepUMController(Controller):
 
     def __init__(self, num_rows: int = 2048, assoc: int = 2, num_succs: int = 4, degree: int = 32,
                  exec_fallback: bool = True, watermark_blocks: int = 4, max_blocks_per_step: int = 256,
-                 whole_fault_blocks: bool = True, whole_tables: bool = False, **options):
+                 whole_fault_blocks: bool = True, whole_tables: bool = False, evict_horizon: int = 512, **options):
         super().__init__(**options)
         self.num_rows, self.assoc, self.num_succs = int(num_rows), int(assoc), int(num_succs)
         self.degree = int(degree)
@@ -79,6 +79,8 @@ class DeepUMController(Controller):
         self.max_blocks = int(max_blocks_per_step)   # prefetch commands per event batch at most
         self.whole_fault_blocks = bool(whole_fault_blocks)  # migrate a faulted block whole
         self.whole_tables = bool(whole_tables)  # also prefetch blocks the walk did not reach
+        #: how many predicted kernels ahead the live budget keeper looks to rank its victims
+        self.evict_horizon = int(evict_horizon)
         self.exec_ids = ExecIdTable()
         self.exec_table = ExecCorrelationTable(fallback=exec_fallback)
         self.tables: dict[int, BlockTable] = {}
@@ -93,6 +95,7 @@ class DeepUMController(Controller):
         self._inactive_sorted: tuple[np.ndarray, np.ndarray] | None = None
         self.predicted_next: int | None = None
         self._expected_cache: set[int] | None = None
+        self._horizon_cache: dict[int, int] | None = None
         self.fault_queue: dict[int, None] = {}   # faulted blocks to complete, served first
         self.stats_ = {k: 0 for k in ("launches", "predictions", "predicted_right", "chains", "faulted_blocks",
                                        "prefetch_blocks", "preevict_blocks", "invalidate_blocks",
@@ -188,6 +191,7 @@ class DeepUMController(Controller):
         the execution history, follow or correct the walk."""
         self.stats_["launches"] += 1
         self._expected_cache = None
+        self._horizon_cache = None
         x = self.exec_ids.get(int(ev["exec_hash"]))
         self.gpu = int(ev["gpu"])
         if self.cur is not None and self.last_block is not None:
@@ -320,6 +324,32 @@ class DeepUMController(Controller):
         self._expected_cache = out
         return out
 
+    def _next_use(self, horizon: int) -> dict[int, int]:
+        """Each block of the current kernel and the predicted ones after it, up to ``horizon``
+        kernels (or until the prediction repeats itself) -> how many kernels ahead it is first
+        needed (0: the current kernel)."""
+        ids = [self.cur] if self.cur is not None else []
+        if self.chain is not None:
+            ids += self.chain.path[: max(0, horizon - 1)]
+        hist, cur = self._hist3(), ids[-1] if ids else None
+        if len(ids) >= 2:
+            hist = tuple((list(self._hist3()) + ids[:-1])[-3:])   # type: ignore[assignment]
+        seen = set(ids)
+        while cur is not None and len(ids) < horizon:
+            nxt = self.exec_table.predict(hist, cur)
+            if nxt is None or nxt in seen:
+                break
+            ids.append(nxt)
+            seen.add(nxt)
+            hist, cur = (hist[1], hist[2], cur), nxt
+        out: dict[int, int] = {}
+        for rank, i in enumerate(ids):
+            t = self.tables.get(i)
+            if t is not None:
+                for b in t.keys():
+                    out.setdefault(b, rank)
+        return out
+
     # ------------------------------------------------------------------ commands
     def _step(self, now: int) -> np.ndarray | None:
         g = self.gpu
@@ -381,12 +411,23 @@ class DeepUMController(Controller):
         return out, len(victims)
 
     def eviction_order(self, gpu: int, blocks: list[int]) -> list[int]:
-        """DeepUM's victim rule for a live budget keeper: blocks the current and next N kernels
-        do not expect go first (least recently migrated first among them), expected ones last."""
+        """Which blocks a live budget keeper loses first (it stands for the driver's eviction
+        when DeepUM's own pre-eviction did not make room). Ranked by DeepUM's own prediction of
+        the next use, looking ``evict_horizon`` kernels ahead: blocks no predicted kernel touches
+        first (least recently migrated first among them), then those needed furthest ahead.
+        Why not the paper's "least recently migrated and not expected by the next N": for the
+        budget keeper that is LRU over everything beyond N kernels, and on a training loop's
+        cycle LRU loses exactly the blocks needed soonest (measured on the H100 torch loop:
+        blocks it evicted came back a median of 17 kernels later, of ~60 a step, and 71-79 %
+        of the faults left under deepum were blocks prefetched and evicted again)."""
         if not self.enabled("preevict"):
             return blocks
-        expected = self._expected()
-        return [b for b in blocks if b not in expected] + [b for b in blocks if b in expected]
+        if self._horizon_cache is None:
+            self._horizon_cache = self._next_use(max(self.evict_horizon, self.degree + 1))
+        rank = self._horizon_cache
+        unexpected = [b for b in blocks if b not in rank]
+        expected = sorted((b for b in blocks if b in rank), key=lambda b: -rank[b])   # stable: LRU within a rank
+        return unexpected + expected
 
     def _inactive_parts(self, b: int) -> list[tuple[int, int]]:
         """The byte ranges of block b that lie in inactive allocator blocks."""
