@@ -142,7 +142,7 @@ def test_attach_sample_option_says_so(fake_io, capsys):
                            "--sample", "10%")
     assert rc == 0, err
     assert "sampling     events and counters collected" in out
-    assert "GPU faults   0 in" not in out       # the one window's 300 faults, scaled up
+    assert "GPU faults   ~" in out and "GPU faults   ~0 in" not in out   # the window's 300 faults, scaled up
 
 
 def test_random_window_placement_is_not_fooled_by_a_workload_in_step_with_the_period():

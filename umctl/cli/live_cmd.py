@@ -255,22 +255,23 @@ def _fmt_bytes(n: float) -> str:
 
 def _print_summary(command: str, stats: LiveStats, st: dict, reason: str) -> None:
     el = max(st.get("elapsed_s", 0.0), 1e-9)
+    est = "~" if stats.sample < 1 else ""   # sampled: every total is an estimate
     lines = [f"umctl {command}: pid {stats.pid} ({stats.comm}) observed {el:.1f} s, detached ({reason})",
-             f"  GPU faults   {stats.faults:,} in {'~' if stats.sample < 1 else ''}{stats.batches:,} batches "
-             f"({stats.faults / el:,.0f}/s)", f"  CPU faults   {stats.cpu_faults:,}"]
+             f"  GPU faults   {est}{stats.faults:,} in {est}{stats.batches:,} batches "
+             f"({est}{stats.faults / el:,.0f}/s)", f"  CPU faults   {est}{stats.cpu_faults:,}"]
     if stats.sample < 1:
         lines.append(f"  sampling     events and counters collected {100 * stats.sample:.1f}% of the time (--sample): "
                      "totals are estimates scaled by that, top kernels/blocks ranked from the sample")
     if stats.have_migrations:
         def causes(d: dict) -> str:
             return ", ".join(f"{k} {_fmt_bytes(v)}" for k, v in d.items() if v)
-        lines.append(f"  H2D          {_fmt_bytes(stats.h2d_total())} ({causes(stats.h2d) or '-'})")
-        lines.append(f"  D2H          {_fmt_bytes(stats.d2h_total())} ({causes(stats.d2h) or '-'})")
+        lines.append(f"  H2D          {est}{_fmt_bytes(stats.h2d_total())} ({causes(stats.h2d) or '-'})")
+        lines.append(f"  D2H          {est}{_fmt_bytes(stats.d2h_total())} ({causes(stats.d2h) or '-'})")
     elif stats.counters:
-        lines.append(f"  H2D          {_fmt_bytes(stats.h2d_total())} (prefetch {_fmt_bytes(stats.counter('prefetch_bytes_htd'))};"
+        lines.append(f"  H2D          {est}{_fmt_bytes(stats.h2d_total())} (prefetch {_fmt_bytes(stats.counter('prefetch_bytes_htd'))};"
                      " --kinds +migrations splits by cause)")
-        lines.append(f"  D2H          {_fmt_bytes(stats.d2h_total())}")
-    lines.append(f"  thrashing    {stats.thrashing:,}")
+        lines.append(f"  D2H          {est}{_fmt_bytes(stats.d2h_total())}")
+    lines.append(f"  thrashing    {est}{stats.thrashing:,}")
     if stats.launches:
         ks = ", ".join(f"{n} {c:,}" for n, c in stats.top_kernels())
         lines.append(f"  launches     {stats.launches:,}; top kernels by faults: {ks}")
