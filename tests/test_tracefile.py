@@ -335,3 +335,21 @@ def test_a_page_faulted_again_after_a_burst_is_not_reread_early(tmp_path: Path) 
                                  names=["k0", "k1", "k2"], meta={"gpu_mem": 64 << 20}))
     assert 64 not in kernel_pages(w, 1) and kernel_pages(w, 2) == [64]
     assert len(kernel_pages(w, 1)) == 511
+
+
+def test_peak_managed_bytes_counts_what_is_live_at_once():
+    """A loop that frees and allocates again every step allocates many times its footprint in
+    all; replay's header (and oversubscription) is about what is live at once."""
+    from umctl.events.schema import AllocOp
+    from umctl.sources.workload import ALLOCATION_DTYPE, OP_DTYPE, OpType, Workload
+
+    allocs = np.zeros(4, ALLOCATION_DTYPE)
+    allocs["alloc_id"] = [0, 1, 2, 3]
+    allocs["bytes"] = [100, 10, 10, 7]
+    allocs["managed"] = [True, True, True, False]
+    ops = np.zeros(5, OP_DTYPE)
+    ops["type"] = OpType.MEM
+    ops["alloc_id"] = [1, 1, 2, 2, 3]                  # 0: live from the start (no ALLOC op)
+    ops["mem_op"] = [AllocOp.ALLOC, AllocOp.FREE, AllocOp.ALLOC, AllocOp.FREE, AllocOp.ALLOC]
+    w = Workload("w", ops, np.zeros(0, np.int64), np.zeros(0, bool), allocs, [], gpu_mem=[1 << 30])
+    assert w.managed_bytes == 120 and w.peak_managed_bytes == 110

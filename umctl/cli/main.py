@@ -166,8 +166,10 @@ def _describe(w) -> str:
     from ..units import format_bytes
 
     cap = sum(w.gpu_mem)
-    return (f"{w.name}: {format_bytes(w.managed_bytes)} managed on {w.n_gpus} GPU(s) of "
-            f"{format_bytes(w.gpu_mem[0])} ({w.managed_bytes / cap:.2f}× oversubscribed), "
+    peak, total = w.peak_managed_bytes, w.managed_bytes
+    allocated = f" ({format_bytes(total)} allocated in all)" if total > peak else ""
+    return (f"{w.name}: {format_bytes(peak)} managed at peak{allocated} on {w.n_gpus} GPU(s) of "
+            f"{format_bytes(w.gpu_mem[0])} ({peak / cap:.2f}× oversubscribed), "
             f"{len(w.kernels):,} kernels, {w.n_accesses:,} page accesses")
 
 

@@ -101,8 +101,32 @@ class Workload:
 
     @property
     def managed_bytes(self) -> int:
+        """Every managed allocation the program ever made, summed."""
         a = self.allocations
         return int(a["bytes"][a["managed"]].sum())
+
+    @property
+    def peak_managed_bytes(self) -> int:
+        """Managed memory live at once, at most: what oversubscription is about. A program that
+        frees and allocates again every step (a PyTorch loop under the runtime) allocates many
+        times its footprint in all; allocations without an ALLOC op are live from the start."""
+        a = self.allocations[self.allocations["managed"]]
+        size = dict(zip(a["alloc_id"].tolist(), a["bytes"].tolist()))
+        mem = self.ops[self.ops["type"] == OpType.MEM]
+        later = set(mem["alloc_id"][mem["mem_op"] == AllocOp.ALLOC].tolist())
+        live_ids = {i for i in size if i not in later}
+        live = peak = sum(size[i] for i in live_ids)
+        for op, i in zip(mem["mem_op"].tolist(), mem["alloc_id"].tolist()):
+            if i not in size:
+                continue
+            if op == AllocOp.ALLOC and i not in live_ids:
+                live_ids.add(i)
+                live += size[i]
+                peak = max(peak, live)
+            elif op == AllocOp.FREE and i in live_ids:
+                live_ids.discard(i)
+                live -= size[i]
+        return int(peak)
 
     def footprint_pages(self) -> np.ndarray:
         """Distinct pages the kernels touch."""
