@@ -340,8 +340,7 @@ def test_a_page_faulted_again_after_a_burst_is_not_reread_early(tmp_path: Path) 
 def test_peak_managed_bytes_counts_what_is_live_at_once():
     """A loop that frees and allocates again every step allocates many times its footprint in
     all; replay's header (and oversubscription) is about what is live at once."""
-    from umctl.events.schema import AllocOp
-    from umctl.sources.workload import ALLOCATION_DTYPE, OP_DTYPE, OpType, Workload
+    from umctl.sources.workload import ALLOCATION_DTYPE, OP_DTYPE, Workload
 
     allocs = np.zeros(4, ALLOCATION_DTYPE)
     allocs["alloc_id"] = [0, 1, 2, 3]
