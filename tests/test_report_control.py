@@ -59,6 +59,8 @@ def test_each_fault_is_classified_by_what_came_before():
     assert rep.late_submitted_before_ms == [5.0, 5.0] and rep.late_completed_after_ms == [2.0, 2.0]
     assert rep.commands == {"prefetch": 4, "preevict": 3}
     assert rep.evicted_refault_ms == [5.0, 5.0]       # 20-15 and 30-25
+    # predicted (a priority-1 prefetch since the block's previous fault): blocks 1, 2 and 4
+    assert rep.predicted == 3
     later = analyze(_faults(CASE_FAULTS), cmds, res, since_ns=25 * MS)
     assert later.fault_blocks == 3 and later.classes["late"] == 0
 

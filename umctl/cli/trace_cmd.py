@@ -201,6 +201,8 @@ def control(
         n = rep.classes[c]
         t.add_row(c, f"{n:,}", f"{100 * n / max(rep.fault_blocks, 1):.1f} %")
     console.print(t)
+    console.print(f"faults whose use the controller had predicted (prefetched since the block's previous use): "
+                  f"{rep.predicted:,} ({100 * rep.predicted / max(rep.fault_blocks, 1):.1f} %); the rest it did not predict")
     cmds = ", ".join(f"{k} {v:,}" for k, v in rep.commands.items())
     console.print(f"commands: {cmds or 'none'}")
     if rep.prefetch_turnaround_ms:

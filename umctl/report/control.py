@@ -43,6 +43,10 @@ class ControlReport:
     prefetch_turnaround_ms: list[float] = field(default_factory=list)
     #: evicted blocks: eviction -> the fault that wanted them back (ms, p50/p90)
     evicted_refault_ms: list[float] = field(default_factory=list)
+    #: faults whose use the controller had predicted: a prefetch of priority >= 1 (not the
+    #: completion of a fault) since the block's previous use (see _predicted); the rest are
+    #: prediction misses, whatever happened to the block meanwhile
+    predicted: int = 0
     commands: dict[str, int] = field(default_factory=dict)
 
     def as_dict(self) -> dict:
@@ -51,6 +55,7 @@ class ControlReport:
                 "late_completed_after_ms_p50_p90": self.late_completed_after_ms,
                 "prefetch_turnaround_ms_p50_p90": self.prefetch_turnaround_ms,
                 "evicted_refault_ms_p50_p90": self.evicted_refault_ms,
+                "predicted_since_previous_fault": self.predicted,
                 "commands": dict(self.commands)}
 
 
@@ -68,6 +73,19 @@ def _fault_blocks(faults: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     fb, ft = blocks[first], faults["t_ns"][first].astype(np.int64)
     order = np.argsort(ft, kind="stable")
     return fb[order], ft[order]
+
+
+def _predicted(before: list, fault_times: list[int], t: int) -> bool:
+    """Did the controller prefetch this block for the use that faulted at t? The use's window
+    opens at the block's previous use: its last fault before its last eviction before t (or
+    its last fault before t, when it was never evicted). A prefetch of priority >= 1 (a
+    prediction, not the completion of a fault) inside the window counts, even if the block
+    was evicted again after it."""
+    evictions = [ts for ts, op, _, _ in before if op != Op.PREFETCH]
+    until = evictions[-1] if evictions else t
+    prev = [f for f in fault_times if f < until]
+    start = prev[-1] if prev else -1
+    return any(op == Op.PREFETCH and prio >= 1 and ts > start for ts, op, _, prio in before)
 
 
 def analyze(faults: np.ndarray, cmds: np.ndarray, results: np.ndarray, *, since_ns: int | None = None) -> ControlReport:
@@ -93,12 +111,18 @@ def analyze(faults: np.ndarray, cmds: np.ndarray, results: np.ndarray, *, since_
         for b in range(b0, b1 + 1):
             per_block.setdefault(b, []).append((int(c["t_ns"]), op, t_done, int(c["priority"])))
     times = {b: np.array([x[0] for x in v], np.int64) for b, v in per_block.items()}
-    for b, t in zip(*(x.tolist() for x in _fault_blocks(faults))):
+    fb, ft = _fault_blocks(faults)
+    faults_of: dict[int, list[int]] = {}
+    for b, t in zip(fb.tolist(), ft.tolist()):
+        faults_of.setdefault(b, []).append(t)
+    for b, t in zip(fb.tolist(), ft.tolist()):
         if since_ns is not None and t < since_ns:
             continue
         rep.fault_blocks += 1
         hist = per_block.get(b)
         k = int(np.searchsorted(times[b], t, side="right")) if hist else 0
+        if k and _predicted(hist[:k], faults_of[b], t):
+            rep.predicted += 1
         if not k:
             rep.classes["never touched"] += 1
             continue
