@@ -183,6 +183,21 @@ def test_hum_protection_is_split_between_the_call_and_the_workers(built, delay_u
         assert int(st["segv_waits"]) > 0 and float(st["protect_ms"]) > 0
 
 
+@pytest.mark.parametrize("threads,delay_us,group,step", [(8, 0, 16 << 20, 32 << 20), (3, 200, 2 << 20, 2 << 20),
+                                                       (1, 0, 4 << 20, 64 << 20), (4, 1000, 64 << 20, 2 << 20)])
+def test_hum_stress_random_copies_and_rewrites(built, threads, delay_us, group, step):
+    """24 HUM copies of random sizes (1-39 MiB) at random source alignments, each followed at
+    once by writes into its source (all of it, random pages, the partial first and last pages,
+    the middle, or none), under several worker counts, speeds and protection/unprotection
+    steps: the device gets the bytes of the call every time."""
+    plain, _ = run(built, "stress", preload=False)
+    assert plain == {"stress_ok": 1, "copies": 24}
+    hum, err = run(built, "stress", hum=True, hum_threads=threads, hum_delay_us=delay_us,
+                   hum_protect_group=group, hum_unprot_step=step)
+    assert hum == plain
+    assert int(stats(err)["hum_copies"]) == 24
+
+
 def test_hum_basic_results_and_copy_reports(built):
     plain, _ = run(built, "basic", preload=False)
     with RuntimeSource() as src:

@@ -314,6 +314,45 @@ static int driver_alloc(void)
     return 0;
 }
 
+/* Many HUM copies of random sizes and alignments, each followed at once by writes into its
+   source (all of it, a few random pages, its first or last page, or none): the device must get
+   the bytes as they were at the call, every time. */
+static int stress(void)
+{
+    size_t cap = 40 * MB;
+    unsigned char *buf = malloc(cap + 8192), *exp = malloc(cap), *out = malloc(cap);
+    void *dst;
+    if (!buf || !exp || !out || cudaMalloc(&dst, cap))
+        return 1;
+    uint64_t r = 0x9E3779B97F4A7C15ULL;
+#define RND() (r ^= r << 13, r ^= r >> 7, r ^= r << 17, r)
+    int ok = 1, n = 24;
+    for (int it = 0; it < n; it++) {
+        size_t len = MB + RND() % (cap - 2 * MB), off = RND() % 4096;
+        unsigned char *src = buf + off;
+        fill(src, len, (unsigned)(it * 7 + 3));
+        memcpy(exp, src, len);
+        if (RND() % 2)
+            cudaMemcpyAsync(dst, src, len, H2D, NULL);
+        else
+            cudaMemcpy(dst, src, len, H2D);
+        switch (RND() % 5) {
+        case 0: memset(src, 0xA5, len); break;
+        case 1: for (int k = 0; k < 8; k++) src[RND() % len] ^= 0xFF; break;
+        case 2: src[0] ^= 0x0F; src[len - 1] ^= 0xF0; break;
+        case 3: src[len / 2] = 1; break;
+        default: break;
+        }
+        cudaMemcpy(out, dst, len, D2H);
+        ok &= memcmp(out, exp, len) == 0;
+    }
+#undef RND
+    printf("RESULT {\"stress_ok\": %d, \"copies\": %d}\n", ok, n);
+    cudaFree(dst);
+    free(buf), free(exp), free(out);
+    return 0;
+}
+
 /* The same kernel with the same arguments twice per "step", three steps, the host waiting for
    the GPU after each: launch identities must repeat step to step. */
 static int steps(void)
@@ -358,5 +397,7 @@ int main(int argc, char **argv)
         return part(argc, argv);
     if (!strcmp(mode, "steps"))
         return steps();
+    if (!strcmp(mode, "stress"))
+        return stress();
     return 2;
 }
