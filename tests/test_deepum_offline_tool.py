@@ -26,13 +26,13 @@ BASE = 0x7F00_0000_0000 >> BLOCK_SHIFT
 
 
 def loop_trace(path: Path, steps: int = 40) -> None:
-    """Kernels A, B, C per 30 ms step; kernel k faults its 3 blocks 1 ms after it starts, and
+    """Kernels A, B, C per 90 ms step; kernel k faults its 3 blocks 1 ms after it starts, and
     the budget keeper evicts them 8 ms later."""
     la, fa, cm = [], [], []
     batch = 0
     for s in range(steps):
         for k in range(3):
-            t = (s * 30 + k * 10 + 1) * MS
+            t = (s * 90 + k * 30 + 1) * MS
             rec = empty(Kind.LAUNCH, 1)
             rec["t_ns"], rec["exec_hash"], rec["name_id"], rec["seq"] = t, 1000 + k, 0, len(la)
             la.append(rec)
@@ -59,9 +59,8 @@ def test_walk_learns_the_loop_and_every_use_is_classified(tmp_path):
     path = tmp_path / "live.parquet"
     loop_trace(path)
     with read_trace(path) as t:
-        r = tool.replay(t, {"degree": 2}, budget_bytes=64 << 20, skip_s=0.3)
-    assert r["faulted_uses"] > 0 and r["exec_ids"] == 3
+        r = tool.replay(t, {"degree": 2}, budget_bytes=64 << 20, skip_s=0.9)
+    assert r["uses"] > 0 and r["exec_ids"] == 3
     assert r["next_kernel_prediction_accuracy"] > 0.9
-    assert r["predicted_pct"] > 50              # the next kernel's blocks are walked before it starts
-    classes = {k: v for k, v in r["per_drain_block_uses"].items() if not k.startswith("(")}
-    assert abs(sum(classes.values()) - 100) < 0.5    # each faulted block falls in exactly one class
+    assert r["classes_pct"]["predicted"] > 50   # the next kernel's blocks are walked before it starts
+    assert abs(sum(r["classes_pct"].values()) - 100) < 0.5    # each use falls in exactly one class
