@@ -301,47 +301,21 @@ class DeepUMController(Controller):
         c.path.append(n)
         return c
 
-    def _expected(self) -> set[int]:
-        """Blocks the current kernel and the next ``degree`` predicted ones may touch
-        (cached until the next launch: the tables of those kernels change little meanwhile)."""
-        if self._expected_cache is not None:
-            return self._expected_cache
-        ids = [self.cur] if self.cur is not None else []
-        if self.chain is not None:
-            ids += self.chain.path
-        hist, cur = self._hist3(), self.cur
-        while cur is not None and len(ids) < self.degree + 1:
-            nxt = self.exec_table.predict(hist, cur)
-            if nxt is None or nxt in ids:
-                break
-            ids.append(nxt)
-            hist, cur = (hist[1], hist[2], cur), nxt
-        out: set[int] = set()
-        for i in ids:
-            t = self.tables.get(i)
-            if t is not None:
-                out.update(t.keys())
-        self._expected_cache = out
-        return out
-
-    def _next_use(self, horizon: int) -> dict[int, int]:
-        """Each block of the current kernel and the predicted ones after it, up to ``horizon``
-        kernels (or until the prediction repeats itself) -> how many kernels ahead it is first
-        needed (0: the current kernel)."""
-        ids = [self.cur] if self.cur is not None else []
-        if self.chain is not None:
-            ids += self.chain.path[: max(0, horizon - 1)]
-        hist, cur = self._hist3(), ids[-1] if ids else None
-        if len(ids) >= 2:
-            hist = tuple((list(self._hist3()) + ids[:-1])[-3:])   # type: ignore[assignment]
+    def _predict_on(self, ids: list[int], hist: tuple[int, int, int], cur: int | None, limit: int) -> list[int]:
+        """Extend ``ids`` with the kernels the execution-ID table predicts after ``cur`` (its
+        three predecessors ``hist``), until ``limit`` kernels or a repeat."""
         seen = set(ids)
-        while cur is not None and len(ids) < horizon:
+        while cur is not None and len(ids) < limit:
             nxt = self.exec_table.predict(hist, cur)
             if nxt is None or nxt in seen:
                 break
             ids.append(nxt)
             seen.add(nxt)
             hist, cur = (hist[1], hist[2], cur), nxt
+        return ids
+
+    def _first_need(self, ids: list[int]) -> dict[int, int]:
+        """Each block in the tables of ``ids`` -> the position of the first kernel needing it."""
         out: dict[int, int] = {}
         for rank, i in enumerate(ids):
             t = self.tables.get(i)
@@ -349,6 +323,28 @@ class DeepUMController(Controller):
                 for b in t.keys():
                     out.setdefault(b, rank)
         return out
+
+    def _expected(self) -> set[int]:
+        """Blocks the current kernel and the next ``degree`` predicted ones may touch
+        (cached until the next launch: the tables of those kernels change little meanwhile)."""
+        if self._expected_cache is None:
+            ids = [self.cur] if self.cur is not None else []
+            if self.chain is not None:
+                ids += self.chain.path
+            ids = self._predict_on(ids, self._hist3(), self.cur, self.degree + 1)
+            self._expected_cache = set(self._first_need(ids))
+        return self._expected_cache
+
+    def _next_use(self, horizon: int) -> dict[int, int]:
+        """Each block of the current kernel and the predicted ones after it, up to ``horizon``
+        kernels (or until the prediction repeats itself) -> how many kernels ahead it is first
+        needed (0: the current kernel). Unlike :meth:`_expected`, the prediction goes on from
+        the end of the walk's path."""
+        ids = [self.cur] if self.cur is not None else []
+        if self.chain is not None:
+            ids += self.chain.path[: max(0, horizon - 1)]
+        hist = tuple((list(self._hist3()) + ids[:-1])[-3:]) if len(ids) >= 2 else self._hist3()
+        return self._first_need(self._predict_on(ids, hist, ids[-1] if ids else None, horizon))  # type: ignore[arg-type]
 
     # ------------------------------------------------------------------ commands
     def _step(self, now: int) -> np.ndarray | None:
