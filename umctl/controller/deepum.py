@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..events.schema import AllocOp, EventBatch, Kind, Op, commands
+from ..events.schema import AllocOp, EventBatch, Kind, Op, commands, fault_block_firsts
 from ..units import BLOCK_SHIFT, BLOCK_SIZE, CPU, block_range
 from .base import Controller, ControllerContext, register
 from .tables import ExecCorrelationTable, ExecIdTable, PairCorrelationTable
@@ -156,10 +156,7 @@ class DeepUMController(Controller):
         without repeats across consecutive batches (vectorised: drains hold many faults)."""
         if len(f) == 0:
             return np.zeros(0, np.int64), np.zeros(0, np.int64)
-        blocks = f["addr"].astype(np.int64) >> BLOCK_SHIFT
-        key = (f["batch_id"].astype(np.int64) << 28) ^ (blocks & ((1 << 28) - 1))
-        _, first = np.unique(key, return_index=True)
-        first.sort()
+        blocks, first = fault_block_firsts(f)
         b, t = blocks[first], f["t_ns"][first]
         keep = np.ones(len(b), np.bool_)
         keep[1:] = b[1:] != b[:-1]

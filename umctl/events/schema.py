@@ -19,6 +19,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ..units import BLOCK_SHIFT
+
 SCHEMA_VERSION = 1
 
 
@@ -162,6 +164,16 @@ COMMAND_DTYPE = DTYPES[Kind.COMMAND]
 def empty(kind: Kind, n: int = 0) -> np.ndarray:
     """A zeroed batch of ``n`` records of ``kind``."""
     return np.zeros(n, dtype=DTYPES[kind])
+
+
+def fault_block_firsts(faults: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The fault handler's unit: each 2 MiB block once per fault batch, at its first fault
+    there. Returns (block of every record, indices of those first faults in record order)."""
+    blocks = faults["addr"].astype(np.int64) >> BLOCK_SHIFT
+    key = (faults["batch_id"].astype(np.int64) << 28) ^ (blocks & ((1 << 28) - 1))
+    _, first = np.unique(key, return_index=True)
+    first.sort()
+    return blocks, first
 
 
 def drops_record(t_ns: int, lost: Kind, count: int) -> np.ndarray:

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..events.schema import Kind, Op
+from ..events.schema import Kind, Op, fault_block_firsts
 from ..units import BLOCK_SHIFT, BLOCK_SIZE
 
 CLASSES = ("late", "prefetched, resident", "evicted by the budget", "evicted by the controller", "never touched")
@@ -67,9 +67,7 @@ def _fault_blocks(faults: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Distinct blocks per fault batch at the batch's first fault on them, in time order."""
     if not len(faults):
         return np.zeros(0, np.int64), np.zeros(0, np.int64)
-    blocks = faults["addr"].astype(np.int64) >> BLOCK_SHIFT
-    key = (faults["batch_id"].astype(np.int64) << 28) ^ (blocks & ((1 << 28) - 1))
-    _, first = np.unique(key, return_index=True)
+    blocks, first = fault_block_firsts(faults)
     fb, ft = blocks[first], faults["t_ns"][first].astype(np.int64)
     order = np.argsort(ft, kind="stable")
     return fb[order], ft[order]
