@@ -85,6 +85,7 @@ static _Atomic u64 st_dma, st_pinned, st_stage_ns, st_dmawait_ns, st_populated;
 /* where a HUM copy's time goes: write-protecting the source at the call, unprotecting it as it is
    staged, and issue -> last chunk landed (sum and worst) */
 static _Atomic u64 st_protect_ns, st_unprot_ns, st_copy_ns, st_copy_max_ns, st_call_ns;
+static _Atomic u64 st_drv_launch;   /* launches reported from the driver's entry point (cuBLAS, ...) */
 static _Atomic u64 st_hum, st_fallback, st_waits, st_segv, st_launch, st_managed, st_wrapped, st_chunks,
     st_prefetch;
 
@@ -97,6 +98,7 @@ static void part_setup(void);
 static void part_forget(const void *p);
 
 static __thread int tl_internal;   /* >0: our own call or our worker: no barrier, no HUM, no report */
+static __thread int tl_rt_launch;  /* >0: inside a reported runtime launch: its driver launch is not reported again */
 static __thread uintptr_t tl_last_fault;
 
 static int64_t now_ns(void)
@@ -203,6 +205,9 @@ typedef int (*cuMemPrefetchAsync_t)(u64, size_t, int, void *);
 typedef int (*cuGetProcAddress_t)(const char *, void **, int, u64);
 typedef int (*cuGetProcAddress_v2_t)(const char *, void **, int, u64, void *);
 static cuFuncGetParamInfo_t cu_param_info;
+typedef int (*cuFuncGetName_t)(const char **, void *);
+static cuFuncGetName_t cu_func_name, cu_kernel_name;   /* cuFuncGetName, cuKernelGetName (CUDA >= 12.3) */
+static cuFuncGetParamInfo_t cu_kernel_param_info;      /* cuKernelGetParamInfo: a CUkernel passed as CUfunction */
 static cuMemPrefetchAsync_t cu_prefetch;
 static cuGetProcAddress_t real_getproc;
 static cuGetProcAddress_v2_t real_getproc_v2;
@@ -231,6 +236,9 @@ static void load_driver(void)
     if (!h)
         return;
     cu_param_info = (cuFuncGetParamInfo_t)rdlsym(h, "cuFuncGetParamInfo");
+    cu_kernel_param_info = (cuFuncGetParamInfo_t)rdlsym(h, "cuKernelGetParamInfo");
+    cu_func_name = (cuFuncGetName_t)rdlsym(h, "cuFuncGetName");
+    cu_kernel_name = (cuFuncGetName_t)rdlsym(h, "cuKernelGetName");
     cu_prefetch = (cuMemPrefetchAsync_t)rdlsym(h, "cuMemPrefetchAsync");
     cu_advise_v2 = (cuMemAdvise_v2_t)rdlsym(h, "cuMemAdvise_v2");
     if (!cu_advise_v2)
@@ -1454,7 +1462,8 @@ static void *wrap_alloc_entry(const char *sym, void *real)
     return NULL;
 }
 
-static int wrap_getproc(const char *sym, void **pfn);
+static int wrap_getproc(const char *sym, void **pfn, u64 flags);
+static void *wrap_launch_entry(const char *sym, void *real, int ptsz);
 
 static int getproc_wrapper(const char *sym, void **pfn, int ver, u64 flags)
 {
@@ -1462,7 +1471,7 @@ static int getproc_wrapper(const char *sym, void **pfn, int ver, u64 flags)
         return 1;
     int r = real_getproc(sym, pfn, ver, flags);
     if (r == 0)
-        wrap_getproc(sym, pfn);
+        wrap_getproc(sym, pfn, flags);
     return r;
 }
 
@@ -1472,11 +1481,11 @@ static int getproc_v2_wrapper(const char *sym, void **pfn, int ver, u64 flags, v
         return 1;
     int r = real_getproc_v2(sym, pfn, ver, flags, status);
     if (r == 0)
-        wrap_getproc(sym, pfn);
+        wrap_getproc(sym, pfn, flags);
     return r;
 }
 
-static int wrap_getproc(const char *sym, void **pfn)
+static int wrap_getproc(const char *sym, void **pfn, u64 flags)
 {
     if (!pfn || !*pfn || !sym)
         return 0;
@@ -1487,6 +1496,8 @@ static int wrap_getproc(const char *sym, void **pfn)
         return 0;
     }
     void *w = wrap_alloc_entry(sym, *pfn);
+    if (!w)   /* CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM (2): the _ptsz form */
+        w = wrap_launch_entry(sym, *pfn, (flags & 2) != 0);
     if (w)
         *pfn = w;
     else if (cfg_hum && needs_barrier(sym))
@@ -1508,6 +1519,18 @@ static void *dlsym_hum(void *h, const char *name)
         return (void *)getproc_v2_wrapper;
     }
     void *w = wrap_alloc_entry(name, p);
+    if (!w) {
+        size_t nl = strlen(name);
+        int ptsz = nl > 5 && strcmp(name + nl - 5, "_ptsz") == 0;
+        char base[64];
+        if (ptsz && nl - 5 < sizeof base) {
+            memcpy(base, name, nl - 5);
+            base[nl - 5] = 0;
+            w = wrap_launch_entry(base, p, 1);
+        } else if (!ptsz) {
+            w = wrap_launch_entry(name, p, 0);
+        }
+    }
     if (w)
         return w;
     return cfg_hum && needs_barrier(name) ? wrap_entry(p) : p;
@@ -1584,7 +1607,9 @@ static int part_kernel_name(const char *nm)
     return strncmp(p, PART_TYPE, strlen(PART_TYPE)) == 0;
 }
 
-static struct finfo *func_info(const void *f)
+/* What is known of a kernel: `f` is a host stub (drv = 0) or a driver CUfunction / CUkernel
+   handle (drv = 1: a launch that reached the driver without a runtime entry point of ours). */
+static struct finfo *func_info(const void *f, int drv)
 {
     size_t i = ((uintptr_t)f >> 4) * 0x9E3779B97F4A7C15ULL >> 51;   /* 13 bits */
     pthread_mutex_lock(&ftab_mu);
@@ -1601,21 +1626,27 @@ static struct finfo *func_info(const void *f)
     struct finfo fi = {f, -1, -1, NULL, FNV0, 0};
     tl_internal++;
     const char *name = NULL;
-    if (get_cudaFuncGetName() && real_cudaFuncGetName(&name, f) == 0 && name && *name) {
+    pthread_once(&driver_once, load_driver);
+    int named = drv ? (cu_func_name && cu_func_name(&name, (void *)f) == 0) ||
+                          (cu_kernel_name && cu_kernel_name(&name, (void *)f) == 0)
+                    : get_cudaFuncGetName() && real_cudaFuncGetName(&name, f) == 0;
+    if (named && name && *name) {
         fi.name_id = intern_name(name);
         fi.name_hash = fnv(FNV0, name, strlen(name));
         fi.part = part_kernel_name(name);
     } else {
         fi.name_hash = fnv(FNV0, &f, sizeof f);   /* unnamed: the host stub's address */
     }
-    pthread_once(&driver_once, load_driver);
-    void *cf = NULL;
-    if (cu_param_info && get_cudaGetFuncBySymbol() && real_cudaGetFuncBySymbol(&cf, f) == 0 && cf) {
+    void *cf = drv ? (void *)f : NULL;
+    if (cu_param_info && (drv || (get_cudaGetFuncBySymbol() && real_cudaGetFuncBySymbol(&cf, f) == 0)) && cf) {
         uint32_t tmp[256];
         int np = 0;
         size_t off, sz;
         while (np < 256 && cu_param_info(cf, np, &off, &sz) == 0)
             tmp[np++] = (uint32_t)sz;
+        if (drv && !np && cu_kernel_param_info)
+            while (np < 256 && cu_kernel_param_info(cf, np, &off, &sz) == 0)
+                tmp[np++] = (uint32_t)sz;
         fi.nparams = np;
         if (np) {
             fi.sizes = malloc(np * sizeof *fi.sizes);
@@ -1625,7 +1656,7 @@ static struct finfo *func_info(const void *f)
                 fi.nparams = -1;
         }
     }
-    if (get_cudaGetLastError())
+    if (!drv && get_cudaGetLastError())
         real_cudaGetLastError();
     tl_internal--;
     if (!e)
@@ -1736,12 +1767,13 @@ __attribute__((destructor)) static void rt_fini(void)
     flush_all();
     if (cfg_stats)
         fprintf(stderr,
-                "umctl_rt: pid=%d hum_copies=%llu fallbacks=%llu barrier_waits=%llu segv_waits=%llu launches=%llu "
+                "umctl_rt: pid=%d hum_copies=%llu fallbacks=%llu barrier_waits=%llu segv_waits=%llu launches=%llu driver_launches=%llu "
                 "managed_allocs=%llu driver_wrapped=%llu chunks=%llu pinned_chunks=%llu stage_ms=%.1f dma_wait_ms=%.1f populated=%llu "
                 "dma_chunks=%llu prefetches=%llu drops=%llu,%llu,%llu partitioned=%llu part_fallbacks=%llu "
                 "read_mostly=%llu,%llu call_ms=%.1f protect_ms=%.1f unprotect_ms=%.1f copy_ms=%.1f copy_max_ms=%.1f\n",
                 (int)getpid(), (unsigned long long)st_hum, (unsigned long long)st_fallback,
                 (unsigned long long)st_waits, (unsigned long long)st_segv, (unsigned long long)st_launch,
+                (unsigned long long)st_drv_launch,
                 (unsigned long long)st_managed, (unsigned long long)st_wrapped, (unsigned long long)st_chunks,
                 (unsigned long long)st_pinned, st_stage_ns / 1e6, st_dmawait_ns / 1e6, (unsigned long long)st_populated,
                 (unsigned long long)st_dma, (unsigned long long)st_prefetch, (unsigned long long)drops[0], (unsigned long long)drops[1],
@@ -1958,11 +1990,11 @@ static void track_end(int64_t seq, cudaStream_t s)
     tl_internal--;
 }
 
-static int64_t report_launch(const void *f, dim3 g, dim3 b, void **args, size_t smem, cudaStream_t s)
+static int64_t report_launch_as(const void *f, int drv, dim3 g, dim3 b, void **args, size_t smem, cudaStream_t s)
 {
     int64_t seq = -1;
-    if (sock_fd >= 0 && !tl_internal) {
-        struct finfo *fi = func_info(f);
+    if (sock_fd >= 0 && !tl_internal && !tl_rt_launch) {
+        struct finfo *fi = func_info(f, drv);
         struct umrt_launch r;
         memset(&r, 0, sizeof r);
         r.t_ns = now_ns();
@@ -1977,8 +2009,117 @@ static int64_t report_launch(const void *f, dim3 g, dim3 b, void **args, size_t 
         r.seq = seq = atomic_fetch_add(&launch_seq, 1);
         push(0, &r);
         atomic_fetch_add(&st_launch, 1);
+        if (drv)
+            atomic_fetch_add(&st_drv_launch, 1);
     }
     return seq;
+}
+
+static int64_t report_launch(const void *f, dim3 g, dim3 b, void **args, size_t smem, cudaStream_t s)
+{
+    return report_launch_as(f, 0, g, b, args, smem, s);
+}
+
+/* ---------------------------------------------------------------- driver-level launches
+
+   cuBLAS and cuBLASLt carry a private static cudart that reaches cuLaunchKernel(Ex) through
+   cuGetProcAddress, so none of their launches pass the runtime entry points above. Measured on
+   the H100 (torch 2.11, CUDA 13, 8 Linear layers): 61 launches reported a training step and not
+   one GEMM, so DeepUM's execution IDs lumped each GEMM's faults into the elementwise kernel
+   before it, and the kernel-start tracking took that kernel to be running through the GEMM.
+   While launches are reported, the driver's launch entry points handed out by dlsym and
+   cuGetProcAddress are wrapped: a launch that did not come through a reported runtime launch
+   (tl_rt_launch; torch's own cudart also ends in the driver's entry point) is reported with the
+   name from cuFuncGetName / cuKernelGetName and argument sizes from cuFuncGetParamInfo, and
+   its end is tracked like any other. LSLOTS distinct real entry points per form are wrapped
+   (legacy and per-thread stream, a few libraries' tables); beyond that launches pass
+   unreported. */
+typedef int (*cu_launch_t)(void *, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, void *,
+                           void **, void **);
+typedef struct {   /* CUlaunchConfig */
+    unsigned gx, gy, gz, bx, by, bz, smem;
+    void *stream;
+    void *attrs;
+    unsigned nattrs;
+} cu_launch_cfg;
+typedef int (*cu_launch_ex_t)(const cu_launch_cfg *, void *, void **, void **);
+#define LSLOTS 4
+static void *lslot_real[2][LSLOTS];   /* [0] cuLaunchKernel, [1] cuLaunchKernelEx */
+static int lslot_ptsz[2][LSLOTS];
+static pthread_mutex_t lslot_mu = PTHREAD_MUTEX_INITIALIZER;
+
+static int drv_launch(int k, void *f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz,
+                      unsigned smem, void *s, void **args, void **extra)
+{
+    cu_launch_t real = (cu_launch_t)lslot_real[0][k];
+    hum_barrier();
+    if (tl_internal || tl_rt_launch)
+        return real(f, gx, gy, gz, bx, by, bz, smem, s, args, extra);
+    cudaStream_t rs = !s && lslot_ptsz[0][k] ? (cudaStream_t)0x2 : (cudaStream_t)s;
+    dim3 g = {gx, gy, gz}, b = {bx, by, bz};
+    int64_t q = report_launch_as(f, 1, g, b, args, smem, rs);
+    int r = real(f, gx, gy, gz, bx, by, bz, smem, s, args, extra);
+    if (r == 0)
+        track_end(q, rs);
+    return r;
+}
+
+static int drv_launch_ex(int k, const cu_launch_cfg *c, void *f, void **args, void **extra)
+{
+    cu_launch_ex_t real = (cu_launch_ex_t)lslot_real[1][k];
+    hum_barrier();
+    if (tl_internal || tl_rt_launch || !c)
+        return real(c, f, args, extra);
+    cudaStream_t rs = !c->stream && lslot_ptsz[1][k] ? (cudaStream_t)0x2 : (cudaStream_t)c->stream;
+    dim3 g = {c->gx, c->gy, c->gz}, b = {c->bx, c->by, c->bz};
+    int64_t q = report_launch_as(f, 1, g, b, args, c->smem, rs);
+    int r = real(c, f, args, extra);
+    if (r == 0)
+        track_end(q, rs);
+    return r;
+}
+
+#define DRV_LAUNCH(k)                                                                                       \
+    static int drv_launch_##k(void *f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by,     \
+                              unsigned bz, unsigned smem, void *s, void **args, void **extra)               \
+    {                                                                                                       \
+        return drv_launch(k, f, gx, gy, gz, bx, by, bz, smem, s, args, extra);                              \
+    }                                                                                                       \
+    static int drv_launch_ex_##k(const cu_launch_cfg *c, void *f, void **args, void **extra)                \
+    {                                                                                                       \
+        return drv_launch_ex(k, c, f, args, extra);                                                         \
+    }
+DRV_LAUNCH(0)
+DRV_LAUNCH(1)
+DRV_LAUNCH(2)
+DRV_LAUNCH(3)
+static void *const lslot_wrappers[2][LSLOTS] = {
+    {(void *)drv_launch_0, (void *)drv_launch_1, (void *)drv_launch_2, (void *)drv_launch_3},
+    {(void *)drv_launch_ex_0, (void *)drv_launch_ex_1, (void *)drv_launch_ex_2, (void *)drv_launch_ex_3},
+};
+
+/* The reporting wrapper for a driver launch entry point (`sym` without its _ptsz suffix), or
+   NULL when `sym` is none, launches are not reported, or the slots are taken. */
+static void *wrap_launch_entry(const char *sym, void *real, int ptsz)
+{
+    if (!real || !sym || sock_fd < 0)
+        return NULL;
+    int ex = strcmp(sym, "cuLaunchKernelEx") == 0;
+    if (!ex && strcmp(sym, "cuLaunchKernel") != 0)
+        return NULL;
+    void *out = NULL;
+    pthread_mutex_lock(&lslot_mu);
+    for (int k = 0; k < LSLOTS && !out; k++) {
+        if (lslot_real[ex][k] == real && lslot_ptsz[ex][k] == ptsz) {
+            out = lslot_wrappers[ex][k];
+        } else if (!lslot_real[ex][k]) {
+            lslot_real[ex][k] = real;
+            lslot_ptsz[ex][k] = ptsz;
+            out = lslot_wrappers[ex][k];
+        }
+    }
+    pthread_mutex_unlock(&lslot_mu);
+    return out;
 }
 
 
@@ -2178,7 +2319,7 @@ static int part_launch(const void *f, dim3 g, dim3 b, void **args, size_t smem, 
 {
     if (cfg_gpus < 2 || tl_internal || !args || !args[0])
         return 0;
-    struct finfo *fi = func_info(f);
+    struct finfo *fi = func_info(f, 0);
     if (!fi || fi->part != 1)
         return 0;
     struct umctl_part *p = args[0];
@@ -2274,7 +2415,9 @@ static cudaError_t launch_plain(launch_plain_t real, const void *f, dim3 g, dim3
     if (part_launch(f, g, b, args, smem, s, ptsz, &pr))
         return pr;
     int64_t q = report_launch(f, g, b, args, smem, s);
+    tl_rt_launch++;   /* its driver launch is this one */
     cudaError_t r = real(f, g, b, args, smem, s);
+    tl_rt_launch--;
     if (r == 0)
         track_end(q, s);
     return r;
@@ -2313,7 +2456,9 @@ static cudaError_t launch_exc(const char *name, launch_exc_t *real, const umrt_l
     if (c && !c->numAttrs && part_launch(f, c->gridDim, c->blockDim, args, c->dynamicSmemBytes, c->stream, ptsz, &pr))
         return pr;
     int64_t q = c ? report_launch(f, c->gridDim, c->blockDim, args, c->dynamicSmemBytes, c->stream) : -1;
+    tl_rt_launch++;
     cudaError_t r = (*real)(c, f, args);
+    tl_rt_launch--;
     if (r == 0 && c)
         track_end(q, c->stream);
     return r;
@@ -2353,7 +2498,9 @@ static u64 stub_launch(const char *name, fn12 *real, u64 a, u64 b, u64 c, u64 d,
         return (u64)(unsigned)pr;
     int64_t q = report_launch((const void *)(uintptr_t)a, gd, bd, (void **)(uintptr_t)f, (size_t)g,
                               (cudaStream_t)(uintptr_t)h);
+    tl_rt_launch++;
     u64 r = (*real)(a, b, c, d, e, f, g, h, i, j, k, l);
+    tl_rt_launch--;
     if ((cudaError_t)r == 0)
         track_end(q, (cudaStream_t)(uintptr_t)h);
     return r;

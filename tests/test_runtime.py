@@ -222,6 +222,36 @@ def test_driver_launch_waits_for_pending_copies(built):
     assert int(stats(err)["driver_wrapped"]) >= 1 and int(stats(err)["hum_copies"]) == 1
 
 
+def test_driver_launches_are_reported_by_name(built):
+    """cuBLAS's private cudart reaches cuLaunchKernel through cuGetProcAddress: without the
+    driver-level wrapper its GEMMs are never reported (measured on the H100: 61 launches a torch
+    training step and no GEMM). The launch is reported with the CUfunction's name, and its end
+    is tracked like a runtime launch's."""
+    with RuntimeSource(kernel_starts=True) as src:
+        res, err = run(built, "driver", socket=src.path, track_end="1")
+    batch = src.drain()
+    la = batch[Kind.LAUNCH]
+    assert res["driver_ok"] == 1 and res["driver_rc"] == 0
+    assert [batch.names[i] for i in la["name_id"]] == ["sum_bytes"] and (la["t_ns"] > 0).all()
+    assert stats(err)["driver_launches"] == "1"
+    with RuntimeSource() as src:          # not reporting: the entry point is handed out unwrapped
+        res2, err2 = run(built, "driver")
+    assert res2 == res and stats(err2)["driver_launches"] == "0" and stats(err2)["launches"] == "0"
+
+
+def test_runtime_launch_ending_in_the_driver_is_reported_once(built, monkeypatch):
+    """libcudart itself launches through the driver's entry point: the runtime launch is
+    reported, the driver launch inside it is not reported again."""
+    monkeypatch.setenv("FAKE_RT_VIA_DRIVER", "1")
+    plain, _ = run(built, "basic", preload=False)
+    with RuntimeSource() as src:
+        res, err = run(built, "basic", socket=src.path)
+    la = src.drain()[Kind.LAUNCH]
+    addrs = ("dA", "dB", "dC", "hA")
+    assert {k: v for k, v in res.items() if k not in addrs} == {k: v for k, v in plain.items() if k not in addrs}
+    assert sorted(la["seq"].tolist()) == [0, 1, 2] and stats(err)["driver_launches"] == "0"
+
+
 def test_small_copies_and_no_concurrent_access_fall_back(built):
     plain, _ = run(built, "basic", preload=False)
     res, err = run(built, "basic", hum=True, hum_min=1 << 30)

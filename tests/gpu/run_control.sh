@@ -48,12 +48,15 @@ PY
       --configs "default, sampled 10%;umctl attach default;default kinds" --json "$OUT/ovh_default.json" 2>&1 | grep -v "^round" ;;
   whyfaults)   # the torch loop under a 512 MiB budget, recorded, and each fault classified (umctl trace control)
     IFS=';' read -ra MODES <<< "${WHY_MODES:-none;deepum --degree 8;deepum}"   # modes with their options, ';'-separated
+    i=0   # WHY_KEEP=1 keeps each run's trace as $OUT/why$i.parquet (for tools/deepum_offline.py, umctl replay)
     for m in "${MODES[@]}"; do
-      echo "-- $m"
-      timeout -k 5 150 umctl run -q --runtime --managed --mode $m --budget ${WHY_BUDGET:-512MiB} -o "$OUT/ctl.parquet" -- \
-        python3 tests/gpu/wl_torch_train.py --steps 12 | grep -v "^STEP" | grep -i "faults\|budget\|DONE\|control" | head -8
-      timeout -k 5 60 umctl trace control "$OUT/ctl.parquet" --skip ${WHY_SKIP:-3}
-      rm -f "$OUT/ctl.parquet"
+      echo "-- $m"; i=$((i+1)); tr="$OUT/why$i.parquet"
+      timeout -k 5 150 umctl run -q --runtime --managed --mode $m --budget ${WHY_BUDGET:-512MiB} -o "$tr" -- \
+        python3 tests/gpu/wl_torch_train.py --steps ${WHY_STEPS:-12} > "$OUT/why$i.log" 2>&1
+      grep -v "^STEP" "$OUT/why$i.log" | grep -i "faults\|budget\|DONE\|control\|error" | head -8
+      grep "^STEP" "$OUT/why$i.log" | awk 'NR>2{print $3}' | sort -n | awk '{a[NR]=$1} END{if(NR) print "median step (from step 2)", a[int((NR+1)/2)], "ms over", NR}'
+      timeout -k 5 60 umctl trace control "$tr" --skip ${WHY_SKIP:-3}
+      [ -n "$WHY_KEEP" ] && ls -la "$tr" || rm -f "$tr"
     done ;;
   gputests) timeout -k 5 300 python3 -m pytest -m gpu -p no:cacheprovider -q tests/gpu 2>&1 | tail -15 ;;
   humab)   # HUM's protection split (this tree) against a previous build (HUM_OLD=path.so), with the runtime's counters
