@@ -6,6 +6,7 @@ import json
 import os
 import stat
 import tempfile
+import time
 from pathlib import Path
 
 import numpy as np
@@ -169,7 +170,10 @@ def test_writer_streams_row_groups_of_one_kind(tmp_path: Path) -> None:
         sizes.append(w.partial_path.stat().st_size)
         assert sum(len(p) for parts in w._buffers.values() for p in parts) <= 2 * 100 + 85
     assert not path.exists() and w.partial_path.exists()
-    assert sizes[-1] > sizes[0]  # row groups reached the disk before close
+    deadline = time.monotonic() + 10   # row groups reach the disk before close (the writer's thread)
+    while w.partial_path.stat().st_size <= sizes[0] and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert w.partial_path.stat().st_size > sizes[0]
     w.close()
     assert path.exists() and not w.partial_path.exists()
     md = pq.ParquetFile(path).metadata
@@ -180,6 +184,26 @@ def test_writer_streams_row_groups_of_one_kind(tmp_path: Path) -> None:
         assert s.min == s.max  # one kind per row group
     t = read_trace(path)
     assert t.counts()[Kind.FAULT] == 550 and t.counts()[Kind.MIGRATION] == 300
+
+
+def test_a_write_error_in_the_writer_thread_reaches_the_caller(tmp_path: Path) -> None:
+    """Row groups are written by the writer's thread (the live loop must not stall ~0.5 s per
+    1 M-row group); a disk error there is raised by the next write or by close, never lost."""
+    rng = np.random.default_rng(6)
+    w = TraceWriter(tmp_path / "e.parquet", {}, row_group_rows=10)
+
+    def full(*a, **k):
+        raise OSError(28, "No space left on device")
+
+    w._writer.write_table = full
+    w.write(batch_of({Kind.FAULT: random_records(Kind.FAULT, 25, rng)}))
+    deadline = time.monotonic() + 10
+    while w._error is None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    with pytest.raises(TraceError, match="No space left"):
+        w.write(batch_of({Kind.FAULT: random_records(Kind.FAULT, 1, rng)}))
+    with pytest.raises(TraceError, match="No space left"):
+        w.close()
 
 
 def test_exception_keeps_what_was_written(tmp_path: Path) -> None:

@@ -382,7 +382,8 @@ class ControlSpec:
     source is attached."""
 
     def __init__(self, mode: str | None, budget: str | None, options: list[str] | None, degree: int | None,
-                 spare_gpus: int, rate: str | None, gpus: int | None = None, live_run: bool = False):
+                 spare_gpus: int, rate: str | None, gpus: int | None = None, live_run: bool = False,
+                 budget_sweep: float = 50.0):
         from ..controller.base import make_controller
         from ..sim.replay import parse_mode_options
         from ..units import parse_size
@@ -427,6 +428,9 @@ class ControlSpec:
         if spare_gpus and self.budget is None:
             raise UmctlError("--spare-gpus needs --budget (spare memory holds what the budget evicts)")
         self.spare_gpus = spare_gpus
+        if budget_sweep < 0:
+            raise UmctlError("--budget-sweep must be 0 (off) or more milliseconds")
+        self.budget_sweep = float(budget_sweep)
 
     def source_kinds(self) -> frozenset:
         from ..sources.uvmtools import ALL_KINDS
@@ -453,7 +457,7 @@ class ControlSpec:
         act = src.actuator(max_bytes_per_s=float(self.rate))
         try:
             return LiveControl(self.controller, act, pid=src.pid, gpus=gpus, budget_bytes=self.budget,
-                               spare_gpus=self.spare_gpus)
+                               spare_gpus=self.spare_gpus, budget_sweep_ms=self.budget_sweep)
         except BaseException:
             act.close()
             raise
@@ -489,13 +493,18 @@ def _print_control(st: dict) -> None:
         out.print(f"  budget       {_fmt_bytes(b['bytes'])}: peak estimate {_fmt_bytes(b['peak_estimate_bytes'])} "
                   f"({_fmt_bytes(b['peak_before_enforcement_bytes'])} within a control period), "
                   f"{b['overflow_blocks_evicted']:,} blocks evicted on overflow to "
-                  f"{', '.join('CPU' if d < 0 else f'GPU {d}' for d in b['dst'])}", highlight=False)
+                  f"{', '.join('CPU' if d < 0 else f'GPU {d}' for d in b['dst'])}"
+                  + (f"; swept {b['swept_blocks']:,} blocks (every {b['sweep_ms']:g} ms)" if b.get("sweep_ms") else ""),
+                  highlight=False)
 
 
 CONTROL_HELP = "Controller mode (none, deepum, deepum-prefetch, deepum-preevict, ...): observe and act."
 BUDGET_HELP = ("Soft cap on the target's GPU-resident managed memory (e.g. 8GiB): umctl pre-evicts to stay "
                "under it, so oversubscription policies run without asking the driver for more than the card has.")
 
+SWEEP_HELP = ("With --budget: every this many ms, move out again the blocks umctl evicted (100 ms or more ago) "
+              "and has not seen fault back, because fault events arrive late and a block can come back unseen "
+              "(docs/live.md); 0 turns it off.")
 
 # -- commands -------------------------------------------------------------------------------
 
@@ -511,6 +520,7 @@ def attach_command(
     as_json: bool = typer.Option(False, "--json", help="Print the final summary as JSON."),
     mode: Optional[str] = typer.Option(None, "--mode", "-m", help=CONTROL_HELP),
     budget: Optional[str] = typer.Option(None, "--budget", "-b", help=BUDGET_HELP),
+    budget_sweep: float = typer.Option(50.0, "--budget-sweep", help=SWEEP_HELP),
     option: Optional[List[str]] = typer.Option(None, "--option", "-O", help="Mode option KEY=VALUE (e.g. degree=8)."),
     degree: Optional[int] = typer.Option(None, "--degree", help="DeepUM's prefetch degree N (kernels ahead)."),
     spare_gpus: int = typer.Option(0, "--spare-gpus", help="Evict over the budget into this many neighbour GPUs' memory instead of the host."),
@@ -538,7 +548,7 @@ def attach_command(
     from .main import check_output_path
 
     check_output_path(output, "trace")
-    control = (ControlSpec(mode, budget, option, degree, spare_gpus, rate)
+    control = (ControlSpec(mode, budget, option, degree, spare_gpus, rate, budget_sweep=budget_sweep)
                if (mode or budget or option or degree is not None or spare_gpus or rate) else None)
     frac = _resolve_sample(sample, recording=output is not None, control=control is not None)
     src = _attach(pid, kinds, ring_entries, flush_ms, control, source, sample=frac)
@@ -612,6 +622,7 @@ def run_command(
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No live status line."),
     mode: Optional[str] = typer.Option(None, "--mode", "-m", help=CONTROL_HELP),
     budget: Optional[str] = typer.Option(None, "--budget", "-b", help=BUDGET_HELP),
+    budget_sweep: float = typer.Option(50.0, "--budget-sweep", help=SWEEP_HELP),
     option: Optional[List[str]] = typer.Option(None, "--option", "-O", help="Mode option KEY=VALUE (e.g. degree=8)."),
     degree: Optional[int] = typer.Option(None, "--degree", help="DeepUM's prefetch degree N (kernels ahead)."),
     spare_gpus: int = typer.Option(0, "--spare-gpus", help="Evict over the budget into this many neighbour GPUs' memory."),
@@ -650,7 +661,7 @@ def run_command(
         # HUM is a runtime mechanism (the program's copies change): nothing to steer, unless
         # a budget is asked for too
         hum, mode = True, None
-    control = (ControlSpec(mode, budget, option, degree, spare_gpus, rate, gpus, live_run=True)
+    control = (ControlSpec(mode, budget, option, degree, spare_gpus, rate, gpus, live_run=True, budget_sweep=budget_sweep)
                if (mode or budget or option or degree is not None or spare_gpus or rate or gpus is not None) else None)
     rt_extra: dict[str, str] = {}
     if control is not None and control.gpus is not None:
