@@ -42,27 +42,28 @@ CASE_FAULTS = [(10, 1, 1), (10, 1, 1),          # block 1: prefetch still in fli
                (20, 2, 2),                       # block 2: prefetched, then evicted by the budget keeper
                (30, 3, 3),                       # block 3: evicted by the controller
                (40, 4, 4),                       # block 4: prefetched and done -> prefetched, resident
-               (50, 5, 5)]                       # block 5: no command -> never touched
+               (50, 5, 5),                       # block 5: no command -> never touched
+               (80, 7, 6)]                       # block 7: re-evicted by the budget's sweep
 CASE_CMDS = [(5, Op.PREFETCH, 1, 12, 1),
              (1, Op.PREFETCH, 2, 3, 1), (15, Op.PREEVICT, 2, 16, 0),
              (25, Op.PREEVICT, 3, 26, 1),
              (35, Op.PREFETCH, 4, 36, 1), (60, Op.PREEVICT, 4, 61, 0),   # evicted only after its fault
-             (70, Op.PREFETCH, 6, 71, 1)]
+             (70, Op.PREFETCH, 6, 71, 1), (75, Op.PREEVICT, 7, 76, 2)]
 
 
 def test_each_fault_is_classified_by_what_came_before():
     cmds, res = _cmds(CASE_CMDS)
     rep = analyze(_faults(CASE_FAULTS), cmds, res)
-    assert rep.fault_blocks == 5
+    assert rep.fault_blocks == 6
     assert rep.classes == {"late": 1, "prefetched, resident": 1, "evicted by the budget": 1,
-                           "evicted by the controller": 1, "never touched": 1}
+                           "evicted by the controller": 1, "evicted by the sweep": 1, "never touched": 1}
     assert rep.late_submitted_before_ms == [5.0, 5.0] and rep.late_completed_after_ms == [2.0, 2.0]
-    assert rep.commands == {"prefetch": 4, "preevict": 3}
-    assert rep.evicted_refault_ms == [5.0, 5.0]       # 20-15 and 30-25
+    assert rep.commands == {"prefetch": 4, "preevict": 4}
+    assert rep.evicted_refault_ms == [5.0, 5.0]       # 20-15, 30-25 and 80-75
     # predicted (a priority-1 prefetch since the block's previous fault): blocks 1, 2 and 4
     assert rep.predicted == 3
     later = analyze(_faults(CASE_FAULTS), cmds, res, since_ns=25 * MS)
-    assert later.fault_blocks == 3 and later.classes["late"] == 0
+    assert later.fault_blocks == 4 and later.classes["late"] == 0
 
 
 def test_cli_reports_a_control_trace_and_refuses_one_without_commands(tmp_path, capsys):
@@ -76,7 +77,7 @@ def test_cli_reports_a_control_trace_and_refuses_one_without_commands(tmp_path, 
         w.write(b)
     assert main(["trace", "control", str(path), "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
-    assert out["fault_blocks"] == 5 and out["classes"]["never touched"] == 1
+    assert out["fault_blocks"] == 6 and out["classes"]["never touched"] == 1
     assert out["classes"]["evicted by the budget"] == 1
     assert main(["trace", "control", str(path)]) == 0
     text = capsys.readouterr().out

@@ -18,6 +18,8 @@ def main() -> None:
     ap.add_argument("--modes", default="none,deepum")
     ap.add_argument("--degrees", default="", help="deepum modes: one run per degree N (e.g. 32,8)")
     ap.add_argument("--no-baselines", action="store_true", help="skip plain torch and the no-budget run")
+    ap.add_argument("--umctl-args", default="", help="extra umctl run arguments for the budget runs "
+                    "(e.g. '--budget-sweep 0')")
     a = ap.parse_args()
     wl = [sys.executable, "tests/gpu/wl_torch_train.py", "--steps", str(a.steps)]
     rt = ["umctl", "run", "-q", "--runtime", "--managed"]
@@ -26,7 +28,7 @@ def main() -> None:
         for d in (a.degrees.split(",") if a.degrees and m.startswith("deepum") else [""]):
             extra = ["--degree", d] if d else []
             configs.append((f"{m}{' N=' + d if d else ''} --budget {a.budget}",
-                            rt + ["--mode", m, "--budget", a.budget, *extra, "--"] + wl))
+                            rt + ["--mode", m, "--budget", a.budget, *extra, *a.umctl_args.split(), "--"] + wl))
     rows = []
     for name, cmd in configs:
         p = subprocess.run(cmd, capture_output=True, text=True, timeout=300)

@@ -383,7 +383,7 @@ class ControlSpec:
 
     def __init__(self, mode: str | None, budget: str | None, options: list[str] | None, degree: int | None,
                  spare_gpus: int, rate: str | None, gpus: int | None = None, live_run: bool = False,
-                 budget_sweep: float = 50.0):
+                 budget_sweep: float = 0.0):
         from ..controller.base import make_controller
         from ..sim.replay import parse_mode_options
         from ..units import parse_size
@@ -503,8 +503,8 @@ BUDGET_HELP = ("Soft cap on the target's GPU-resident managed memory (e.g. 8GiB)
                "under it, so oversubscription policies run without asking the driver for more than the card has.")
 
 SWEEP_HELP = ("With --budget: every this many ms, move out again the blocks umctl evicted (100 ms or more ago) "
-              "and has not seen fault back, because fault events arrive late and a block can come back unseen "
-              "(docs/live.md); 0 turns it off.")
+              "and has not seen fault back -- a safeguard for a control loop that falls behind its events. "
+              "Off (0) by default: on a loop that keeps up it evicts blocks in use (docs/live.md).")
 
 # -- commands -------------------------------------------------------------------------------
 
@@ -520,7 +520,7 @@ def attach_command(
     as_json: bool = typer.Option(False, "--json", help="Print the final summary as JSON."),
     mode: Optional[str] = typer.Option(None, "--mode", "-m", help=CONTROL_HELP),
     budget: Optional[str] = typer.Option(None, "--budget", "-b", help=BUDGET_HELP),
-    budget_sweep: float = typer.Option(50.0, "--budget-sweep", help=SWEEP_HELP),
+    budget_sweep: float = typer.Option(0.0, "--budget-sweep", help=SWEEP_HELP),
     option: Optional[List[str]] = typer.Option(None, "--option", "-O", help="Mode option KEY=VALUE (e.g. degree=8)."),
     degree: Optional[int] = typer.Option(None, "--degree", help="DeepUM's prefetch degree N (kernels ahead)."),
     spare_gpus: int = typer.Option(0, "--spare-gpus", help="Evict over the budget into this many neighbour GPUs' memory instead of the host."),
@@ -622,7 +622,7 @@ def run_command(
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No live status line."),
     mode: Optional[str] = typer.Option(None, "--mode", "-m", help=CONTROL_HELP),
     budget: Optional[str] = typer.Option(None, "--budget", "-b", help=BUDGET_HELP),
-    budget_sweep: float = typer.Option(50.0, "--budget-sweep", help=SWEEP_HELP),
+    budget_sweep: float = typer.Option(0.0, "--budget-sweep", help=SWEEP_HELP),
     option: Optional[List[str]] = typer.Option(None, "--option", "-O", help="Mode option KEY=VALUE (e.g. degree=8)."),
     degree: Optional[int] = typer.Option(None, "--degree", help="DeepUM's prefetch degree N (kernels ahead)."),
     spare_gpus: int = typer.Option(0, "--spare-gpus", help="Evict over the budget into this many neighbour GPUs' memory."),

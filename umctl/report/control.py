@@ -14,7 +14,9 @@ DeepUM's tables see); the class is that of the block's last command submitted be
   mapped those pages;
 - ``evicted by the budget``: a PREEVICT from the budget keeper (priority 0): the block was
   needed again before anything brought it back;
-- ``evicted by the controller``: the controller's own PREEVICT or INVALIDATE (priority >= 1);
+- ``evicted by the controller``: the controller's own PREEVICT or INVALIDATE (priority 1);
+- ``evicted by the sweep``: the budget keeper's periodic re-eviction of blocks it had sent
+  away and not seen come back (PREEVICT priority 2, ``--budget-sweep``);
 - ``never touched``: no command for the block before t.
 Whether a prefetched block was then used cannot be seen: a use that does not fault leaves no
 event. For evicted blocks the report gives how long after the eviction they faulted.
@@ -29,7 +31,8 @@ import numpy as np
 from ..events.schema import Kind, Op, fault_block_firsts
 from ..units import BLOCK_SHIFT, BLOCK_SIZE
 
-CLASSES = ("late", "prefetched, resident", "evicted by the budget", "evicted by the controller", "never touched")
+CLASSES = ("late", "prefetched, resident", "evicted by the budget", "evicted by the controller",
+           "evicted by the sweep", "never touched")
 
 
 @dataclass
@@ -134,7 +137,8 @@ def analyze(faults: np.ndarray, cmds: np.ndarray, results: np.ndarray, *, since_
             else:
                 rep.classes["prefetched, resident"] += 1
         else:
-            rep.classes["evicted by the budget" if prio == 0 else "evicted by the controller"] += 1
+            rep.classes["evicted by the budget" if prio == 0 else
+                        "evicted by the sweep" if prio >= 2 and op == Op.PREEVICT else "evicted by the controller"] += 1
             rep.evicted_refault_ms.append((t - ts) / 1e6)
     rep.late_submitted_before_ms = _p50_p90(rep.late_submitted_before_ms)
     rep.late_completed_after_ms = _p50_p90(rep.late_completed_after_ms)
