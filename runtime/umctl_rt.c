@@ -97,6 +97,7 @@ static pthread_once_t part_once = PTHREAD_ONCE_INIT;
 static void part_setup(void);
 static void part_forget(const void *p);
 
+#define STREAM_PER_THREAD ((cudaStream_t)0x2)   /* cudaStreamPerThread: what stream 0 means in a _ptsz call */
 static __thread int tl_internal;   /* >0: our own call or our worker: no barrier, no HUM, no report */
 static __thread int tl_rt_launch;  /* >0: inside a reported runtime launch: its driver launch is not reported again */
 static __thread uintptr_t tl_last_fault;
@@ -2053,11 +2054,9 @@ static int drv_launch(int k, void *f, unsigned gx, unsigned gy, unsigned gz, uns
 {
     cu_launch_t real = (cu_launch_t)lslot_real[0][k];
     hum_barrier();
-    if (tl_internal || tl_rt_launch)
-        return real(f, gx, gy, gz, bx, by, bz, smem, s, args, extra);
-    cudaStream_t rs = !s && lslot_ptsz[0][k] ? (cudaStream_t)0x2 : (cudaStream_t)s;
+    cudaStream_t rs = !s && lslot_ptsz[0][k] ? STREAM_PER_THREAD : (cudaStream_t)s;
     dim3 g = {gx, gy, gz}, b = {bx, by, bz};
-    int64_t q = report_launch_as(f, 1, g, b, args, smem, rs);
+    int64_t q = report_launch_as(f, 1, g, b, args, smem, rs);   /* -1 inside a reported launch: no end tracked */
     int r = real(f, gx, gy, gz, bx, by, bz, smem, s, args, extra);
     if (r == 0)
         track_end(q, rs);
@@ -2068,9 +2067,9 @@ static int drv_launch_ex(int k, const cu_launch_cfg *c, void *f, void **args, vo
 {
     cu_launch_ex_t real = (cu_launch_ex_t)lslot_real[1][k];
     hum_barrier();
-    if (tl_internal || tl_rt_launch || !c)
+    if (!c)
         return real(c, f, args, extra);
-    cudaStream_t rs = !c->stream && lslot_ptsz[1][k] ? (cudaStream_t)0x2 : (cudaStream_t)c->stream;
+    cudaStream_t rs = !c->stream && lslot_ptsz[1][k] ? STREAM_PER_THREAD : (cudaStream_t)c->stream;
     dim3 g = {c->gx, c->gy, c->gz}, b = {c->bx, c->by, c->bz};
     int64_t q = report_launch_as(f, 1, g, b, args, c->smem, rs);
     int r = real(c, f, args, extra);
@@ -2331,7 +2330,7 @@ static int part_launch(const void *f, dim3 g, dim3 b, void **args, size_t smem, 
     pthread_once(&part_once, part_setup);
     int d = current_device(), capturing = 0;
     if (!s && ptsz)
-        s = (cudaStream_t)0x2;   /* cudaStreamPerThread */
+        s = STREAM_PER_THREAD;
     if (!part_ok || d < 0 || d >= cfg_gpus ||
         (get_cudaStreamIsCapturing() && (real_cudaStreamIsCapturing(s, &capturing) != 0 || capturing))) {
         if (get_cudaGetLastError())

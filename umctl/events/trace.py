@@ -23,12 +23,12 @@ import functools
 import json
 import os
 import platform
+import queue
 import shlex
 import shutil
 import socket
 import subprocess
 import sys
-import queue
 import threading
 from dataclasses import dataclass
 from pathlib import Path

@@ -28,6 +28,11 @@ from ..events.schema import AllocOp, EventBatch, Kind, Op, Status, commands, emp
 from ..units import BLOCK_SHIFT, BLOCK_SIZE, CPU
 
 
+#: Command priority of the budget's sweep (below the budget keeper's 0 and the controller's 1);
+#: `umctl trace control` tells the sweep's evictions apart by it
+SWEEP_PRIORITY = 2
+
+
 class Residency:
     """Which 2 MiB blocks of the target hold GPU memory, per GPU, oldest arrival first."""
 
@@ -180,15 +185,19 @@ class Budget:
             self.sent_away(g, victims, now)
             self.peak_bytes = max(self.peak_bytes, self.res.resident_bytes(g))
             self.enforced_blocks += len(victims)
-            dsts = [d for d in self.dst if d != g] or [CPU]
-            victims, dst = self._spread(victims, dsts)
-            for d in set(dst.tolist()):
-                if d >= 0:
-                    self.res.arrive(d, [b for b, x in zip(victims, dst.tolist()) if x == d], now)
-            out.append(commands(Op.PREEVICT, np.array(victims, np.int64) << BLOCK_SHIFT, BLOCK_SIZE,
-                                dst=dst, priority=0, t_ns=now))
+            cmds = self._preevict(g, victims, now, priority=0)
+            blocks = (cmds["addr"] >> np.uint64(BLOCK_SHIFT)).astype(np.int64)
+            for d in set(cmds["dst"].tolist()):
+                if d >= 0:   # a neighbour GPU (memHarvester) now holds them
+                    self.res.arrive(d, blocks[cmds["dst"] == d].tolist(), now)
+            out.append(cmds)
         return np.concatenate(out) if out else None
 
+    def _preevict(self, g: int, blocks: list[int], now: int, *, priority: int) -> np.ndarray:
+        """PREEVICT commands moving ``blocks`` off GPU g to the budget's destinations."""
+        victims, dst = self._spread(blocks, [d for d in self.dst if d != g] or [CPU])
+        return commands(Op.PREEVICT, np.array(victims, np.int64) << BLOCK_SHIFT, BLOCK_SIZE,
+                        dst=dst, priority=priority, t_ns=now)
 
     def sent_away(self, g: int, blocks, now: int) -> None:
         d = self.away.setdefault(g, {})
@@ -237,10 +246,7 @@ class Budget:
             for b in due:
                 d[b] = now
             self.swept_blocks += len(due)
-            dsts = [x for x in self.dst if x != g] or [CPU]
-            victims, dst = self._spread(due, dsts)
-            out.append(commands(Op.PREEVICT, np.array(victims, np.int64) << BLOCK_SHIFT, BLOCK_SIZE,
-                                dst=dst, priority=2, t_ns=now))
+            out.append(self._preevict(g, due, now, priority=SWEEP_PRIORITY))
         return np.concatenate(out) if out else None
 
 

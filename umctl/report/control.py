@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..events.schema import Kind, Op, fault_block_firsts
+from ..live.control import SWEEP_PRIORITY
 from ..units import BLOCK_SHIFT, BLOCK_SIZE
 
 CLASSES = ("late", "prefetched, resident", "evicted by the budget", "evicted by the controller",
@@ -138,7 +139,8 @@ def analyze(faults: np.ndarray, cmds: np.ndarray, results: np.ndarray, *, since_
                 rep.classes["prefetched, resident"] += 1
         else:
             rep.classes["evicted by the budget" if prio == 0 else
-                        "evicted by the sweep" if prio >= 2 and op == Op.PREEVICT else "evicted by the controller"] += 1
+                        "evicted by the sweep" if prio == SWEEP_PRIORITY and op == Op.PREEVICT else
+                        "evicted by the controller"] += 1
             rep.evicted_refault_ms.append((t - ts) / 1e6)
     rep.late_submitted_before_ms = _p50_p90(rep.late_submitted_before_ms)
     rep.late_completed_after_ms = _p50_p90(rep.late_completed_after_ms)
