@@ -385,3 +385,76 @@ def test_driver_api_managed_allocations_are_reported(built):
     assert al["managed"].all()
     plain, err = run(built, "driver-alloc")   # no socket: runs unchanged, nothing wrapped
     assert set(plain) == {"a", "b", "c"} and stats(err)["driver_wrapped"] == "0"
+
+
+# -- the launch gate (UMCTL_RT_GATE_FD) --------------------------------------------------------
+
+def _gated(built, src, **env_extra) -> subprocess.Popen:
+    """rtprog "steps" (six launches) with the launch gate; the fake driver's stream wait blocks
+    the launching thread, as the GPU would hold the kernel."""
+    base = {k: v for k, v in os.environ.items() if not k.startswith(("UMCTL_RT_", "LD_PRELOAD"))}
+    base["FAKE_LIBCUDA"] = str(built["libcuda"])
+    base.update(env_extra)
+    env = child_env(base, library=built["lib"], socket=src.path, managed=True, gate_fd=str(src.gate.fd))
+    env["UMCTL_RT_LIBCUDA"] = str(built["libcuda"])
+    env["UMCTL_RT_STATS"] = "1"
+    return subprocess.Popen([str(built["prog"]), "steps"], env=env, pass_fds=(src.gate.fd,),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _queued_until(src, n: int, timeout: float = 5.0) -> list[int]:
+    import time
+    seen: list[int] = []
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        src.gate.beat()
+        src.drain()
+        seen += src.take_queued()["seq"].tolist()
+        if len(seen) >= n:
+            time.sleep(0.15)   # and nothing more arrives
+            src.gate.beat()
+            src.drain()
+            return seen + src.take_queued()["seq"].tolist()
+        time.sleep(0.01)
+    return seen
+
+
+def test_launch_gate_holds_each_kernel_until_released(built):
+    """Each launch waits for release >= its seq: with the gate at k, launches 0..k+1 are made
+    (k+1 is reported, then waits) and no more, until umctl releases the next."""
+    with RuntimeSource(gate=True) as src:
+        p = _gated(built, src)
+        try:
+            for k in range(5):
+                # seq 0 passes at once (release starts at 0), seq 1 is reported and waits
+                assert _queued_until(src, 1 + (k == 0)) == ([0, 1] if k == 0 else [k + 1]), k
+                assert p.poll() is None
+                src.gate.release(k + 1)
+            out, err = p.communicate(timeout=30)
+        finally:
+            p.kill()
+    assert p.returncode == 0 and 'RESULT {"steps": 3}' in out
+    st = stats(err)
+    assert st["gated"] == "6" and st["gate_fail"] == "0" and st["gate_opened"] == "0"
+
+
+def test_launch_gate_opens_when_umctl_goes_quiet(built):
+    """umctl killed (no heartbeat): the runtime's watchdog opens the gate for good and the
+    program finishes."""
+    with RuntimeSource(gate=True) as src:
+        src.gate.beat(0)
+        p = _gated(built, src, UMCTL_RT_GATE_DEAD_MS="100")
+        out, err = p.communicate(timeout=30)
+        assert src.gate.opened_by_runtime
+    assert p.returncode == 0 and 'RESULT {"steps": 3}' in out
+    st = stats(err)
+    assert st["gate_opened"] == "1" and int(st["gated"]) >= 1
+
+
+def test_launch_gate_unavailable_is_no_gate(built):
+    """The driver refuses to register the page: nothing is gated, nothing waits."""
+    with RuntimeSource(gate=True) as src:
+        src.gate.beat(0)   # a wait would hang until the watchdog: there must be none
+        p = _gated(built, src, FAKE_NO_REGISTER="1", UMCTL_RT_GATE_DEAD_MS="100000")
+        out, err = p.communicate(timeout=30)
+    assert p.returncode == 0 and stats(err)["gated"] == "0"

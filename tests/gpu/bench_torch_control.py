@@ -15,7 +15,8 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--budget", default="512MiB")
     ap.add_argument("--steps", type=int, default=12)
-    ap.add_argument("--modes", default="none,deepum")
+    ap.add_argument("--modes", default="none,deepum",
+                    help="comma-separated; MODE+FLAG adds --FLAG to that run (e.g. deepum+gate)")
     ap.add_argument("--degrees", default="", help="deepum modes: one run per degree N (e.g. 32,8)")
     ap.add_argument("--no-baselines", action="store_true", help="skip plain torch and the no-budget run")
     ap.add_argument("--umctl-args", default="", help="extra umctl run arguments for the budget runs "
@@ -24,10 +25,11 @@ def main() -> None:
     wl = [sys.executable, "tests/gpu/wl_torch_train.py", "--steps", str(a.steps)]
     rt = ["umctl", "run", "-q", "--runtime", "--managed"]
     configs = [] if a.no_baselines else [("plain torch", wl), ("runtime, managed, no budget", rt + ["--"] + wl)]
-    for m in a.modes.split(","):
+    for spec in a.modes.split(","):
+        m, *flags = spec.split("+")
         for d in (a.degrees.split(",") if a.degrees and m.startswith("deepum") else [""]):
-            extra = ["--degree", d] if d else []
-            configs.append((f"{m}{' N=' + d if d else ''} --budget {a.budget}",
+            extra = (["--degree", d] if d else []) + [f"--{f}" for f in flags]
+            configs.append((f"{spec}{' N=' + d if d else ''} --budget {a.budget}",
                             rt + ["--mode", m, "--budget", a.budget, *extra, *a.umctl_args.split(), "--"] + wl))
     rows = []
     for name, cmd in configs:
