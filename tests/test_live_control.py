@@ -328,7 +328,7 @@ def test_gated_deepum_makes_room_from_blocks_needed_after_the_walk_and_keeps_the
     ctl = make_controller("deepum", degree=2, watermark_blocks=0)
     free = {"blocks": 0}
     ctl.attach(ControllerContext(n_gpus=1, gpu_mem=[64 * BLOCK_SIZE], free_memory=lambda g: free["blocks"] * BLOCK_SIZE,
-                                 options={"gate": True}))
+                                 options={"gate": "landed"}))
     seq = [1, 2, 3, 4, 5] * 3
     for i in range(3, len(seq) - 1):
         ctl.exec_table.record(tuple(seq[i - 3:i]), seq[i], seq[i + 1])
@@ -378,7 +378,7 @@ def test_live_loop_holds_a_queued_kernel_until_deepum_prefetched_its_blocks():
     src = _GatedSource()
     try:
         lc = LiveControl(make_controller("deepum", watermark_blocks=0), act, pid=7, gpus=GPUS,
-                         budget_bytes=32 * BLOCK_SIZE, launch_source=src, gate_hold_ms=1e6)
+                         budget_bytes=32 * BLOCK_SIZE, launch_source=src, gate_hold_ms=1e6, gate_wait="landed")
         kern = {1: [0, 1, 2], 2: [10, 11, 12], 3: [20, 21, 22]}
         t, seq = 0, 0
         for h, blocks in kern.items():                 # iteration 0: queued, released, started, faulted

@@ -383,7 +383,7 @@ class ControlSpec:
 
     def __init__(self, mode: str | None, budget: str | None, options: list[str] | None, degree: int | None,
                  spare_gpus: int, rate: str | None, gpus: int | None = None, live_run: bool = False,
-                 budget_sweep: float = 0.0, gate_hold: float = 25.0, workers: int = 2):
+                 budget_sweep: float = 0.0, gate_hold: float = 25.0, workers: int = 2, gate_wait: str = "inflight"):
         from ..controller.base import make_controller
         from ..sim.replay import parse_mode_options
         from ..units import parse_size
@@ -434,6 +434,11 @@ class ControlSpec:
         if gate_hold <= 0:
             raise UmctlError("--gate-hold must be more than 0 ms")
         self.gate_hold = float(gate_hold)
+        from ..live.control import GATE_WAITS
+
+        if gate_wait not in GATE_WAITS:
+            raise UmctlError(f"--gate-wait must be one of {', '.join(GATE_WAITS)}")
+        self.gate_wait = gate_wait
         if not 1 <= workers <= 32:
             raise UmctlError("--workers must be 1 to 32")
         self.workers = int(workers)
@@ -464,7 +469,7 @@ class ControlSpec:
         try:
             return LiveControl(self.controller, act, pid=src.pid, gpus=gpus, budget_bytes=self.budget,
                                spare_gpus=self.spare_gpus, budget_sweep_ms=self.budget_sweep,
-                               launch_source=probe, gate_hold_ms=self.gate_hold)
+                               launch_source=probe, gate_hold_ms=self.gate_hold, gate_wait=self.gate_wait)
         except BaseException:
             act.close()
             raise
@@ -644,6 +649,8 @@ def run_command(
     workers: int = typer.Option(2, "--workers", help="Actuator threads issuing umctl's migrations in parallel."),
     gate: bool = typer.Option(False, "--gate/--no-gate", help=GATE_HELP),
     gate_hold: float = typer.Option(25.0, "--gate-hold", help="The launch gate holds a kernel at most this many ms."),
+    gate_wait: str = typer.Option("inflight", "--gate-wait", help="What a held kernel waits for: 'inflight' (its "
+                                  "table's blocks umctl is still moving in) or 'landed' (all of its table's blocks)."),
     option: Optional[List[str]] = typer.Option(None, "--option", "-O", help="Mode option KEY=VALUE (e.g. degree=8)."),
     degree: Optional[int] = typer.Option(None, "--degree", help="DeepUM's prefetch degree N (kernels ahead)."),
     spare_gpus: int = typer.Option(0, "--spare-gpus", help="Evict over the budget into this many neighbour GPUs' memory."),
@@ -685,7 +692,7 @@ def run_command(
         # a budget is asked for too
         hum, mode = True, None
     control = (ControlSpec(mode, budget, option, degree, spare_gpus, rate, gpus, live_run=True, budget_sweep=budget_sweep,
-                           gate_hold=gate_hold, workers=workers)
+                           gate_hold=gate_hold, workers=workers, gate_wait=gate_wait)
                if (mode or budget or option or degree is not None or spare_gpus or rate or gpus is not None) else None)
     if gate and (control is None or not (runtime or managed or hum)):
         raise UmctlError("--gate needs --runtime (or --managed) and a --mode to decide when kernels may start")

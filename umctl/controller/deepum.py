@@ -117,13 +117,14 @@ class DeepUMController(Controller):
     def attach(self, ctx: ControllerContext) -> None:
         super().attach(ctx)
         self.capacity = [int(m) // BLOCK_SIZE for m in ctx.gpu_mem]
-        #: live, with the runtime's launch gate: a kernel waits on the GPU until the blocks of
-        #: its table have landed (umctl.live.gate). The walk then covers whole tables, keeps
+        #: live, with the runtime's launch gate waiting for landed blocks (umctl.live.gate,
+        #: --gate-wait landed): a kernel waits on the GPU until the blocks of its table have
+        #: landed. The walk then covers whole tables, keeps
         #: what it could not yet make room for (instead of dropping it), restarts at each
         #: launch when it has ended, and pre-eviction may take blocks needed beyond the walk's
         #: kernel, furthest first: the GPU waits for the walk, so the walk must never stall
         #: for lack of "unexpected" victims, nor leave a held kernel's blocks behind.
-        self.gated = bool(ctx.options.get("gate"))
+        self.gated = ctx.options.get("gate") == "landed"
         if self.gated:
             self.whole_tables = True
 

@@ -29,6 +29,9 @@ from ..units import BLOCK_SHIFT, BLOCK_SIZE, CPU
 from .gate import GateKeeper
 
 
+#: What the launch gate makes a held kernel wait for (LiveControl.gate_wait)
+GATE_WAITS = ("inflight", "landed")
+
 #: Command priority of the budget's sweep (below the budget keeper's 0 and the controller's 1);
 #: `umctl trace control` tells the sweep's evictions apart by it
 SWEEP_PRIORITY = 2
@@ -259,7 +262,7 @@ class LiveControl:
 
     def __init__(self, controller: Controller, actuator, *, pid: int, gpus: list[dict],
                  budget_bytes: int | None = None, spare_gpus: int = 0, budget_sweep_ms: float = 0.0,
-                 launch_source=None, gate_hold_ms: float = 25.0):
+                 launch_source=None, gate_hold_ms: float = 25.0, gate_wait: str = "inflight"):
         if controller.replay_only:
             raise UmctlError(f"mode {controller.name} needs the future (replay only); live modes: "
                              "none, deepum, deepum-prefetch, deepum-preevict, ...")
@@ -287,7 +290,13 @@ class LiveControl:
         self.launch_source = launch_source
         gate = getattr(launch_source, "gate", None)
         self.gate = GateKeeper(gate, hold_ms=gate_hold_ms) if gate is not None else None
-        ctx.options["gate"] = self.gate is not None
+        if gate_wait not in GATE_WAITS:
+            raise UmctlError(f"--gate-wait must be one of {', '.join(GATE_WAITS)}")
+        #: what a held kernel waits for: its table's blocks still in flight ("inflight": the
+        #: controller runs as without the gate, the GPU just does not run into its own
+        #: prefetches), or every block of its table on the GPU ("landed")
+        self.gate_wait = gate_wait
+        ctx.options["gate"] = gate_wait if self.gate is not None else None
         self._held_starts: np.ndarray | None = None   # starts reported before their release
         self._released_at = 0
         controller.attach(ctx)
@@ -317,7 +326,8 @@ class LiveControl:
         self._evictions = None
         parts = []
         # gated, the controller also runs on a quiet drain: a held kernel may have moved its walk
-        cmds = self.ctl.on_events(view) if self.gate is not None or any(k in view for k in sub) else None
+        cmds = (self.ctl.on_events(view) if (self.gate is not None and self.gate_wait == "landed")
+                or any(k in view for k in sub) else None)
         if cmds is not None and len(cmds):
             self._account(cmds, batch.now_ns)
             parts.append(cmds)
@@ -349,7 +359,8 @@ class LiveControl:
         self._results(out)
         if self.gate is not None:
             before = self.gate.gate.release_seq
-            self.gate.step(batch.now_ns, self.ctl.gate_blocks, self._landed, self.ctl.gate_held)
+            self.gate.step(batch.now_ns, self.ctl.gate_blocks, self._landed,
+                           self.ctl.gate_held if self.gate_wait == "landed" else None)
             if self.gate.gate.release_seq != before:
                 self._released_at = batch.now_ns
         self.t_controller_ns += time.perf_counter_ns() - t0
@@ -427,6 +438,8 @@ class LiveControl:
     def _landed(self, b: int) -> bool:
         """A block a held kernel may count on: on the target GPU with no prefetch of it in
         flight (or one that cannot be prefetched at all)."""
+        if self.gate_wait == "inflight":
+            return b not in self.inflight
         return (b in self.res.blocks[self.target_gpus[0]] and b not in self.inflight) or b in self.unfetchable
 
     def finish(self, out: EventBatch | None = None, timeout: float = 5.0) -> EventBatch:
@@ -450,6 +463,6 @@ class LiveControl:
                            "swept_blocks": self.budget.swept_blocks, "sweep_ms": self.budget.sweep_ns / 1e6}
         if self.gate is not None:
             g = self.gate.gate
-            s["gate"] = dict(self.gate.stats, hold_ms=self.gate.hold_ns / 1e6, gated_by_runtime=g.gated,
+            s["gate"] = dict(self.gate.stats, wait=self.gate_wait, hold_ms=self.gate.hold_ns / 1e6, gated_by_runtime=g.gated,
                              opened_by_runtime=g.opened_by_runtime)
         return s
