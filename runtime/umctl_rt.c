@@ -229,20 +229,6 @@ static int prefetch_via_v2(u64 p, size_t n, int dev, void *stream)
     return cu_prefetch_v2(p, n, loc, 0, stream);
 }
 
-/* the launch gate's driver calls: cuStreamWaitValue64, cuMemHostRegister, cuMemHostGetDevicePointer */
-typedef int (*cu_wait64_t)(void *, u64, u64, unsigned);
-typedef int (*cu_host_register_t)(void *, size_t, unsigned);
-typedef int (*cu_host_devptr_t)(u64 *, void *, unsigned);
-static cu_wait64_t cu_wait64;
-static cu_host_register_t cu_host_register;
-static cu_host_devptr_t cu_host_devptr;
-static int cfg_gate_fd = -1;
-static int64_t cfg_gate_dead_ns = 1000000000LL;
-static volatile struct umrt_gate *gate;
-static u64 gate_dptr;
-static _Atomic int gate_on;   /* 1 gating, 0 not (yet / any more) */
-static _Atomic u64 st_gated, st_gate_fail, st_gate_opened;
-
 static pthread_once_t driver_once = PTHREAD_ONCE_INIT;
 static void load_driver(void)
 {
@@ -262,17 +248,6 @@ static void load_driver(void)
         cu_prefetch_v2 = (cuMemPrefetchAsync_v2_t)rdlsym(h, "cuMemPrefetchAsync_v2");
         if (cu_prefetch_v2)
             cu_prefetch = prefetch_via_v2;
-    }
-    if (cfg_gate_fd >= 0) {
-        cu_wait64 = (cu_wait64_t)rdlsym(h, "cuStreamWaitValue64_v2");
-        if (!cu_wait64)
-            cu_wait64 = (cu_wait64_t)rdlsym(h, "cuStreamWaitValue64");
-        cu_host_register = (cu_host_register_t)rdlsym(h, "cuMemHostRegister_v2");
-        if (!cu_host_register)
-            cu_host_register = (cu_host_register_t)rdlsym(h, "cuMemHostRegister");
-        cu_host_devptr = (cu_host_devptr_t)rdlsym(h, "cuMemHostGetDevicePointer_v2");
-        if (!cu_host_devptr)
-            cu_host_devptr = (cu_host_devptr_t)rdlsym(h, "cuMemHostGetDevicePointer");
     }
 }
 
@@ -1770,9 +1745,6 @@ __attribute__((constructor)) static void rt_init(void)
     cfg_managed = cfg_hum || env_on("UMCTL_RT_MANAGED");
     cfg_stats = env_on("UMCTL_RT_STATS");
     cfg_track_end = env_on("UMCTL_RT_TRACK_END");
-    if (getenv("UMCTL_RT_GATE_FD") && *getenv("UMCTL_RT_GATE_FD"))
-        cfg_gate_fd = (int)env_size("UMCTL_RT_GATE_FD", 0);
-    cfg_gate_dead_ns = (int64_t)env_size("UMCTL_RT_GATE_DEAD_MS", 1000) * 1000000LL;
     cfg_hum_min = env_size("UMCTL_RT_HUM_MIN", cfg_hum_min);
     cfg_unprot_step = env_size("UMCTL_RT_HUM_UNPROT_STEP", cfg_unprot_step);
     cfg_protect_group = env_size("UMCTL_RT_HUM_PROTECT_GROUP", cfg_protect_group);
@@ -1799,8 +1771,7 @@ __attribute__((destructor)) static void rt_fini(void)
                 "umctl_rt: pid=%d hum_copies=%llu fallbacks=%llu barrier_waits=%llu segv_waits=%llu launches=%llu driver_launches=%llu "
                 "managed_allocs=%llu driver_wrapped=%llu chunks=%llu pinned_chunks=%llu stage_ms=%.1f dma_wait_ms=%.1f populated=%llu "
                 "dma_chunks=%llu prefetches=%llu drops=%llu,%llu,%llu partitioned=%llu part_fallbacks=%llu "
-                "read_mostly=%llu,%llu call_ms=%.1f protect_ms=%.1f unprotect_ms=%.1f copy_ms=%.1f copy_max_ms=%.1f "
-                "gated=%llu gate_fail=%llu gate_opened=%llu\n",
+                "read_mostly=%llu,%llu call_ms=%.1f protect_ms=%.1f unprotect_ms=%.1f copy_ms=%.1f copy_max_ms=%.1f\n",
                 (int)getpid(), (unsigned long long)st_hum, (unsigned long long)st_fallback,
                 (unsigned long long)st_waits, (unsigned long long)st_segv, (unsigned long long)st_launch,
                 (unsigned long long)st_drv_launch,
@@ -1809,8 +1780,7 @@ __attribute__((destructor)) static void rt_fini(void)
                 (unsigned long long)st_dma, (unsigned long long)st_prefetch, (unsigned long long)drops[0], (unsigned long long)drops[1],
                 (unsigned long long)drops[2], (unsigned long long)st_part, (unsigned long long)st_part_fallback,
                 (unsigned long long)st_ro_set, (unsigned long long)st_ro_unset, st_call_ns / 1e6, st_protect_ns / 1e6, st_unprot_ns / 1e6,
-                st_copy_ns / 1e6, st_copy_max_ns / 1e6, (unsigned long long)st_gated, (unsigned long long)st_gate_fail,
-                (unsigned long long)st_gate_opened);
+                st_copy_ns / 1e6, st_copy_max_ns / 1e6);
 }
 
 /* ---------------------------------------------------------------- the runtime API we interpose */
@@ -2021,86 +1991,6 @@ static void track_end(int64_t seq, cudaStream_t s)
     tl_internal--;
 }
 
-/* ---------------------------------------------------------------- the launch gate (UMCTL_RT_GATE_FD)
-
-   Under a soft budget the GPU outruns any prefetcher whose link is slower than its compute: a
-   kernel touches blocks still on their way and faults, whatever was predicted. The gate lets
-   umctl hold a kernel until its predicted blocks have landed: before each reported launch the
-   runtime enqueues cuStreamWaitValue64(stream, &gate->release, seq, GEQ) on the launch's
-   stream, so the *GPU* waits (the host thread never blocks and keeps queueing, which is also
-   how umctl learns the kernels ahead). umctl raises gate->release as kernels become ready.
-   Safety: a watchdog thread opens the gate for good (release = UMRT_GATE_OPEN, no more waits)
-   once umctl's heartbeat is older than UMCTL_RT_GATE_DEAD_MS (default 1000): killing umctl at
-   any moment leaves the program running. Not gated: launches during stream capture (a graph
-   would keep the wait), or anything once the driver refuses a wait or the registration. */
-static pthread_once_t gate_once = PTHREAD_ONCE_INIT;
-
-static void gate_open_for_good(void)
-{
-    atomic_store(&gate_on, 0);
-    if (gate) {
-        gate->release = UMRT_GATE_OPEN;
-        gate->opened = 1;
-    }
-}
-
-static void *gate_watchdog(void *arg)
-{
-    (void)arg;
-    tl_internal = 1;
-    while (atomic_load(&gate_on)) {
-        if (now_ns() - (int64_t)gate->heartbeat_ns > cfg_gate_dead_ns) {
-            gate_open_for_good();
-            atomic_fetch_add(&st_gate_opened, 1);
-            break;
-        }
-        usleep(5000);
-    }
-    return NULL;
-}
-
-static void gate_setup(void)
-{
-    pthread_once(&driver_once, load_driver);
-    if (!cu_wait64 || !cu_host_register || !cu_host_devptr)
-        return;
-    void *p = mmap(NULL, 4096, PROT_READ | PROT_WRITE, MAP_SHARED, cfg_gate_fd, 0);
-    if (p == MAP_FAILED)
-        return;
-    /* PORTABLE | DEVICEMAP: every context may wait on it */
-    if (cu_host_register(p, 4096, 0x1 | 0x2) != 0 || cu_host_devptr(&gate_dptr, p, 0) != 0) {
-        munmap(p, 4096);
-        return;
-    }
-    gate = (volatile struct umrt_gate *)p;
-    atomic_store(&gate_on, 1);
-    if (!spawn_detached(gate_watchdog))
-        gate_open_for_good();
-}
-
-/* Make the kernel about to be launched as `seq` on stream s wait for umctl's release. */
-static void gate_wait(int64_t seq, cudaStream_t s)
-{
-    if (seq < 0 || cfg_gate_fd < 0)
-        return;
-    pthread_once(&gate_once, gate_setup);
-    if (!atomic_load(&gate_on))
-        return;
-    int capturing = 0;
-    if (get_cudaStreamIsCapturing() && (real_cudaStreamIsCapturing(s, &capturing) != 0 || capturing))
-        return;
-    if (cu_wait64(s, gate_dptr, (u64)seq, 0 /* CU_STREAM_WAIT_VALUE_GEQ */) != 0) {
-        atomic_fetch_add(&st_gate_fail, 1);
-        if (atomic_load(&st_gated) == 0)
-            gate_open_for_good();   /* the driver does not take waits at all: stop trying */
-        return;
-    }
-    atomic_fetch_add(&st_gated, 1);
-    u64 next = (u64)seq + 1;
-    if (gate->gated < next)
-        gate->gated = next;
-}
-
 static int64_t report_launch_as(const void *f, int drv, dim3 g, dim3 b, void **args, size_t smem, cudaStream_t s)
 {
     int64_t seq = -1;
@@ -2167,7 +2057,6 @@ static int drv_launch(int k, void *f, unsigned gx, unsigned gy, unsigned gz, uns
     cudaStream_t rs = !s && lslot_ptsz[0][k] ? STREAM_PER_THREAD : (cudaStream_t)s;
     dim3 g = {gx, gy, gz}, b = {bx, by, bz};
     int64_t q = report_launch_as(f, 1, g, b, args, smem, rs);   /* -1 inside a reported launch: no end tracked */
-    gate_wait(q, rs);
     int r = real(f, gx, gy, gz, bx, by, bz, smem, s, args, extra);
     if (r == 0)
         track_end(q, rs);
@@ -2183,7 +2072,6 @@ static int drv_launch_ex(int k, const cu_launch_cfg *c, void *f, void **args, vo
     cudaStream_t rs = !c->stream && lslot_ptsz[1][k] ? STREAM_PER_THREAD : (cudaStream_t)c->stream;
     dim3 g = {c->gx, c->gy, c->gz}, b = {c->bx, c->by, c->bz};
     int64_t q = report_launch_as(f, 1, g, b, args, c->smem, rs);
-    gate_wait(q, rs);
     int r = real(c, f, args, extra);
     if (r == 0)
         track_end(q, rs);
@@ -2526,7 +2414,6 @@ static cudaError_t launch_plain(launch_plain_t real, const void *f, dim3 g, dim3
     if (part_launch(f, g, b, args, smem, s, ptsz, &pr))
         return pr;
     int64_t q = report_launch(f, g, b, args, smem, s);
-    gate_wait(q, ptsz && !s ? STREAM_PER_THREAD : s);
     tl_rt_launch++;   /* its driver launch is this one */
     cudaError_t r = real(f, g, b, args, smem, s);
     tl_rt_launch--;
@@ -2568,8 +2455,6 @@ static cudaError_t launch_exc(const char *name, launch_exc_t *real, const umrt_l
     if (c && !c->numAttrs && part_launch(f, c->gridDim, c->blockDim, args, c->dynamicSmemBytes, c->stream, ptsz, &pr))
         return pr;
     int64_t q = c ? report_launch(f, c->gridDim, c->blockDim, args, c->dynamicSmemBytes, c->stream) : -1;
-    if (c)
-        gate_wait(q, ptsz && !c->stream ? STREAM_PER_THREAD : c->stream);
     tl_rt_launch++;
     cudaError_t r = (*real)(c, f, args);
     tl_rt_launch--;
@@ -2612,7 +2497,6 @@ static u64 stub_launch(const char *name, fn12 *real, u64 a, u64 b, u64 c, u64 d,
         return (u64)(unsigned)pr;
     int64_t q = report_launch((const void *)(uintptr_t)a, gd, bd, (void **)(uintptr_t)f, (size_t)g,
                               (cudaStream_t)(uintptr_t)h);
-    gate_wait(q, ptsz && !h ? STREAM_PER_THREAD : (cudaStream_t)(uintptr_t)h);
     tl_rt_launch++;
     u64 r = (*real)(a, b, c, d, e, f, g, h, i, j, k, l);
     tl_rt_launch--;
@@ -2864,8 +2748,6 @@ API pid_t fork(void)
     if (r == 0) {   /* no worker and no flusher in the child: HUM off there, flusher restarted */
         my_pid = (int32_t)getpid();
         cfg_hum = 0;
-        cfg_gate_fd = -1;   /* the gate's waits and watchdog are the parent's */
-        atomic_store(&gate_on, 0);
         for (int k = 0; k < 3; k++)
             rb[k].n = 0;
         pthread_once_t fresh = PTHREAD_ONCE_INIT;

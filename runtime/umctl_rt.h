@@ -39,20 +39,6 @@ struct __attribute__((packed)) umrt_launch {
     int64_t seq;
 };
 
-/* The launch gate (UMCTL_RT_GATE_FD): a page shared with umctl, registered with the driver so
-   that the GPU can read it. Before each reported launch with sequence number seq the runtime
-   enqueues cuStreamWaitValue64(stream, &release, seq, GEQ): the kernel starts once umctl has
-   written release >= seq. umctl writes heartbeat_ns (CLOCK_MONOTONIC) every loop; the runtime's
-   watchdog writes release = UMRT_GATE_OPEN and stops gating when it goes stale.
-   (umctl/live/gate.py reads and writes the same layout.) */
-struct umrt_gate {
-    uint64_t release;       /* umctl: launches with seq <= release may start */
-    uint64_t heartbeat_ns;  /* umctl: last sign of life */
-    uint64_t opened;        /* runtime: 1 once the watchdog opened the gate for good */
-    uint64_t gated;         /* runtime: highest seq a wait was enqueued for, plus one */
-};
-#define UMRT_GATE_OPEN (1ULL << 62)
-
 /* == DTYPES[Kind.ALLOC] */
 struct __attribute__((packed)) umrt_alloc {
     int64_t t_ns;

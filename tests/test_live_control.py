@@ -20,11 +20,9 @@ GPUS = [{"gpu": 0, "uuid": "GPU-x", "memory_bytes": 80 << 30}]
 class FakeActuator:
     """Executes everything at once, successfully (or not, per op)."""
 
-    def __init__(self, fail_ops=(), lag: bool = False):
+    def __init__(self, fail_ops=()):
         self.submitted: list[np.ndarray] = []
         self._results: list[tuple] = []
-        self.lag = lag              # results only at the call after the one following submission
-        self._later: list[tuple] = []
         self.fail_ops = set(fail_ops)
         self.closed = False
         self._id = 0
@@ -41,10 +39,7 @@ class FakeActuator:
     def results(self):
         from umctl.actuators import result_records
 
-        if self.lag:
-            rows, self._later, self._results = self._later, self._results, []
-        else:
-            rows, self._results = self._results, []
+        rows, self._results = self._results, []
         return result_records(rows)
 
     def close(self, drain=False, timeout=0):
@@ -282,132 +277,3 @@ def test_budget_keeper_ranks_by_deepums_predicted_next_use_beyond_n():
     bud.slack_blocks = 0
     cmds = bud.enforce([0], 1, order=ctl.eviction_order)
     assert (cmds["addr"] >> np.uint64(BLOCK_SHIFT)).tolist() == [999, 105, 104]
-
-
-# -- the launch gate -----------------------------------------------------------------------------
-
-def test_gate_keeper_releases_in_order_when_blocks_land_or_the_hold_runs_out():
-    from umctl.live.gate import Gate, GateKeeper
-
-    gate = Gate()
-    try:
-        gk = GateKeeper(gate, hold_ms=5)
-        q = empty(Kind.LAUNCH, 3)
-        q["seq"], q["exec_hash"] = [1, 2, 3], [11, 12, 13]
-        gk.queued(q)
-        need = {11: [1, 2], 13: [5]}                  # 12: no prediction
-        landed: set[int] = {1}
-        step = lambda t: gk.step(t, need.get, landed.__contains__)   # noqa: E731
-        ms = 1_000_000
-        step(0)
-        assert gate.release_seq == 0                   # 1 waits for block 2
-        step(20 * ms)                                  # 0 not seen started: patience is 10 x hold
-        assert gate.release_seq == 0
-        landed.add(2)
-        step(21 * ms)
-        assert gate.release_seq == 2                   # 1 ready, 2 unpredicted, 3 waits for block 5
-        gk.started_upto(2, 30 * ms)                    # 3's predecessor runs: the hold starts
-        step(34 * ms)
-        assert gate.release_seq == 2
-        step(35 * ms)
-        assert gate.release_seq == 3 and not gk.queue
-        assert gk.stats == {"queued": 3, "released": 3, "ready": 1, "unpredicted": 1, "timeouts": 1}
-        assert gate.beat is not None and gate._w[1] == 35 * ms   # the heartbeat goes with every step
-    finally:
-        gate.close()
-    with pytest.raises(UmctlError):
-        GateKeeper(Gate(), hold_ms=0)
-
-
-def test_gated_deepum_makes_room_from_blocks_needed_after_the_walk_and_keeps_the_rest():
-    """With the gate the GPU waits for the walk, so the walk must not stall for lack of
-    "unexpected" victims nor drop what it could not fit: pre-eviction takes the blocks needed
-    after the walk's kernel, furthest first, and what still does not fit waits for room."""
-    from umctl.controller.base import ControllerContext
-
-    ctl = make_controller("deepum", degree=2, watermark_blocks=0)
-    free = {"blocks": 0}
-    ctl.attach(ControllerContext(n_gpus=1, gpu_mem=[64 * BLOCK_SIZE], free_memory=lambda g: free["blocks"] * BLOCK_SIZE,
-                                 options={"gate": "landed"}))
-    seq = [1, 2, 3, 4, 5] * 3
-    for i in range(3, len(seq) - 1):
-        ctl.exec_table.record(tuple(seq[i - 3:i]), seq[i], seq[i + 1])
-    for k in range(1, 6):
-        for b in (100 + 2 * k, 101 + 2 * k):
-            ctl._table(k).record(b)                    # kernel k touches blocks 100+2k, 101+2k
-        ctl._table(k).start, ctl._table(k).end = 100 + 2 * k, 101 + 2 * k
-    ctl.history = [3, 4, 5, 1]
-    ctl.cur = 1
-    for b in (102, 103, 110, 111):                     # kernel 1's and kernel 5's blocks are in
-        ctl.resident[b] = 0
-    from umctl.controller.deepum import Chain
-
-    ctl.chain = Chain(1, ctl._hist3(), None)
-    cmds = ctl._step(1)
-    pre = cmds[cmds["op"] == Op.PREEVICT]
-    pf = cmds[(cmds["op"] == Op.PREFETCH) & (cmds["priority"] == 1)]
-    blocks = lambda c: sorted((c["addr"] >> np.uint64(BLOCK_SHIFT)).tolist())   # noqa: E731
-    assert blocks(pre) == [110, 111]                   # kernel 5's, not kernel 1's (running)
-    assert len(pf) == 2 and set(blocks(pf)) <= {104, 105, 106, 107}
-    assert len(ctl._backlog) == 2                      # kernels 2-3 want 4: two wait for room
-    free["blocks"] = 2
-    cmds = ctl._step(2)
-    assert sorted(blocks(cmds[cmds["op"] == Op.PREFETCH]) + blocks(pf)) == [104, 105, 106, 107]
-    assert ctl.gate_blocks(12345) is None              # an unknown kernel is not held
-
-
-class _GatedSource:
-    """What umctl run's RuntimeSource gives the loop: the gate and the launches as queued."""
-
-    def __init__(self):
-        from umctl.live.gate import Gate
-
-        self.gate = Gate()
-        self.pending: list[np.ndarray] = []
-
-    def take_queued(self):
-        q, self.pending = self.pending, []
-        return np.concatenate(q) if q else empty(Kind.LAUNCH)
-
-
-def test_live_loop_holds_a_queued_kernel_until_deepum_prefetched_its_blocks():
-    """Iteration 0 trains DeepUM's tables from faults; in iteration 1 the host queues all three
-    kernels ahead, and the gate lets each start only once the blocks of its table have landed
-    (a RESULT back from the actuator), never before the prefetch was even issued."""
-    act = FakeActuator(lag=True)
-    src = _GatedSource()
-    try:
-        lc = LiveControl(make_controller("deepum", watermark_blocks=0), act, pid=7, gpus=GPUS,
-                         budget_bytes=32 * BLOCK_SIZE, launch_source=src, gate_hold_ms=1e6, gate_wait="landed")
-        kern = {1: [0, 1, 2], 2: [10, 11, 12], 3: [20, 21, 22]}
-        t, seq = 0, 0
-        for h, blocks in kern.items():                 # iteration 0: queued, released, started, faulted
-            src.pending.append(launch(t, h, seq))
-            lc.step(EventBatch(now_ns=t + 1))
-            assert src.gate.release_seq == seq         # no table yet: released at once
-            b = EventBatch(now_ns=t + 500)
-            b.add(Kind.LAUNCH, launch(t, h, seq))
-            b.add(Kind.FAULT, faults(t + 100, blocks))
-            lc.step(b)
-            t, seq = t + 1000, seq + 1
-        lc.step(EventBatch(now_ns=t))
-        assert src.gate.release_seq == 2               # trained on faults: nothing held yet
-        evict = lc.budget._preevict(0, [(BASE >> BLOCK_SHIFT) + b for b in range(64)], t, priority=0)   # all gone
-        lc._account(evict, t)
-        lc.ctl.resident.clear()
-        for h in kern:                                 # iteration 1: all queued at once
-            src.pending.append(launch(t, h, seq + h - 1))
-        rel = lambda: src.gate.release_seq               # noqa: E731
-        lc.step(EventBatch(now_ns=t + 10))             # kernel 1's blocks are gone: held, walk moved there
-        assert rel() == seq - 1 and lc.ctl.stats()["held_restarts"] == 1
-        lc.step(EventBatch(now_ns=t + 20))             # prefetches issued, not landed yet
-        issued = {int(a) for a in (act.all()["addr"] >> np.uint64(BLOCK_SHIFT)) - np.uint64(BASE >> BLOCK_SHIFT)}
-        assert rel() == seq - 1 and {0, 1, 2, 10, 11, 12, 20, 21, 22} <= issued
-        lc.step(EventBatch(now_ns=t + 30))             # results back: landed, released in order
-        assert rel() == seq + 2
-        g = lc.stats()["gate"]
-        assert g["ready"] >= 2 and g["timeouts"] == 0
-        lc.finish()
-        assert src.gate.release_seq == 1 << 62         # detached: nothing waits on umctl
-    finally:
-        src.gate.close()

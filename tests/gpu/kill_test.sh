@@ -19,16 +19,12 @@ UM=$!
 sleep 6; kill -KILL $UM; wait $UM
 for i in $(seq 60); do grep -q DONE /tmp/run_kill.log && break; sleep 0.5; done
 echo "run killed with SIGKILL after 6s: $(grep -o 'DONE.*' /tmp/run_kill.log || echo 'no DONE')"
-# the launch gate: kernels wait on the GPU for umctl's release; umctl killed mid-run, the
-# runtime's watchdog opens the gate and the training loop finishes with the same checksum
-# (SIGINT is a clean stop: umctl run then ends its child, as documented). The checksum depends on
-# the step count: the reference is a plain run of the same 12 steps.
+# umctl run killed in a DeepUM-controlled torch training loop (managed memory, budget, runtime):
+# the loop finishes with the checksum of a plain run of the same 12 steps
 REF=$(python3 tests/gpu/wl_torch_train.py --steps 12 | grep -o 'DONE.*' | cut -d' ' -f3)
-for sig in KILL; do
-  umctl run -q --mode deepum --budget 512MiB --runtime --managed --gate -- python3 tests/gpu/wl_torch_train.py --steps 12 > /tmp/gate_kill.log 2>&1 &
-  UM=$!
-  for i in $(seq 120); do grep -q "^STEP 4 " /tmp/gate_kill.log && break; sleep 0.25; done
-  kill -$sig $UM; wait $UM; urc=$?
-  for i in $(seq 120); do grep -q DONE /tmp/gate_kill.log && break; sleep 0.5; done
-  echo "run --gate killed with SIG$sig at step 4: umctl rc=$urc, $(grep -o 'DONE.*' /tmp/gate_kill.log || echo 'no DONE') (plain 12 steps: $REF)"
-done
+umctl run -q --mode deepum --budget 512MiB --runtime --managed -- python3 tests/gpu/wl_torch_train.py --steps 12 > /tmp/torch_kill.log 2>&1 &
+UM=$!
+for i in $(seq 120); do grep -q "^STEP 4 " /tmp/torch_kill.log && break; sleep 0.25; done
+kill -KILL $UM; wait $UM
+for i in $(seq 120); do grep -q DONE /tmp/torch_kill.log && break; sleep 0.5; done
+echo "run (torch, deepum) killed with SIGKILL at step 4: $(grep -o 'DONE.*' /tmp/torch_kill.log || echo 'no DONE') (plain 12 steps: $REF)"

@@ -1,7 +1,7 @@
 #!/bin/bash
 # Device sessions of the live-control and live-observation issues, one section per measurement.
 #   bash tests/gpu/run_control.sh [SECTION ...]     (default: every section; logs to $OUT)
-# Sections: calibrate runtime hum humnvcc humab whyfaults gate gputests torch layers harvest tenants kill overhead2 overhead3 sampling replay core
+# Sections: calibrate runtime hum humnvcc humab whyfaults gputests torch layers harvest tenants kill overhead2 overhead3 sampling replay core
 cd "$(dirname "$0")/../.."
 export OUT=${OUT:-/tmp/umctl_out} PYTHONUNBUFFERED=1 PIP_ROOT_USER_ACTION=ignore
 [ -f .umctl_gpu/libbpf.so.1 ] && export UMCTL_LIBBPF=$PWD/.umctl_gpu/libbpf.so.1
@@ -58,10 +58,6 @@ PY
       timeout -k 5 60 umctl trace control "$tr" --skip ${WHY_SKIP:-3}
       [ -n "$WHY_KEEP" ] && ls -la "$tr" || rm -f "$tr"
     done ;;
-  gate)   # the launch gate: none / deepum / deepum --gate under the budget on the torch loop
-    timeout -k 5 400 python3 tests/gpu/bench_torch_control.py --budget ${GATE_BUDGET:-512MiB} --steps ${GATE_STEPS:-16} \
-      --modes ${GATE_MODES:-none,deepum,deepum+gate} ${GATE_BASELINES:---no-baselines} ${GATE_ARGS:+--umctl-args "$GATE_ARGS"} 2>&1 \
-      | grep -v "^  \(lag\|events\|sample\)" | tail -n ${GATE_TAIL:-60} ;;
   gputests) timeout -k 5 300 python3 -m pytest -m gpu -p no:cacheprovider -q tests/gpu 2>&1 | tail -15 ;;
   humab)   # HUM's protection split (this tree) against a previous build (HUM_OLD=path.so), with the runtime's counters
     cat /sys/kernel/mm/transparent_hugepage/enabled

@@ -17,7 +17,6 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 
 #define API __attribute__((visibility("default")))
 typedef void (*kernel_fn)(void **);
@@ -97,22 +96,6 @@ API int cuMemAdvise_v2(uint64_t p, size_t n, int advice, fake_location loc)
     (void)p, (void)n, (void)loc;
     if (advice >= 0 && advice < 8)
         __sync_fetch_and_add(&fake_advises[advice], 1);
-    return 0;
-}
-
-/* The launch gate: host memory is "device" memory here, and a stream wait blocks the calling
-   thread (kernels run inside the launch call, so the next one must not start before the value). */
-API int fake_waits;
-API int cuMemHostRegister_v2(void *p, size_t n, unsigned flags) { (void)p, (void)n, (void)flags; return getenv("FAKE_NO_REGISTER") ? 1 : 0; }
-API int cuMemHostGetDevicePointer_v2(uint64_t *d, void *p, unsigned flags) { (void)flags; *d = (uint64_t)(uintptr_t)p; return 0; }
-API int cuStreamWaitValue64_v2(void *stream, uint64_t addr, uint64_t value, unsigned flags)
-{
-    (void)stream;
-    if (flags != 0)   /* only GEQ is used */
-        return 1;
-    __sync_fetch_and_add(&fake_waits, 1);
-    while ((int64_t)(*(volatile uint64_t *)(uintptr_t)addr - value) < 0)
-        usleep(200);
     return 0;
 }
 

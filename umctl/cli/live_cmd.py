@@ -383,7 +383,7 @@ class ControlSpec:
 
     def __init__(self, mode: str | None, budget: str | None, options: list[str] | None, degree: int | None,
                  spare_gpus: int, rate: str | None, gpus: int | None = None, live_run: bool = False,
-                 budget_sweep: float = 0.0, gate_hold: float = 25.0, workers: int = 2, gate_wait: str = "inflight"):
+                 budget_sweep: float = 0.0):
         from ..controller.base import make_controller
         from ..sim.replay import parse_mode_options
         from ..units import parse_size
@@ -431,17 +431,6 @@ class ControlSpec:
         if budget_sweep < 0:
             raise UmctlError("--budget-sweep must be 0 (off) or more milliseconds")
         self.budget_sweep = float(budget_sweep)
-        if gate_hold <= 0:
-            raise UmctlError("--gate-hold must be more than 0 ms")
-        self.gate_hold = float(gate_hold)
-        from ..live.control import GATE_WAITS
-
-        if gate_wait not in GATE_WAITS:
-            raise UmctlError(f"--gate-wait must be one of {', '.join(GATE_WAITS)}")
-        self.gate_wait = gate_wait
-        if not 1 <= workers <= 32:
-            raise UmctlError("--workers must be 1 to 32")
-        self.workers = int(workers)
 
     def source_kinds(self) -> frozenset:
         from ..sources.uvmtools import ALL_KINDS
@@ -465,11 +454,10 @@ class ControlSpec:
                 mem = next((g["memory_bytes"] for g in nvidia_smi_gpus() if g.get("memory_bytes")), None)
             gpus = [dict(g, memory_bytes=g.get("memory_bytes") or mem) for g in gpus]
             gpus += [{"gpu": i, "memory_bytes": mem} for i in range(len(gpus), self.gpus)]
-        act = src.actuator(max_bytes_per_s=float(self.rate), workers=self.workers)
+        act = src.actuator(max_bytes_per_s=float(self.rate))
         try:
             return LiveControl(self.controller, act, pid=src.pid, gpus=gpus, budget_bytes=self.budget,
-                               spare_gpus=self.spare_gpus, budget_sweep_ms=self.budget_sweep,
-                               launch_source=probe, gate_hold_ms=self.gate_hold, gate_wait=self.gate_wait)
+                               spare_gpus=self.spare_gpus, budget_sweep_ms=self.budget_sweep)
         except BaseException:
             act.close()
             raise
@@ -508,22 +496,12 @@ def _print_control(st: dict) -> None:
                   f"{', '.join('CPU' if d < 0 else f'GPU {d}' for d in b['dst'])}"
                   + (f"; swept {b['swept_blocks']:,} blocks (every {b['sweep_ms']:g} ms)" if b.get("sweep_ms") else ""),
                   highlight=False)
-    g = c.get("gate")
-    if g:
-        out.print(f"  gate         {g['released']:,} of {g['queued']:,} queued kernels released: {g['ready']:,} with their "
-                  f"blocks landed, {g['unpredicted']:,} unpredicted, {g['timeouts']:,} after {g['hold_ms']:g} ms; "
-                  f"{g['gated_by_runtime']:,} launches gated"
-                  + ("; the runtime opened the gate (umctl's heartbeat went stale)" if g["opened_by_runtime"] else ""),
-                  highlight=False)
 
 
 CONTROL_HELP = "Controller mode (none, deepum, deepum-prefetch, deepum-preevict, ...): observe and act."
 BUDGET_HELP = ("Soft cap on the target's GPU-resident managed memory (e.g. 8GiB): umctl pre-evicts to stay "
                "under it, so oversubscription policies run without asking the driver for more than the card has.")
 
-GATE_HELP = ("With --runtime and a mode that predicts kernels' blocks (deepum): hold each kernel on the GPU "
-             "until the blocks of its table have landed, at most --gate-hold ms after the kernel before it "
-             "started; the host keeps queueing (docs/control.md, 'The launch gate').")
 SWEEP_HELP = ("With --budget: every this many ms, move out again the blocks umctl evicted (100 ms or more ago) "
               "and has not seen fault back -- a safeguard for a control loop that falls behind its events. "
               "Off (0) by default: on a loop that keeps up it evicts blocks in use (docs/live.md).")
@@ -543,7 +521,6 @@ def attach_command(
     mode: Optional[str] = typer.Option(None, "--mode", "-m", help=CONTROL_HELP),
     budget: Optional[str] = typer.Option(None, "--budget", "-b", help=BUDGET_HELP),
     budget_sweep: float = typer.Option(0.0, "--budget-sweep", help=SWEEP_HELP),
-    workers: int = typer.Option(2, "--workers", help="Actuator threads issuing umctl's migrations in parallel."),
     option: Optional[List[str]] = typer.Option(None, "--option", "-O", help="Mode option KEY=VALUE (e.g. degree=8)."),
     degree: Optional[int] = typer.Option(None, "--degree", help="DeepUM's prefetch degree N (kernels ahead)."),
     spare_gpus: int = typer.Option(0, "--spare-gpus", help="Evict over the budget into this many neighbour GPUs' memory instead of the host."),
@@ -571,7 +548,7 @@ def attach_command(
     from .main import check_output_path
 
     check_output_path(output, "trace")
-    control = (ControlSpec(mode, budget, option, degree, spare_gpus, rate, budget_sweep=budget_sweep, workers=workers)
+    control = (ControlSpec(mode, budget, option, degree, spare_gpus, rate, budget_sweep=budget_sweep)
                if (mode or budget or option or degree is not None or spare_gpus or rate) else None)
     frac = _resolve_sample(sample, recording=output is not None, control=control is not None)
     src = _attach(pid, kinds, ring_entries, flush_ms, control, source, sample=frac)
@@ -646,11 +623,6 @@ def run_command(
     mode: Optional[str] = typer.Option(None, "--mode", "-m", help=CONTROL_HELP),
     budget: Optional[str] = typer.Option(None, "--budget", "-b", help=BUDGET_HELP),
     budget_sweep: float = typer.Option(0.0, "--budget-sweep", help=SWEEP_HELP),
-    workers: int = typer.Option(2, "--workers", help="Actuator threads issuing umctl's migrations in parallel."),
-    gate: bool = typer.Option(False, "--gate/--no-gate", help=GATE_HELP),
-    gate_hold: float = typer.Option(25.0, "--gate-hold", help="The launch gate holds a kernel at most this many ms."),
-    gate_wait: str = typer.Option("inflight", "--gate-wait", help="What a held kernel waits for: 'inflight' (its "
-                                  "table's blocks umctl is still moving in) or 'landed' (all of its table's blocks)."),
     option: Optional[List[str]] = typer.Option(None, "--option", "-O", help="Mode option KEY=VALUE (e.g. degree=8)."),
     degree: Optional[int] = typer.Option(None, "--degree", help="DeepUM's prefetch degree N (kernels ahead)."),
     spare_gpus: int = typer.Option(0, "--spare-gpus", help="Evict over the budget into this many neighbour GPUs' memory."),
@@ -676,8 +648,6 @@ def run_command(
 
       [bold]umctl run --mode deepum --budget 8GiB --runtime --managed -- python3 train.py[/bold]
 
-      [bold]umctl run --mode deepum --budget 8GiB --runtime --managed --gate -- python3 train.py[/bold]   (kernels wait for their blocks)
-
       [bold]umctl run --mode hum -- ./app[/bold]   (HUM: copies overlap host work; results unchanged)
 
       [bold]umctl run --mode snurhac-dp --gpus 4 -- ./gemm[/bold]   (SnuRHAC: one program over 4 GPUs)
@@ -691,11 +661,8 @@ def run_command(
         # HUM is a runtime mechanism (the program's copies change): nothing to steer, unless
         # a budget is asked for too
         hum, mode = True, None
-    control = (ControlSpec(mode, budget, option, degree, spare_gpus, rate, gpus, live_run=True, budget_sweep=budget_sweep,
-                           gate_hold=gate_hold, workers=workers, gate_wait=gate_wait)
+    control = (ControlSpec(mode, budget, option, degree, spare_gpus, rate, gpus, live_run=True, budget_sweep=budget_sweep)
                if (mode or budget or option or degree is not None or spare_gpus or rate or gpus is not None) else None)
-    if gate and (control is None or not (runtime or managed or hum)):
-        raise UmctlError("--gate needs --runtime (or --managed) and a --mode to decide when kernels may start")
     rt_extra: dict[str, str] = {}
     if control is not None and control.gpus is not None:
         # SnuRHAC's runtime: cudaMalloc becomes managed memory that every GPU reaches, and the
@@ -714,14 +681,12 @@ def run_command(
         # A controller wants launches when the kernel starts (DeepUM's execution-ID
         # transitions): the runtime then also reports kernel ends (runtime/README.md)
         starts = control is not None
-        rt_source = RuntimeSource(kernel_starts=starts, gate=gate)
+        rt_source = RuntimeSource(kernel_starts=starts)
         rt_source.start()
-        if gate:
-            rt_extra["gate_fd"] = str(rt_source.gate.fd)
         env = child_env(socket=rt_source.path, managed=managed, hum=hum, **({"track_end": "1"} if starts else {}),
                         **rt_extra)
     try:
-        child = subprocess.Popen(cmd, env=env, pass_fds=(rt_source.gate.fd,) if gate else ())
+        child = subprocess.Popen(cmd, env=env)
     except OSError as e:
         if rt_source is not None:
             rt_source.close()

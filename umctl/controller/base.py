@@ -98,16 +98,6 @@ class Controller:
         LRU. Default: keep the order (LRU)."""
         return blocks
 
-    def gate_blocks(self, exec_hash: int):
-        """The 2 MiB blocks a queued kernel (by its launch's execution hash) is expected to
-        touch, for the live launch gate (``umctl.live.gate``): the kernel is held on the GPU
-        until they have landed. None: no prediction, do not hold it (the default)."""
-        return None
-
-    def gate_held(self, exec_hash: int) -> None:
-        """The launch gate holds this queued kernel: some of :meth:`gate_blocks` have not
-        landed. A controller may move its prefetching there (the kernel is about to fault)."""
-
     def stats(self) -> dict:
         """Controller-side counters for reports (table sizes, predictions...)."""
         return {}

@@ -97,8 +97,6 @@ class DeepUMController(Controller):
         self._expected_cache: set[int] | None = None
         self._horizon_cache: dict[int, int] | None = None
         self.fault_queue: dict[int, None] = {}   # faulted blocks to complete, served first
-        self.gated = False                       # see attach
-        self._backlog: list[tuple[int, int]] = []
         self.stats_ = {k: 0 for k in ("launches", "predictions", "predicted_right", "chains", "faulted_blocks",
                                        "prefetch_blocks", "preevict_blocks", "invalidate_blocks",
                                        "paused", "prediction_failures")}
@@ -117,37 +115,9 @@ class DeepUMController(Controller):
     def attach(self, ctx: ControllerContext) -> None:
         super().attach(ctx)
         self.capacity = [int(m) // BLOCK_SIZE for m in ctx.gpu_mem]
-        #: live, with the runtime's launch gate waiting for landed blocks (umctl.live.gate,
-        #: --gate-wait landed): a kernel waits on the GPU until the blocks of its table have
-        #: landed. The walk then covers whole tables, keeps
-        #: what it could not yet make room for (instead of dropping it), restarts at each
-        #: launch when it has ended, and pre-eviction may take blocks needed beyond the walk's
-        #: kernel, furthest first: the GPU waits for the walk, so the walk must never stall
-        #: for lack of "unexpected" victims, nor leave a held kernel's blocks behind.
-        self.gated = ctx.options.get("gate") == "landed"
-        if self.gated:
-            self.whole_tables = True
-
-    def gate_blocks(self, exec_hash: int):
-        """The blocks of the kernel's UM-block table (None: no table yet, do not hold it)."""
-        if not self.enabled("prefetch"):
-            return None
-        t = self.tables.get(self.exec_ids.ids.get(exec_hash, -1))
-        return t.keys() if t is not None and t.n_entries else None
 
     def enabled(self, feature: str) -> bool:
         return feature in self.features
-
-    def gate_held(self, exec_hash: int) -> None:
-        """A held kernel is a fault to come: unless the walk is on its table now, restart the
-        walk at its start block (it may have walked past blocks evicted since)."""
-        x = self.exec_ids.ids.get(exec_hash)
-        if x is None or (self.chain is not None and self.chain.exec_id == x and not self.chain.paused):
-            return
-        hist = self._hist3()
-        self.chain = Chain(x, (hist[1], hist[2], self.cur if self.cur is not None else -1), None)
-        self.stats_["chains"] += 1
-        self.stats_["held_restarts"] = self.stats_.get("held_restarts", 0) + 1
 
     # ------------------------------------------------------------------ events
     def on_events(self, batch: EventBatch) -> np.ndarray | None:
@@ -235,10 +205,7 @@ class DeepUMController(Controller):
         self.last_block = None
         self.predicted_next = self.exec_table.predict(self._hist3(), x)
         c = self.chain
-        if c is None and self.gated:
-            self.chain = Chain(x, self._hist3(), None)
-            self.stats_["chains"] += 1
-        elif c is not None:
+        if c is not None:
             if c.path and c.path[0] == x:
                 c.path.pop(0)
                 c.paused = False      # the current kernel finished: resume
@@ -387,10 +354,7 @@ class DeepUMController(Controller):
             self.fault_queue.clear()
             cur = self.cur if self.cur is not None else -1
             out.append(commands(Op.PREFETCH, fq << BLOCK_SHIFT, BLOCK_SIZE, dst=g, exec_id=cur, priority=0))
-        want = [(b, e) for b, e in self._backlog if b not in self.resident]
-        self._backlog = []
-        if self.chain is not None and not want:
-            want = self._walk(self.max_blocks)
+        want = self._walk(self.max_blocks) if self.chain is not None else []
         if not want:
             return np.concatenate(out) if out else None
         if self.enabled("preevict"):
@@ -401,10 +365,7 @@ class DeepUMController(Controller):
                 evict, keep = self._victims(short)
                 out += evict
                 if keep < short:  # no more victims the next kernels can spare: prefetch less
-                    cut = max(0, len(want) - (short - keep))
-                    if self.gated:   # ... and the rest once there is room
-                        self._backlog = want[cut:]
-                    want = want[:cut]
+                    want = want[: max(0, len(want) - (short - keep))]
         if want:
             blocks = np.array([b for b, _ in want], np.int64)
             execs = np.array([e for _, e in want], np.int64)
@@ -424,15 +385,6 @@ class DeepUMController(Controller):
                 victims.append(b)
                 if len(victims) == n:
                     break
-        if len(victims) < n and self.gated:
-            # blocks needed only after the kernel the walk is on, furthest first
-            if self._horizon_cache is None:
-                self._horizon_cache = self._next_use(max(self.evict_horizon, self.degree + 1))
-            rank, walk_at = self._horizon_cache, len(self.chain.path) if self.chain is not None else 0
-            taken = set(victims)
-            later = sorted((b for b in self.resident if b not in taken and rank.get(b, walk_at + 1) > walk_at),
-                           key=lambda b: -rank.get(b, 1 << 30))
-            victims += later[: n - len(victims)]
         if not victims:
             return [], 0
         out = []

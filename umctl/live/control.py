@@ -26,11 +26,7 @@ from .. import UmctlError
 from ..controller.base import Controller, ControllerContext
 from ..events.schema import AllocOp, EventBatch, Kind, Op, Status, commands, empty
 from ..units import BLOCK_SHIFT, BLOCK_SIZE, CPU
-from .gate import GateKeeper
 
-
-#: What the launch gate makes a held kernel wait for (LiveControl.gate_wait)
-GATE_WAITS = ("inflight", "landed")
 
 #: Command priority of the budget's sweep (below the budget keeper's 0 and the controller's 1);
 #: `umctl trace control` tells the sweep's evictions apart by it
@@ -261,8 +257,7 @@ class LiveControl:
     records to write to the trace next to the events that caused them."""
 
     def __init__(self, controller: Controller, actuator, *, pid: int, gpus: list[dict],
-                 budget_bytes: int | None = None, spare_gpus: int = 0, budget_sweep_ms: float = 0.0,
-                 launch_source=None, gate_hold_ms: float = 25.0, gate_wait: str = "inflight"):
+                 budget_bytes: int | None = None, spare_gpus: int = 0, budget_sweep_ms: float = 0.0):
         if controller.replay_only:
             raise UmctlError(f"mode {controller.name} needs the future (replay only); live modes: "
                              "none, deepum, deepum-prefetch, deepum-preevict, ...")
@@ -286,24 +281,7 @@ class LiveControl:
         ctx = ControllerContext(n_gpus=n, gpu_mem=mem,
                                 free_memory=self.budget.free_memory if self.budget is not None else None)
         ctx.options["live"] = True
-        #: the launch gate (umctl run's runtime): queued launches wait on the GPU for their blocks
-        self.launch_source = launch_source
-        gate = getattr(launch_source, "gate", None)
-        self.gate = GateKeeper(gate, hold_ms=gate_hold_ms) if gate is not None else None
-        if gate_wait not in GATE_WAITS:
-            raise UmctlError(f"--gate-wait must be one of {', '.join(GATE_WAITS)}")
-        #: what a held kernel waits for: its table's blocks still in flight ("inflight": the
-        #: controller runs as without the gate, the GPU just does not run into its own
-        #: prefetches), or every block of its table on the GPU ("landed")
-        self.gate_wait = gate_wait
-        ctx.options["gate"] = gate_wait if self.gate is not None else None
-        self._held_starts: np.ndarray | None = None   # starts reported before their release
-        self._released_at = 0
         controller.attach(ctx)
-        #: blocks with a prefetch to the target GPU still in flight -> how many
-        self.inflight: dict[int, int] = {}
-        #: blocks whose last prefetch failed (freed, or a driver error): a held kernel does not wait for them
-        self.unfetchable: set[int] = set()
         self._issued: dict[int, tuple[int, int, int]] = {}   # cmd_id -> (op, block, dst)
         self._evictions: np.ndarray | None = None
         self.commands = 0
@@ -311,8 +289,6 @@ class LiveControl:
 
     def step(self, batch: EventBatch) -> EventBatch:
         t0 = time.perf_counter_ns()
-        if self.gate is not None:
-            self._gate_starts(batch)
         freed = self.res.observe(batch)
         if freed and self.budget is not None:
             self.budget.forget(freed)
@@ -325,9 +301,7 @@ class LiveControl:
             view.add(Kind.EVICTION, self._evictions)
         self._evictions = None
         parts = []
-        # gated, the controller also runs on a quiet drain: a held kernel may have moved its walk
-        cmds = (self.ctl.on_events(view) if (self.gate is not None and self.gate_wait == "landed")
-                or any(k in view for k in sub) else None)
+        cmds = self.ctl.on_events(view) if any(k in view for k in sub) else None
         if cmds is not None and len(cmds):
             self._account(cmds, batch.now_ns)
             parts.append(cmds)
@@ -350,19 +324,10 @@ class LiveControl:
             ids = self.act.submit(cmds)
             cmds["cmd_id"] = ids
             for c, i in zip(cmds, ids.tolist()):
-                op, b, dst = int(c["op"]), int(c["addr"]) >> BLOCK_SHIFT, int(c["dst"])
-                self._issued[i] = (op, b, dst)
-                if op == Op.PREFETCH and dst >= 0:
-                    self.inflight[b] = self.inflight.get(b, 0) + 1
+                self._issued[i] = (int(c["op"]), int(c["addr"]) >> BLOCK_SHIFT, int(c["dst"]))
             self.commands += len(cmds)
             out.add(Kind.COMMAND, cmds)
         self._results(out)
-        if self.gate is not None:
-            before = self.gate.gate.release_seq
-            self.gate.step(batch.now_ns, self.ctl.gate_blocks, self._landed,
-                           self.ctl.gate_held if self.gate_wait == "landed" else None)
-            if self.gate.gate.release_seq != before:
-                self._released_at = batch.now_ns
         self.t_controller_ns += time.perf_counter_ns() - t0
         return out
 
@@ -394,60 +359,14 @@ class LiveControl:
             return
         for cid, st in zip(r["cmd_id"].tolist(), r["status"].tolist()):
             op, b, dst = self._issued.pop(cid, (None, 0, 0))
-            if op != Op.PREFETCH or dst < 0:
-                continue
-            n = self.inflight.get(b, 0) - 1
-            if n > 0:
-                self.inflight[b] = n
-            else:
-                self.inflight.pop(b, None)
-            if st in (Status.FAILED, Status.RANGE_INVALID):
+            if op == Op.PREFETCH and st in (Status.FAILED, Status.RANGE_INVALID) and dst >= 0:
                 self.res.leave(dst, [b])
-                self.unfetchable.add(b)
-            elif st == Status.OK:
-                self.unfetchable.discard(b)
         out.add(Kind.RESULT, r)
-
-    def _gate_starts(self, batch: EventBatch) -> None:
-        """Kernel starts as the gate knows them: a kernel cannot have started before its
-        release, so a start reported earlier (the runtime times a start from the end of the
-        kernel before it on the same stream handle; torch and cuBLAS name the default stream
-        differently, so some launches look as if their stream was idle) is held back until
-        the release. DeepUM's current kernel is then never ahead of the GPU."""
-        gk = self.gate
-        gk.queued(self.launch_source.take_queued())
-        la = batch[Kind.LAUNCH]
-        if self._held_starts is not None:
-            la = np.concatenate([self._held_starts, la]) if len(la) else self._held_starts
-            self._held_starts = None
-        if not len(la):
-            return
-        if gk.gate.opened_by_runtime:
-            ok = np.ones(len(la), bool)
-        else:
-            ok = la["seq"] <= gk.gate.release_seq
-            if not ok.all():
-                self._held_starts = la[~ok]
-            la = la[ok].copy()
-            la["t_ns"] = np.maximum(la["t_ns"], self._released_at)
-        la = la[np.argsort(la["t_ns"], kind="stable")]
-        batch.arrays[Kind.LAUNCH] = la
-        if len(la):
-            gk.started_upto(int(la["seq"].max()), batch.now_ns)
-
-    def _landed(self, b: int) -> bool:
-        """A block a held kernel may count on: on the target GPU with no prefetch of it in
-        flight (or one that cannot be prefetched at all)."""
-        if self.gate_wait == "inflight":
-            return b not in self.inflight
-        return (b in self.res.blocks[self.target_gpus[0]] and b not in self.inflight) or b in self.unfetchable
 
     def finish(self, out: EventBatch | None = None, timeout: float = 5.0) -> EventBatch:
         """Stop issuing, wait briefly for in-flight commands, undo advice (the actuator's
         close), and return the last RESULT records."""
         out = out if out is not None else EventBatch()
-        if self.gate is not None:
-            self.gate.gate.open()   # nothing may wait on a umctl that stops controlling
         self.act.close(drain=True, timeout=timeout)
         self._results(out)
         return out
@@ -461,8 +380,4 @@ class LiveControl:
                            "peak_before_enforcement_bytes": self.budget.peak_before,
                            "overflow_blocks_evicted": self.budget.enforced_blocks, "dst": self.budget.dst,
                            "swept_blocks": self.budget.swept_blocks, "sweep_ms": self.budget.sweep_ns / 1e6}
-        if self.gate is not None:
-            g = self.gate.gate
-            s["gate"] = dict(self.gate.stats, wait=self.gate_wait, hold_ms=self.gate.hold_ns / 1e6, gated_by_runtime=g.gated,
-                             opened_by_runtime=g.opened_by_runtime)
         return s

@@ -175,7 +175,7 @@ class RuntimeSource:
     """
 
     def __init__(self, path: str | os.PathLike | None = None, *, rcvbuf: int = 8 << 20,
-                 kernel_starts: bool = False, gate: bool = False) -> None:
+                 kernel_starts: bool = False) -> None:
         self._tmpdir: str | None = None
         if path is None:
             self._tmpdir = tempfile.mkdtemp(prefix="umctl-rt-")
@@ -193,17 +193,7 @@ class RuntimeSource:
         self._rcvbuf = rcvbuf
         self.datagrams = 0
         #: with the runtime's end tracking on (UMCTL_RT_TRACK_END=1): launches at kernel start
-        # With the launch gate a queued kernel may wait on the GPU far longer than the usual
-        # 0.5 s "lost end notice" limit: taking it for started would release it (measured on
-        # the H100: 842 of 1,375 kernels of a gated run were let go that way)
-        self.starts = KernelStarts(hold_ns=10_000_000_000 if gate else 500_000_000) if kernel_starts else None
-        #: the launch gate's shared page (``gate.fd`` goes to the child: child_env(gate_fd=...))
-        self.gate = None
-        if gate:
-            from ..live.gate import Gate
-
-            self.gate = Gate()
-        self._queued: list[np.ndarray] = []
+        self.starts = KernelStarts() if kernel_starts else None
 
     def start(self) -> None:
         if self._sock is not None:
@@ -249,10 +239,6 @@ class RuntimeSource:
         for k, parts in pend.items():
             recs = np.concatenate(parts) if len(parts) > 1 else parts[0]
             if k is Kind.LAUNCH:
-                if self.gate is not None:
-                    q = recs[recs["t_ns"] != -1]
-                    if len(q):
-                        self._queued.append(q)
                 recs = self.starts.feed(recs, now) if self.starts is not None else recs[recs["t_ns"] != -1]
             if len(recs):
                 batch.add(k, recs)
@@ -261,12 +247,6 @@ class RuntimeSource:
             if len(late):
                 batch.add(Kind.LAUNCH, late)
         return batch
-
-    def take_queued(self) -> np.ndarray:
-        """Launch reports as the host made them, since the last call (with a gate only: the
-        gate keeper holds them until their kernel's blocks have landed)."""
-        q, self._queued = self._queued, []
-        return np.concatenate(q) if q else empty(Kind.LAUNCH)
 
     def close(self) -> None:
         """Stop listening (idempotent); datagrams already queued in the socket are read first."""
@@ -294,8 +274,6 @@ class RuntimeSource:
             except OSError:
                 pass
             self._tmpdir = None
-        if self.gate is not None:
-            self.gate.close()   # opens it: nothing waits on umctl any more
 
     def __enter__(self) -> RuntimeSource:
         self.start()
