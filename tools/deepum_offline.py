@@ -29,7 +29,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from umctl.controller import make_controller  # noqa: E402
 from umctl.controller.base import ControllerContext  # noqa: E402
-from umctl.events.schema import EventBatch, Kind, Op, empty  # noqa: E402
+from umctl.events.schema import EventBatch, Kind, Op  # noqa: E402
+from umctl.live.control import keeper_evictions  # noqa: E402
 from umctl.units import BLOCK_SHIFT, BLOCK_SIZE, parse_size  # noqa: E402
 
 RECENT_NS = 50_000_000   # a block faulted this recently is still being brought in
@@ -42,8 +43,7 @@ def replay(trace, options: dict, *, budget_bytes: int, skip_s: float = 2.0, drai
     what the controller knew just before the fault."""
     f, la, al, c = (trace.events(k) for k in (Kind.FAULT, Kind.LAUNCH, Kind.ALLOC, Kind.COMMAND))
     ev = c[(c["op"] == Op.PREEVICT) & (c["priority"] == 0)] if len(c) else c
-    evictions = empty(Kind.EVICTION, len(ev))
-    evictions["t_ns"], evictions["addr"], evictions["bytes_written"] = ev["t_ns"], ev["addr"], ev["bytes"]
+    evictions = keeper_evictions(ev)
     ctl = make_controller("deepum", **options)
     cap = budget_bytes // BLOCK_SIZE
     ctl.attach(ControllerContext(n_gpus=1, gpu_mem=[budget_bytes],

@@ -178,7 +178,7 @@ def control(
 
     Classes, by the block's last command before the fault: late (a prefetch still in flight),
     prefetched and resident (the driver's doing), evicted by the budget keeper, evicted by the
-    controller, never touched.
+    controller, evicted by the budget's sweep (--budget-sweep), never touched.
 
     Example: [bold]umctl trace control run.parquet --skip 2[/bold]
     """

@@ -33,6 +33,15 @@ from ..units import BLOCK_SHIFT, BLOCK_SIZE, CPU
 SWEEP_PRIORITY = 2
 
 
+def keeper_evictions(cmds: np.ndarray, pid: int = 0) -> np.ndarray:
+    """The budget keeper's PREEVICT commands as the EVICTION events a controller hears of
+    (stamped with the commands' time): the driver's evictions of a replay, live."""
+    e = empty(Kind.EVICTION, len(cmds))
+    e["t_ns"], e["addr"], e["pid"] = cmds["t_ns"], cmds["addr"], pid
+    e["pages"], e["bytes_written"] = cmds["bytes"] // 4096, cmds["bytes"]
+    return e
+
+
 class Residency:
     """Which 2 MiB blocks of the target hold GPU memory, per GPU, oldest arrival first."""
 
@@ -309,10 +318,7 @@ class LiveControl:
             ev = self.budget.enforce(self.target_gpus, batch.now_ns, order=self.ctl.eviction_order)
             if ev is not None:
                 parts.append(ev)
-                e = empty(Kind.EVICTION, len(ev))
-                e["t_ns"], e["addr"], e["pid"] = batch.now_ns, ev["addr"], self.pid
-                e["pages"], e["bytes_written"] = ev["bytes"] // 4096, ev["bytes"]
-                self._evictions = e
+                self._evictions = keeper_evictions(ev, self.pid)
             sw = self.budget.sweep(self.target_gpus, batch.now_ns)
             if sw is not None:
                 parts.append(sw)
