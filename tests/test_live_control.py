@@ -277,3 +277,110 @@ def test_budget_keeper_ranks_by_deepums_predicted_next_use_beyond_n():
     bud.slack_blocks = 0
     cmds = bud.enforce([0], 1, order=ctl.eviction_order)
     assert (cmds["addr"] >> np.uint64(BLOCK_SHIFT)).tolist() == [999, 105, 104]
+
+
+def _planner(plan: int, cap: list[int], pos: list[tuple[int, int]]):
+    """DeepUM in launch-ahead planning mode, trained on one iteration of four kernels with two
+    blocks each (kernel h touches blocks 10(h-1), 10(h-1)+1)."""
+    from umctl.controller.base import ControllerContext
+
+    ctl = make_controller("deepum", plan=plan, watermark_blocks=0)
+    ctl.attach(ControllerContext(n_gpus=1, gpu_mem=[cap[0] * BLOCK_SIZE],
+                                 free_memory=lambda g: max(0, cap[0] - len(ctl.resident)) * BLOCK_SIZE,
+                                 stream_position=lambda: pos[0]))
+    seq = 0
+    for it in range(2):
+        for h in (1, 2, 3, 4):
+            b = EventBatch(now_ns=seq * 1000 + 500)
+            b.add(Kind.LAUNCH, launch(seq * 1000, h, seq))
+            if it == 0:
+                b.add(Kind.FAULT, faults(seq * 1000 + 100, [10 * (h - 1), 10 * (h - 1) + 1]))
+            ctl.on_events(b)
+            seq += 1
+    return ctl, seq
+
+
+def _blocks(c, op) -> list[int]:
+    sel = c[c["op"] == op]
+    return ((sel["addr"] >> np.uint64(BLOCK_SHIFT)) - np.uint64(BASE >> BLOCK_SHIFT)).tolist()
+
+
+def _launch_batch(seq: int, h: int) -> EventBatch:
+    b = EventBatch(now_ns=seq * 1000 + 500)
+    b.add(Kind.LAUNCH, launch(seq * 1000, h, seq))
+    return b
+
+
+def test_plan_brings_in_the_kernels_where_the_commands_land():
+    """plan=1: at kernel 1, with commands landing before the kernel 2 launches ahead, bring in
+    kernel 3's blocks (not kernel 2's, which the host has queued already); landing 1 ahead,
+    kernel 2's. No fault-driven walk, no fault-queue completion."""
+    cap, pos = [100], [(2, 0)]
+    ctl, seq = _planner(1, cap, pos)
+    b0 = BASE >> BLOCK_SHIFT
+    ctl.resident.clear()
+    ctl.resident.update({b0 + 0: 0, b0 + 1: 0})
+    c = ctl.on_events(_launch_batch(seq, 1))
+    assert _blocks(c, Op.PREFETCH) == [20, 21] and not _blocks(c, Op.PREEVICT)
+    assert ctl.on_events(EventBatch(now_ns=seq * 1000 + 600)) is None   # already on their way
+    pos[0] = (1, 0)
+    ctl.resident.pop(b0 + 10, None), ctl.resident.pop(b0 + 11, None)
+    c = ctl.on_events(EventBatch(now_ns=seq * 1000 + 700))
+    assert _blocks(c, Op.PREFETCH) == [10, 11]
+    assert ctl.stats()["plans"] == 2 and not ctl.fault_queue
+
+
+def test_plan_evicts_what_is_needed_furthest_ahead_and_keeps_the_overlap():
+    """Room for kernel 3's two blocks under a 4-block budget holding blocks 30 (kernel 4, next
+    after the window), 0 and 1 (kernel 1, a whole iteration away): block 0 goes first
+    (furthest next use), though block 30 arrived earlier (least recently migrated). Kernel 2's
+    blocks overlap the transfers (overlap 1) and are never victims; when nothing else can go,
+    the plan brings in only what fits."""
+    cap, pos = [4], [(2, 1)]
+    ctl, seq = _planner(1, cap, pos)
+    b0 = BASE >> BLOCK_SHIFT
+    ctl.resident.clear()
+    ctl.resident.update({b0 + 30: 0, b0 + 0: 0, b0 + 1: 0})
+    c = ctl.on_events(_launch_batch(seq, 1))
+    assert _blocks(c, Op.PREEVICT) == [0] and _blocks(c, Op.PREFETCH) == [20, 21]
+    ctl.resident.clear()
+    ctl.resident.update({b0 + 10: 0, b0 + 20: 0})
+    cap[0] = 2
+    pos[0] = (2, 1)    # at kernel 2: window kernel 4 (30, 31), overlap kernel 3 (20, 21)
+    c = ctl.on_events(_launch_batch(seq + 1, 2))
+    assert _blocks(c, Op.PREEVICT) == [10] and _blocks(c, Op.PREFETCH) == [30]
+
+
+def test_live_loop_plans_when_the_stream_position_moves():
+    """The host's next launch moves where commands land although the drain brought no event:
+    the loop still asks the controller."""
+    pos = [(1, 0)]
+    lc = LiveControl(make_controller("deepum", plan=1, watermark_blocks=0), FakeActuator(), pid=3, gpus=GPUS,
+                     stream_position=lambda: pos[0])
+    seq = 0
+    for it in range(2):
+        for h in (1, 2, 3):
+            b = EventBatch(now_ns=seq * 1000 + 500)
+            b.add(Kind.LAUNCH, launch(seq * 1000, h, seq))
+            if it == 0:
+                b.add(Kind.FAULT, faults(seq * 1000 + 100, [10 * h]))
+            lc.step(b)
+            seq += 1
+    lc.ctl.resident.clear()
+    n = lc.commands
+    lc.step(EventBatch(now_ns=seq * 1000))
+    assert lc.commands == n                      # same position, no event: nothing asked
+    pos[0] = (2, 0)
+    lc.step(EventBatch(now_ns=seq * 1000 + 1))
+    assert lc.commands > n
+
+
+def test_budget_keeper_follows_the_plan_and_loses_the_window_last():
+    """In plan mode the keeper's overflow evictions rank as the plan does: blocks used furthest
+    ahead first, the blocks of the kernels the commands are for (and overlap) last."""
+    ctl, seq = _planner(1, [100], [(2, 0)])
+    ctl.on_events(_launch_batch(seq, 1))          # current kernel 1: window kernel 3
+    b0 = BASE >> BLOCK_SHIFT
+    order = ctl.eviction_order(0, [b0 + 20, b0 + 30, b0 + 0, b0 + 10])
+    # kernel 2 runs before the evictions land, so its block is next needed a whole step on
+    assert [b - b0 for b in order] == [10, 0, 30, 20]
