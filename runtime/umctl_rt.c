@@ -47,7 +47,6 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
-#include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/types.h>
 #include <sys/uio.h>
@@ -74,9 +73,6 @@ enum { cudaMemcpyHostToHost = 0, cudaMemcpyHostToDevice = 1, cudaMemcpyDeviceToH
 /* ---------------------------------------------------------------- configuration and stats */
 
 static int cfg_managed, cfg_hum, cfg_stats, cfg_track_end;
-/* in-stream commands (UMCTL_RT_CMD_FD, _CMD_LAG, _LEAD, _LEAD_WAIT_MS): see cmdq_before_launch */
-static int cfg_cmd_fd = -1, cfg_cmd_lag, cfg_lead;
-static int64_t cfg_lead_wait_ns = 200000000LL, cfg_cmd_sync_ns;
 static size_t cfg_hum_min = (size_t)1 << 20, cfg_cap;
 static unsigned cfg_delay_us;
 static const char *cfg_socket;
@@ -326,11 +322,9 @@ static void flush_kind(int k)
     uint32_t n = b->n;
     memcpy(buf, b->data, n * b->recsz);
     b->n = 0;
-    /* sent under the lock: with UMCTL_RT_CMD_SYNC_US a launching thread flushes too, and the
-       launches must reach umctl in order (the send never blocks: MSG_DONTWAIT) */
+    pthread_mutex_unlock(&b->mu);
     if (n && send_dgram(b->kind, n, buf, n * b->recsz) < 0)
         atomic_fetch_add(&drops[k], n);
-    pthread_mutex_unlock(&b->mu);
 }
 
 static void flush_all(void)
@@ -1751,12 +1745,6 @@ __attribute__((constructor)) static void rt_init(void)
     cfg_managed = cfg_hum || env_on("UMCTL_RT_MANAGED");
     cfg_stats = env_on("UMCTL_RT_STATS");
     cfg_track_end = env_on("UMCTL_RT_TRACK_END");
-    if (getenv("UMCTL_RT_CMD_FD") && *getenv("UMCTL_RT_CMD_FD"))
-        cfg_cmd_fd = (int)env_size("UMCTL_RT_CMD_FD", 0);
-    cfg_cmd_lag = (int)env_size("UMCTL_RT_CMD_LAG", 0);
-    cfg_lead = (int)env_size("UMCTL_RT_LEAD", 0);
-    cfg_lead_wait_ns = (int64_t)env_size("UMCTL_RT_LEAD_WAIT_MS", 200) * 1000000LL;
-    cfg_cmd_sync_ns = (int64_t)env_size("UMCTL_RT_CMD_SYNC_US", 0) * 1000LL;
     cfg_hum_min = env_size("UMCTL_RT_HUM_MIN", cfg_hum_min);
     cfg_unprot_step = env_size("UMCTL_RT_HUM_UNPROT_STEP", cfg_unprot_step);
     cfg_protect_group = env_size("UMCTL_RT_HUM_PROTECT_GROUP", cfg_protect_group);
@@ -1925,7 +1913,6 @@ static cudaEvent_t trk_pool[TRK];
 static int trk_npool;
 static pthread_mutex_t trk_mu = PTHREAD_MUTEX_INITIALIZER;
 static _Atomic u64 st_trk_drop;
-static _Atomic u64 trk_issued, trk_ended;   /* launches whose end is tracked / seen to have ended */
 
 static void report_end(const struct trk *t)
 {
@@ -1938,7 +1925,6 @@ static void report_end(const struct trk *t)
     r.name_id = -1;
     r.seq = t->seq;
     push(0, &r);
-    atomic_fetch_add(&trk_ended, 1);
 }
 
 static void *trk_worker(void *arg)
@@ -1997,211 +1983,11 @@ static void track_end(int64_t seq, cudaStream_t s)
         if (ev && real_cudaEventRecord(ev, s) == 0) {
             struct trk *t = &trk_q[trk_tail++ % TRK];
             t->seq = seq, t->dev = current_device(), t->ev = ev;
-            atomic_fetch_add(&trk_issued, 1);
         } else if (ev) {
             trk_pool[trk_npool++] = ev;
         }
     }
     pthread_mutex_unlock(&trk_mu);
-    tl_internal--;
-}
-
-
-/* ---------------------------------------------------------------- in-stream commands (UMCTL_RT_CMD_FD)
-
-   `umctl run --actuator stream`: umctl's controller writes its prefetch / pre-evict commands
-   into a ring shared with the runtime (struct umrt_cmdq), and before each reported launch the
-   runtime enqueues what is there as cuMemPrefetchAsync in *stream order*. Why: from outside
-   the process a prefetch races the GPU; measured on the H100 torch loop, the GPU reached the
-   next kernel before umctl's migrations for it were done and faulted on them whatever DeepUM
-   predicted (docs/control.md). In stream order a kernel cannot start before the prefetches
-   enqueued ahead of it are done, and an eviction cannot run before the kernels ahead of it
-   have ended. With UMCTL_RT_CMD_LAG = L > 0 the commands go to a side stream that first waits
-   for the work already on the launch's stream, and the kernel launched L launches later waits
-   for them: the transfers overlap the L kernels in between.
-   UMCTL_RT_LEAD = M > 0 holds a launch back while M tracked kernels are still queued on the
-   GPU (the host otherwise queues a whole training step ahead, and a command computed from
-   what the GPU is doing now would land a step late). The hold waits for the GPU only, never
-   for umctl, and gives up after UMCTL_RT_LEAD_WAIT_MS without any kernel ending (a kernel
-   waiting on the host must not deadlock the program). UMCTL_RT_CMD_SYNC_US = W > 0 sends each
-   launch's report at once and, before the next launch takes commands, waits up to W for umctl
-   to ack the report (cmdq->acked): then what umctl planned from launch n is in the stream
-   before launch n+1, not a few launches later. The host waits, never the GPU; after three
-   waits in a row time out the runtime stops waiting until umctl catches up again (a dead umctl
-   costs three waits). Launches during stream capture take no commands (a graph would replay
-   them); the entries wait for the next launch. */
-static struct umrt_cmdq *cmdq;
-static struct umrt_cmd *cmd_ring;
-static pthread_mutex_t cmdq_mu = PTHREAD_MUTEX_INITIALIZER;
-static pthread_once_t cmdq_once = PTHREAD_ONCE_INIT;
-#define CMD_BATCHES 256
-struct cmd_batch { int64_t seq; cudaEvent_t ev; };
-static struct cmd_batch cmd_batch[MAX_DEV][CMD_BATCHES];   /* side-stream batches not waited for yet */
-static unsigned cmd_b_head[MAX_DEV], cmd_b_tail[MAX_DEV];
-static cudaStream_t cmd_side[MAX_DEV];
-static cudaEvent_t cmd_evpool[4 * CMD_BATCHES];
-static int cmd_npool;
-
-static void cmdq_setup(void)
-{
-    pthread_once(&driver_once, load_driver);
-    struct stat st;
-    if (cfg_cmd_fd < 0 || fstat(cfg_cmd_fd, &st) != 0 || (size_t)st.st_size < sizeof(struct umrt_cmdq))
-        return;
-    void *p = mmap(NULL, (size_t)st.st_size, PROT_READ | PROT_WRITE, MAP_SHARED, cfg_cmd_fd, 0);
-    if (p == MAP_FAILED)
-        return;
-    struct umrt_cmdq *q = p;
-    if (q->cap == 0 || sizeof *q + q->cap * sizeof(struct umrt_cmd) > (size_t)st.st_size) {
-        munmap(p, (size_t)st.st_size);
-        return;
-    }
-    cmd_ring = (struct umrt_cmd *)(q + 1);
-    cmdq = q;
-}
-
-static cudaEvent_t cmd_event(void)
-{
-    cudaEvent_t ev = cmd_npool ? cmd_evpool[--cmd_npool] : NULL;
-    if (!ev && real_cudaEventCreateWithFlags(&ev, 2 /* disable timing */) != 0)
-        ev = NULL;
-    return ev;
-}
-
-static void cmd_event_free(cudaEvent_t ev)
-{
-    if (ev && cmd_npool < (int)(sizeof cmd_evpool / sizeof *cmd_evpool))
-        cmd_evpool[cmd_npool++] = ev;
-}
-
-/* Hold the host while M tracked kernels are queued (see above). */
-static void lead_hold(void)
-{
-    if (cfg_lead <= 0 || !trk_ok)
-        return;
-    u64 ended = atomic_load(&trk_ended);
-    if (atomic_load(&trk_issued) - ended < (u64)cfg_lead)
-        return;
-    int64_t t0 = now_ns(), progress = t0;
-    __atomic_fetch_add(&cmdq->lead_waits, 1, __ATOMIC_RELAXED);
-    while (atomic_load(&trk_issued) - atomic_load(&trk_ended) >= (u64)cfg_lead) {
-        struct timespec ts = {0, 10000};
-        nanosleep(&ts, NULL);
-        int64_t t = now_ns();
-        u64 e = atomic_load(&trk_ended);
-        if (e != ended) {
-            ended = e;
-            progress = t;
-        } else if (t - progress > cfg_lead_wait_ns) {
-            __atomic_fetch_add(&cmdq->lead_timeouts, 1, __ATOMIC_RELAXED);
-            break;
-        }
-    }
-    __atomic_fetch_add(&cmdq->lead_wait_ns, (u64)(now_ns() - t0), __ATOMIC_RELAXED);
-}
-
-/* Wait (host only) until umctl has acked the report of launch seq-1; see above. */
-static int sync_missed;   /* waits in a row that timed out (under cmdq_mu) */
-static void sync_wait(int64_t seq)
-{
-    if (cfg_cmd_sync_ns <= 0 || seq <= 0)
-        return;
-    u64 want = (u64)seq;
-    if (__atomic_load_n(&cmdq->acked, __ATOMIC_ACQUIRE) >= want) {
-        sync_missed = 0;
-        return;
-    }
-    if (sync_missed >= 3)   /* umctl stopped acking: go on unsynchronised until it catches up */
-        return;
-    int64_t t0 = now_ns();
-    __atomic_fetch_add(&cmdq->sync_waits, 1, __ATOMIC_RELAXED);
-    for (;;) {
-        if (__atomic_load_n(&cmdq->acked, __ATOMIC_ACQUIRE) >= want) {
-            sync_missed = 0;
-            break;
-        }
-        if (now_ns() - t0 > cfg_cmd_sync_ns || __atomic_load_n(&cmdq->closed, __ATOMIC_ACQUIRE)) {
-            sync_missed++;
-            __atomic_fetch_add(&cmdq->sync_timeouts, 1, __ATOMIC_RELAXED);
-            break;
-        }
-        struct timespec ts = {0, 5000};
-        nanosleep(&ts, NULL);
-    }
-    __atomic_fetch_add(&cmdq->sync_wait_ns, (u64)(now_ns() - t0), __ATOMIC_RELAXED);
-}
-
-/* Before the launch `seq` on stream s: enqueue umctl's pending commands, and make the kernel wait
-   for the side-stream batch enqueued LAG launches ago. */
-static void cmdq_before_launch(int64_t seq, cudaStream_t s)
-{
-    if (seq < 0 || cfg_cmd_fd < 0)
-        return;
-    pthread_once(&cmdq_once, cmdq_setup);
-    if (!cmdq)
-        return;
-    lead_hold();
-    int d = current_device();
-    if (d < 0 || d >= MAX_DEV)
-        return;
-    int capturing = 0;
-    if (get_cudaStreamIsCapturing() && (real_cudaStreamIsCapturing(s, &capturing) != 0 || capturing))
-        return;
-    if (!get_cudaEventCreateWithFlags() || !get_cudaEventRecord() || !get_cudaStreamWaitEvent() ||
-        !get_cudaStreamCreateWithFlags())
-        return;
-    tl_internal++;
-    pthread_mutex_lock(&cmdq_mu);
-    sync_wait(seq);
-    u64 head = __atomic_load_n(&cmdq->head, __ATOMIC_ACQUIRE), tail = cmdq->tail, cap = cmdq->cap;
-    if (head - tail > cap)   /* a corrupt header: take nothing, and never read out of the ring */
-        head = tail;
-    if (head != tail && !__atomic_load_n(&cmdq->closed, __ATOMIC_ACQUIRE)) {
-        cudaStream_t ws = s;
-        cudaEvent_t a = NULL;
-        if (cfg_cmd_lag > 0) {
-            if (!cmd_side[d])
-                real_cudaStreamCreateWithFlags(&cmd_side[d], 1 /* non-blocking */);
-            a = cmd_side[d] ? cmd_event() : NULL;
-            if (a && real_cudaEventRecord(a, s) == 0 && real_cudaStreamWaitEvent(cmd_side[d], a, 0) == 0)
-                ws = cmd_side[d];
-            cmd_event_free(a);   /* the wait has taken the event's state: it may be recorded again */
-        }
-        for (; tail != head; tail++) {
-            struct umrt_cmd *c = &cmd_ring[tail % cap];
-            int r = cu_prefetch ? cu_prefetch(c->addr, (size_t)c->bytes, c->dst < 0 ? -1 : d, ws) : -1;
-            c->status = !cu_prefetch ? 2 : r == 0 ? 0 : 1;
-            c->t_done_ns = now_ns();
-            c->seq = seq;
-        }
-        __atomic_store_n(&cmdq->tail, tail, __ATOMIC_RELEASE);
-        cmdq->batches++;
-        if (ws != s) {
-            cudaEvent_t b = cmd_event();
-            if (b && real_cudaEventRecord(b, ws) == 0) {
-                if (cmd_b_tail[d] - cmd_b_head[d] == CMD_BATCHES) {   /* full: the oldest is waited for now */
-                    struct cmd_batch *o = &cmd_batch[d][cmd_b_head[d]++ % CMD_BATCHES];
-                    real_cudaStreamWaitEvent(s, o->ev, 0);
-                    cmd_event_free(o->ev);
-                }
-                cmd_batch[d][cmd_b_tail[d]++ % CMD_BATCHES] = (struct cmd_batch){seq, b};
-            } else {
-                cmd_event_free(b);   /* no event: the commands run unordered against the kernels (faults, never errors) */
-            }
-        }
-    }
-    /* the newest side-stream batch enqueued at least LAG launches ago: this kernel waits for it
-       (the side stream runs in order, so for every batch before it too) */
-    cudaEvent_t due = NULL;
-    while (cmd_b_head[d] != cmd_b_tail[d] && cmd_batch[d][cmd_b_head[d] % CMD_BATCHES].seq <= seq - cfg_cmd_lag) {
-        cmd_event_free(due);
-        due = cmd_batch[d][cmd_b_head[d]++ % CMD_BATCHES].ev;
-    }
-    if (due) {
-        real_cudaStreamWaitEvent(s, due, 0);
-        cmd_event_free(due);
-    }
-    pthread_mutex_unlock(&cmdq_mu);
     tl_internal--;
 }
 
@@ -2223,10 +2009,6 @@ static int64_t report_launch_as(const void *f, int drv, dim3 g, dim3 b, void **a
         r.name_id = fi ? fi->name_id : -1;
         r.seq = seq = atomic_fetch_add(&launch_seq, 1);
         push(0, &r);
-        if (cfg_cmd_sync_ns > 0 && cfg_cmd_fd >= 0) {   /* umctl plans from it before the next launch */
-            flush_names();
-            flush_kind(0);
-        }
         atomic_fetch_add(&st_launch, 1);
         if (drv)
             atomic_fetch_add(&st_drv_launch, 1);
@@ -2275,7 +2057,6 @@ static int drv_launch(int k, void *f, unsigned gx, unsigned gy, unsigned gz, uns
     cudaStream_t rs = !s && lslot_ptsz[0][k] ? STREAM_PER_THREAD : (cudaStream_t)s;
     dim3 g = {gx, gy, gz}, b = {bx, by, bz};
     int64_t q = report_launch_as(f, 1, g, b, args, smem, rs);   /* -1 inside a reported launch: no end tracked */
-    cmdq_before_launch(q, rs);
     int r = real(f, gx, gy, gz, bx, by, bz, smem, s, args, extra);
     if (r == 0)
         track_end(q, rs);
@@ -2291,7 +2072,6 @@ static int drv_launch_ex(int k, const cu_launch_cfg *c, void *f, void **args, vo
     cudaStream_t rs = !c->stream && lslot_ptsz[1][k] ? STREAM_PER_THREAD : (cudaStream_t)c->stream;
     dim3 g = {c->gx, c->gy, c->gz}, b = {c->bx, c->by, c->bz};
     int64_t q = report_launch_as(f, 1, g, b, args, c->smem, rs);
-    cmdq_before_launch(q, rs);
     int r = real(c, f, args, extra);
     if (r == 0)
         track_end(q, rs);
@@ -2634,7 +2414,6 @@ static cudaError_t launch_plain(launch_plain_t real, const void *f, dim3 g, dim3
     if (part_launch(f, g, b, args, smem, s, ptsz, &pr))
         return pr;
     int64_t q = report_launch(f, g, b, args, smem, s);
-    cmdq_before_launch(q, ptsz && !s ? STREAM_PER_THREAD : s);
     tl_rt_launch++;   /* its driver launch is this one */
     cudaError_t r = real(f, g, b, args, smem, s);
     tl_rt_launch--;
@@ -2676,8 +2455,6 @@ static cudaError_t launch_exc(const char *name, launch_exc_t *real, const umrt_l
     if (c && !c->numAttrs && part_launch(f, c->gridDim, c->blockDim, args, c->dynamicSmemBytes, c->stream, ptsz, &pr))
         return pr;
     int64_t q = c ? report_launch(f, c->gridDim, c->blockDim, args, c->dynamicSmemBytes, c->stream) : -1;
-    if (c)
-        cmdq_before_launch(q, ptsz && !c->stream ? STREAM_PER_THREAD : c->stream);
     tl_rt_launch++;
     cudaError_t r = (*real)(c, f, args);
     tl_rt_launch--;
@@ -2720,7 +2497,6 @@ static u64 stub_launch(const char *name, fn12 *real, u64 a, u64 b, u64 c, u64 d,
         return (u64)(unsigned)pr;
     int64_t q = report_launch((const void *)(uintptr_t)a, gd, bd, (void **)(uintptr_t)f, (size_t)g,
                               (cudaStream_t)(uintptr_t)h);
-    cmdq_before_launch(q, ptsz && !h ? STREAM_PER_THREAD : (cudaStream_t)(uintptr_t)h);
     tl_rt_launch++;
     u64 r = (*real)(a, b, c, d, e, f, g, h, i, j, k, l);
     tl_rt_launch--;
@@ -2972,7 +2748,6 @@ API pid_t fork(void)
     if (r == 0) {   /* no worker and no flusher in the child: HUM off there, flusher restarted */
         my_pid = (int32_t)getpid();
         cfg_hum = 0;
-        cfg_cmd_fd = -1;   /* the command ring is the parent's: a child must not take its entries */
         for (int k = 0; k < 3; k++)
             rb[k].n = 0;
         pthread_once_t fresh = PTHREAD_ONCE_INIT;

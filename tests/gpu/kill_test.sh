@@ -28,11 +28,3 @@ for i in $(seq 120); do grep -q "^STEP 4 " /tmp/torch_kill.log && break; sleep 0
 kill -KILL $UM; wait $UM
 for i in $(seq 120); do grep -q DONE /tmp/torch_kill.log && break; sleep 0.5; done
 echo "run (torch, deepum) killed with SIGKILL at step 4: $(grep -o 'DONE.*' /tmp/torch_kill.log || echo 'no DONE') (plain 12 steps: $REF)"
-# the same with the in-stream actuator: the runtime's ring outlives umctl (the program waits at
-# most three times for an ack that never comes, then runs on unsynchronised)
-umctl run -q --mode deepum --budget 512MiB --managed --actuator stream -- python3 tests/gpu/wl_torch_train.py --steps 12 > /tmp/torch_kill_s.log 2>&1 &
-UM=$!
-for i in $(seq 120); do grep -q "^STEP 4 " /tmp/torch_kill_s.log && break; sleep 0.25; done
-kill -KILL $UM; wait $UM
-for i in $(seq 120); do grep -q DONE /tmp/torch_kill_s.log && break; sleep 0.5; done
-echo "run (torch, deepum, --actuator stream) killed with SIGKILL at step 4: $(grep -o 'DONE.*' /tmp/torch_kill_s.log || echo 'no DONE') (plain 12 steps: $REF)"

@@ -38,7 +38,7 @@ PY
   layers) timeout -k 5 300 python3 tests/gpu/bench_control.py --budget 1GiB --sync-each --modes none,deepum 2>&1 | tail -12 ;;
   harvest) [ "$NGPU" -ge 2 ] && timeout -k 5 300 python3 tests/gpu/bench_control.py --budget 1GiB --sync-each --modes none,harvest --spare-gpus 1 2>&1 | tail -12 || echo "needs 2 GPUs" ;;
   tenants) [ "$NGPU" -ge 2 ] && timeout -k 5 420 python3 benchmarks/gpu/harvest_tenants.py --json "$OUT/tenants.json" 2>&1 | tail -40 || echo "needs 2 GPUs" ;;
-  kill) timeout -k 5 200 bash tests/gpu/kill_test.sh 2>&1 | grep -v "^tests/gpu" ;;
+  kill) timeout -k 5 120 bash tests/gpu/kill_test.sh 2>&1 | grep -v "^tests/gpu" ;;
   overhead2)   # attach cost factor by factor, inside one running loop (with and without host writes)
     timeout -k 5 ${OVH_S:-200} python3 benchmarks/gpu/attach_overhead.py --window ${OVH_WIN:-2.5} --rounds ${OVH_ROUNDS:-3} --json "$OUT/ovh_touch.json" 2>&1 | grep -v "^round"
     timeout -k 5 ${OVH_S:-200} python3 benchmarks/gpu/attach_overhead.py --no-touch --window ${OVH_WIN:-2.5} --rounds ${OVH_ROUNDS2:-5} \

@@ -72,13 +72,9 @@ API int cuFuncGetName(const char **name, void *f)
 
 API int cuMemPrefetchAsync(uint64_t p, size_t n, int dev, void *stream)
 {
+    (void)p, (void)n, (void)dev, (void)stream;
     __sync_fetch_and_add(&fake_prefetches, 1);
-    /* into the runtime fake's device-call log, when it is loaded (the in-stream command tests) */
-    void (*log_prefetch)(uint64_t, size_t, int, void *) =
-        (void (*)(uint64_t, size_t, int, void *))dlsym(RTLD_DEFAULT, "fake_log_prefetch");
-    if (log_prefetch)
-        log_prefetch(p, n, dev, stream);
-    return getenv("FAKE_PREFETCH_FAIL") ? 1 : 0;
+    return 0;
 }
 
 API int cuMemAllocManaged(uint64_t *p, size_t n, unsigned flags)
@@ -232,11 +228,6 @@ static void logf_(const char *fmt, ...)
     pthread_mutex_unlock(&log_mu);
 }
 API const char *fake_log_text(void) { return fake_log; }
-static int stream_id(void *s);
-API void fake_log_prefetch(uint64_t p, size_t n, int dev, void *stream)
-{
-    logf_("prefetch %llx+%zu dev=%d stream=%d\n", (unsigned long long)p, n, dev, stream_id(stream));
-}
 API void fake_log_clear(void) { fake_log_len = 0; fake_log[0] = 0; }
 static int n_devices(void) { const char *v = getenv("FAKE_DEVICES"); return v ? atoi(v) : 1; }
 /* legacy default stream (NULL) and cudaStreamPerThread (0x2) belong to the current device */
@@ -371,6 +362,5 @@ API int fake_driver_launch(const void *f, void **args)
     return launch(f, 1, 1, 1, 1, 1, 1, 0, NULL, args, NULL);
 }
 #endif
-/* events complete at once: the fake "GPU" runs every kernel inside the launch call (with
-   FAKE_GPU_STUCK, never: a kernel waiting forever, for the runtime's give-up paths) */
-API int cudaEventQuery(void *e) { (void)e; return getenv("FAKE_GPU_STUCK") ? 600 /* not ready */ : 0; }
+/* events complete at once: the fake "GPU" runs every kernel inside the launch call */
+API int cudaEventQuery(void *e) { (void)e; return 0; }

@@ -156,41 +156,6 @@ static int part(int argc, char **argv)
     return 0;
 }
 
-/* In-stream commands: N launches of vec_add on the legacy stream; before each one the program
-   waits for a line on stdin (EOF: go on) and says LAUNCHED i after it, so that a test can put
-   commands in the ring between launches. Prints the fake's device-call log (launches, prefetches, events, waits). */
-static int run_stream(int argc, char **argv)
-{
-    int n = argc > 2 ? atoi(argv[2]) : 3;
-    size_t len = 1024;
-    void *a, *b, *c;
-    if (cudaMalloc(&a, len * 4) || cudaMalloc(&b, len * 4) || cudaMalloc(&c, len * 4))
-        return 1;
-    for (size_t i = 0; i < len; i++)
-        ((uint32_t *)a)[i] = (uint32_t)i, ((uint32_t *)b)[i] = 7;
-    uint64_t nn = len;
-    void *args[4] = {&a, &b, &c, &nn};
-    dim3 g = {4, 1, 1}, bl = {256, 1, 1};
-    fake_log_clear();
-    int rc = 0;
-    char line[64];
-    for (int i = 0; i < n; i++) {
-        if (!fgets(line, sizeof line, stdin))
-            line[0] = 0;
-        rc |= cudaLaunchKernel((void *)vec_add, g, bl, args, 0, NULL);
-        printf("LAUNCHED %d\n", i);
-        fflush(stdout);
-    }
-    int ok = 1;
-    for (size_t i = 0; i < len; i++)
-        ok &= ((uint32_t *)c)[i] == i + 7;
-    printf("RESULT {\"rc\": %d, \"ok\": %d, \"log\": \"", rc, ok);
-    for (const char *p = fake_log_text(); *p; p++)
-        printf(*p == '\n' ? "\\n" : "%c", *p);
-    printf("\"}\n");
-    return 0;
-}
-
 static void register_params(void)
 {
     const char *path = getenv("FAKE_LIBCUDA");
@@ -416,8 +381,6 @@ int main(int argc, char **argv)
 {
     register_params();
     const char *mode = argc > 1 ? argv[1] : "basic";
-    if (!strcmp(mode, "stream"))
-        return run_stream(argc, argv);
     if (!strcmp(mode, "basic"))
         return basic();
     if (!strcmp(mode, "race"))

@@ -149,10 +149,6 @@ def _observe(src: UvmToolsSource, *, command: str, duration: float | None, outpu
     reason = ""
     tty = err.is_terminal and live
     last_print = t0
-    # under the in-stream actuator the loop wakes at each launch report (the program's next
-    # launch waits, on the host, for umctl to have planned from it: UMCTL_RT_CMD_SYNC_US)
-    queue = control.queue if control is not None and ctl is not None else None
-    woken = probe.launched if queue is not None and hasattr(probe, "launched") else None
 
     def step() -> None:
         batch = _merge(src.drain(), probe)
@@ -160,8 +156,6 @@ def _observe(src: UvmToolsSource, *, command: str, duration: float | None, outpu
         if ctl is not None:
             for k, a in ctl.step(batch).arrays.items():
                 batch.add(k, a)
-            if queue is not None and not queue.closed:
-                queue.ack(probe.host_launches)   # planned up to there: the next launch may take it
         if writer is not None and len(batch):
             writer.write(batch)
 
@@ -180,10 +174,7 @@ def _observe(src: UvmToolsSource, *, command: str, duration: float | None, outpu
                 # observing: a display refresh every 50 ms is plenty
                 period = 0.002 if ctl is not None else min(interval, 0.05)
                 while True:
-                    if woken is not None:
-                        woken.wait(period)
-                    else:
-                        time.sleep(period)
+                    time.sleep(period)
                     step()
                     now = time.monotonic()
                     if now - last_print >= interval:
@@ -440,11 +431,6 @@ class ControlSpec:
         if budget_sweep < 0:
             raise UmctlError("--budget-sweep must be 0 (off) or more milliseconds")
         self.budget_sweep = float(budget_sweep)
-        #: the in-stream command ring (``umctl run --actuator stream``), set before the program
-        #: starts, and the launches its side stream's transfers overlap (``--stream-lag``)
-        self.queue = None
-        self.stream_lag = 0
-        self.stream_evict = "uvm"
 
     def source_kinds(self) -> frozenset:
         from ..sources.uvmtools import ALL_KINDS
@@ -468,22 +454,10 @@ class ControlSpec:
                 mem = next((g["memory_bytes"] for g in nvidia_smi_gpus() if g.get("memory_bytes")), None)
             gpus = [dict(g, memory_bytes=g.get("memory_bytes") or mem) for g in gpus]
             gpus += [{"gpu": i, "memory_bytes": mem} for i in range(len(gpus), self.gpus)]
-        kw = {} if self.queue is None else {"queue": self.queue, "evict_in_stream": self.stream_evict == "stream"}
-        act = src.actuator(max_bytes_per_s=float(self.rate), **kw)
-        position = None
-        if self.queue is not None and hasattr(probe, "host_launches"):
-            lag, outside = self.stream_lag, self.stream_evict != "stream"
-
-            def position() -> tuple[int, int]:
-                # the host's next launch, counted from the kernel the GPU runs now, plus the
-                # launches the side stream's transfers overlap; evictions from outside the
-                # stream run now, so they must spare every kernel queued until then
-                at = probe.host_launches - probe.started_launches + 1 + lag
-                return at, at if outside else lag
+        act = src.actuator(max_bytes_per_s=float(self.rate))
         try:
             return LiveControl(self.controller, act, pid=src.pid, gpus=gpus, budget_bytes=self.budget,
-                               spare_gpus=self.spare_gpus, budget_sweep_ms=self.budget_sweep,
-                               stream_position=position)
+                               spare_gpus=self.spare_gpus, budget_sweep_ms=self.budget_sweep)
         except BaseException:
             act.close()
             raise
@@ -510,14 +484,8 @@ def _print_control(st: dict) -> None:
               soft_wrap=True)
     lat = [f"{k} {a['latency_ms'][k] / max(1, a['bytes'][k] / (2 << 20)):.2f} ms/2MiB"
            for k in ("prefetch", "preevict") if a["bytes"].get(k)]
-    if lat and not a.get("in_stream"):   # in stream order a latency is the wait for the next launch
+    if lat:
         out.print("  actuator     " + ", ".join(lat), highlight=False)
-    ins = a.get("in_stream")
-    if ins:
-        out.print(f"  in stream    {n['in_stream']:,} ranges enqueued before {ins['batches']:,} launches; "
-                  f"host held {ins['lead_waits']:,} launches for {ins['lead_wait_ms']:.0f} ms "
-                  f"({ins['lead_timeouts']:,} holds given up), {ins['sync_waits']:,} for umctl's plan for "
-                  f"{ins['sync_wait_ms']:.0f} ms ({ins['sync_timeouts']:,} timed out)", highlight=False)
     if a["errors"]:
         out.print("  errors       " + ", ".join(f"{k} x{v}" for k, v in a["errors"].items()), highlight=False)
     b = c.get("budget")
@@ -529,11 +497,6 @@ def _print_control(st: dict) -> None:
                   + (f"; swept {b['swept_blocks']:,} blocks (every {b['sweep_ms']:g} ms)" if b.get("sweep_ms") else ""),
                   highlight=False)
 
-
-#: --actuator stream: how long a launch waits (host only) for umctl to plan from the one before
-STREAM_SYNC_US = 3000
-#: --actuator stream: DeepUM plans this many kernels ahead of where its commands land (-O plan=N)
-STREAM_PLAN = 2
 
 CONTROL_HELP = "Controller mode (none, deepum, deepum-prefetch, deepum-preevict, ...): observe and act."
 BUDGET_HELP = ("Soft cap on the target's GPU-resident managed memory (e.g. 8GiB): umctl pre-evicts to stay "
@@ -672,16 +635,6 @@ def run_command(
                              "chunked migrations with write-protected sources (same as --mode hum)."),
     gpus: Optional[int] = typer.Option(None, "--gpus", help="--mode snurhac/snurhac-dp: spread the program's "
                                        "partitionable kernels (runtime/umctl_snurhac.h) over GPUs 0..N-1."),
-    actuator: str = typer.Option("uvm", "--actuator", help="Where commands run: 'uvm' (umctl migrates through the "
-                                 "program's va_space, racing the GPU) or 'stream' (the runtime enqueues them in stream "
-                                 "order before the next kernel launch; implies --runtime; docs/control.md)."),
-    stream_lead: int = typer.Option(4, "--stream-lead", help="--actuator stream: hold a launch while this many kernels "
-                                    "are still queued on the GPU, so commands land where they are meant (0: no hold)."),
-    stream_lag: int = typer.Option(1, "--stream-lag", help="--actuator stream: commands run on a side stream and the "
-                                   "kernel this many launches later waits for them (0: on the launch's own stream)."),
-    stream_evict: str = typer.Option("uvm", "--stream-evict", help="--actuator stream: pre-evictions from umctl "
-                                     "through the va_space, overlapping the GPU's work ('uvm'), or in stream order "
-                                     "too ('stream')."),
 ) -> None:
     """Start a program and record or control it from its first CUDA use; exits with its status.
 
@@ -694,9 +647,6 @@ def run_command(
       [bold]umctl run -o sweep.parquet --kinds all -- ./sweep 1GiB[/bold]
 
       [bold]umctl run --mode deepum --budget 8GiB --runtime --managed -- python3 train.py[/bold]
-
-      [bold]umctl run --mode deepum --budget 8GiB --managed --actuator stream -- python3 train.py[/bold]
-      (DeepUM's prefetches and evictions enqueued in stream order by the runtime)
 
       [bold]umctl run --mode hum -- ./app[/bold]   (HUM: copies overlap host work; results unchanged)
 
@@ -714,33 +664,6 @@ def run_command(
     control = (ControlSpec(mode, budget, option, degree, spare_gpus, rate, gpus, live_run=True, budget_sweep=budget_sweep)
                if (mode or budget or option or degree is not None or spare_gpus or rate or gpus is not None) else None)
     rt_extra: dict[str, str] = {}
-    queue = None
-    if actuator not in ("uvm", "stream"):
-        raise UmctlError(f"--actuator must be 'uvm' or 'stream' (got {actuator!r})")
-    if actuator == "stream":
-        if control is None:
-            raise UmctlError("--actuator stream runs a controller's commands: give --mode and/or --budget")
-        if control.gpus is not None:
-            raise UmctlError("--actuator stream enqueues on the launching GPU only; --mode snurhac spreads a program "
-                             "over several GPUs (use the default --actuator uvm)")
-        if stream_evict not in ("uvm", "stream"):
-            raise UmctlError(f"--stream-evict must be 'uvm' or 'stream' (got {stream_evict!r})")
-        if stream_lead < 0 or stream_lag < 0:
-            raise UmctlError("--stream-lead and --stream-lag must be 0 or more")
-        from ..actuators.stream import CommandQueue
-
-        runtime = True
-        queue = control.queue = CommandQueue()
-        control.stream_lag = stream_lag
-        control.stream_evict = stream_evict
-        if hasattr(control.controller, "plan") and not any(o.split("=")[0].split(".")[-1] == "plan" for o in option or []):
-            # the walk emits for the kernels after the GPU's current one, which the host has
-            # already queued; the plan aims where the commands land (docs/control.md)
-            control.controller.plan = STREAM_PLAN
-        rt_extra.update(cmd_fd=str(queue.fd), lead=str(stream_lead), cmd_lag=str(stream_lag),
-                        cmd_sync_us=str(STREAM_SYNC_US))
-    elif stream_lead != 4 or stream_lag != 1 or stream_evict != "uvm":
-        raise UmctlError("--stream-lead/--stream-lag/--stream-evict are for --actuator stream")
     if control is not None and control.gpus is not None:
         # SnuRHAC's runtime: cudaMalloc becomes managed memory that every GPU reaches, and the
         # runtime partitions the convention's kernels over the GPUs
@@ -763,10 +686,8 @@ def run_command(
         env = child_env(socket=rt_source.path, managed=managed, hum=hum, **({"track_end": "1"} if starts else {}),
                         **rt_extra)
     try:
-        child = subprocess.Popen(cmd, env=env, pass_fds=(queue.fd,) if queue is not None else ())
+        child = subprocess.Popen(cmd, env=env)
     except OSError as e:
-        if queue is not None:
-            queue.close()
         if rt_source is not None:
             rt_source.close()
         raise UmctlError(f"cannot start {cmd[0]}: {e.strerror or e}") from e
@@ -795,8 +716,6 @@ def run_command(
         rc = child.wait()
         raise
     finally:
-        if queue is not None:
-            queue.close()      # idempotent: the stream actuator closes it when control stops
         if rt_source is not None:
             rt_source.close()  # idempotent: _observe closes it too
         if rc is None and child.poll() is None:

@@ -47,11 +47,6 @@ class ControllerContext:
     #: back to the host at ``writeback_Bps`` (0: the stock rate).
     spare_memory: Callable[[int], int] | None = None
     harvest: Callable[..., None] | None = None
-    #: Live under the in-stream actuator (``umctl run --actuator stream``): ``() -> (at, overlap)``:
-    #: commands issued now take effect in stream order right before the kernel ``at`` launches
-    #: after the one running now, while the ``overlap`` kernels just before it may still run
-    #: beside them. None: commands take effect as they are issued (replay, the ``uvm`` actuator).
-    stream_position: Callable[[], tuple[int, int]] | None = None
     options: dict = field(default_factory=dict)
 
 

@@ -21,15 +21,6 @@ that are least recently migrated AND not in the tables of the current and next `
 predicted kernels. Invalidation (§5.2): a victim inside allocator blocks marked inactive is
 dropped without write-back.
 
-Launch-ahead planning (``plan=K``, umctl's, not the paper's): instead of the fault-driven walk,
-at every step bring in the blocks of the K kernels predicted to run next *at the point where the
-commands take effect* and make room by evicting the resident blocks whose next predicted use is
-furthest away. Why: under ``umctl run --actuator stream`` the commands run in stream order a few
-launches after the kernel the GPU is running (the host queues ahead), so what the walk emits for
-the next kernels lands after them; the plan aims where the commands will land
-(``ControllerContext.stream_position``). The tables, their training and the execution-ID
-prediction are DeepUM's; in a replay the commands land before the next kernel.
-
 Deviations from the paper, because umctl runs beside the driver instead of inside it: the
 fault queue's priority over the prefetch queue is the driver's (demand traffic pre-empts our
 migrations); we see faults in drains rather than per interrupt; "free GPU memory" comes from
@@ -80,8 +71,7 @@ class DeepUMController(Controller):
 
     def __init__(self, num_rows: int = 2048, assoc: int = 2, num_succs: int = 4, degree: int = 32,
                  exec_fallback: bool = True, watermark_blocks: int = 4, max_blocks_per_step: int = 256,
-                 whole_fault_blocks: bool = True, whole_tables: bool = False, evict_horizon: int = 512, plan: int = 0, plan_horizon: int = 160,
-                 **options):
+                 whole_fault_blocks: bool = True, whole_tables: bool = False, evict_horizon: int = 512, **options):
         super().__init__(**options)
         self.num_rows, self.assoc, self.num_succs = int(num_rows), int(assoc), int(num_succs)
         self.degree = int(degree)
@@ -91,12 +81,6 @@ class DeepUMController(Controller):
         self.whole_tables = bool(whole_tables)  # also prefetch blocks the walk did not reach
         #: how many predicted kernels ahead the live budget keeper looks to rank its victims
         self.evict_horizon = int(evict_horizon)
-        #: launch-ahead planning: kernels brought in ahead (0: the paper's walk), and how many
-        #: predicted kernels its evictions look ahead to rank victims
-        self.plan, self.plan_horizon = int(plan), int(plan_horizon)
-        if self.plan < 0 or self.plan_horizon < 1:
-            raise ValueError("deepum: plan must be >= 0 and plan_horizon >= 1")
-        self._keys: dict[int, tuple[int, ...]] = {}   # exec ID -> its table's blocks (plan mode)
         self.exec_ids = ExecIdTable()
         self.exec_table = ExecCorrelationTable(fallback=exec_fallback)
         self.tables: dict[int, BlockTable] = {}
@@ -115,7 +99,7 @@ class DeepUMController(Controller):
         self.fault_queue: dict[int, None] = {}   # faulted blocks to complete, served first
         self.stats_ = {k: 0 for k in ("launches", "predictions", "predicted_right", "chains", "faulted_blocks",
                                        "prefetch_blocks", "preevict_blocks", "invalidate_blocks",
-                                       "paused", "prediction_failures", "plans")}
+                                       "paused", "prediction_failures")}
 
     # ------------------------------------------------------------------ set-up
     def applies_to(self, workload) -> str | None:
@@ -158,8 +142,6 @@ class DeepUMController(Controller):
             self._launch(launches[li])
             restart = None
             li += 1
-        if self.plan:
-            return self._plan(batch.now_ns) if self.enabled("prefetch") else None
         if restart is not None and self.cur is not None:
             # a new fault ends the old walk and starts one at the faulted block
             self.chain = Chain(self.cur, self._hist3(), restart)
@@ -244,11 +226,10 @@ class DeepUMController(Controller):
             table.last.clear()  # pairs do not cross execution-ID transitions
             self.first_fault = False
         table.record(b)
-        self._keys.pop(self.cur, None)
         self.last_block = b
         self.resident.pop(b, None)
         self.resident[b] = t
-        if self.whole_fault_blocks and not self.plan:   # the plan brings whole blocks itself
+        if self.whole_fault_blocks:
             self.fault_queue[b] = None  # DeepUM's fault queue holds UM blocks: the whole block comes
         return True
 
@@ -362,85 +343,6 @@ class DeepUMController(Controller):
         hist = tuple((list(self._hist3()) + ids[:-1])[-3:]) if len(ids) >= 2 else self._hist3()
         return self._first_need(self._predict_on(ids, hist, ids[-1] if ids else None, horizon))  # type: ignore[arg-type]
 
-    # ------------------------------------------------------------------ launch-ahead planning
-    def _sequence(self, n: int) -> list[int]:
-        """The current kernel and the n predicted after it, repeats included (a training step
-        runs some kernels more than once), shorter where the prediction stops."""
-        if self.cur is None:
-            return []
-        seq, hist, cur = [self.cur], self._hist3(), self.cur
-        while len(seq) <= n:
-            nxt = self.exec_table.predict(hist, cur)
-            if nxt is None:
-                break
-            seq.append(nxt)
-            hist, cur = (hist[1], hist[2], cur), nxt
-        return seq
-
-    def _blocks_of(self, exec_id: int) -> tuple[int, ...]:
-        k = self._keys.get(exec_id)
-        if k is None:
-            t = self.tables.get(exec_id)
-            k = self._keys[exec_id] = tuple(t.keys()) if t is not None else ()
-        return k
-
-    def _window(self) -> tuple[int, list[int], dict[int, int]]:
-        """Where commands land (``at``, positions after the current kernel), the predicted
-        kernel sequence, and each block of it -> its rank for eviction: the blocks of the kernels
-        that may run beside the commands or that they are for, [at-overlap, at+plan), rank -1
-        (never evicted); the others the position of their next use after the window."""
-        at, overlap = self.ctx.stream_position() if self.ctx.stream_position is not None else (1, 0)
-        at = max(1, int(at))
-        seq = self._sequence(at + self.plan + self.plan_horizon)
-        rank: dict[int, int] = {}
-        for pos in range(max(0, at - overlap), len(seq)):
-            r = -1 if pos < at + self.plan else pos
-            for b in self._blocks_of(seq[pos]):
-                rank.setdefault(b, r)
-        return at, seq, rank
-
-    def _by_need(self, blocks, rank: dict[int, int], far: int) -> list[int]:
-        """Blocks the plan may lose, used furthest ahead (or never) first; stable, so least
-        recently migrated first among equals."""
-        cand = [b for b in blocks if rank.get(b, far) >= 0]
-        cand.sort(key=lambda b: -rank.get(b, far))
-        return cand
-
-    def _plan(self, now: int) -> np.ndarray | None:
-        """Bring in the blocks of kernels [at, at+plan) (positions after the current one), making
-        room by evicting what is used furthest ahead; blocks of the kernels that may run beside
-        the commands, [at-overlap, at+plan), stay."""
-        at, seq, rank = self._window()
-        want: list[tuple[int, int]] = []
-        seen: set[int] = set()
-        for pos in range(at, min(len(seq), at + self.plan)):
-            for b in self._blocks_of(seq[pos]):
-                if b not in seen and b not in self.resident:
-                    want.append((b, seq[pos]))
-                seen.add(b)
-        if not want:
-            return None
-        self.stats_["plans"] += 1
-        g = self.gpu
-        out = []
-        if self.enabled("preevict"):
-            free = (self.ctx.free_memory(g) // BLOCK_SIZE if self.ctx.free_memory is not None
-                    else self.capacity[g] - len(self.resident))
-            short = len(want) + self.watermark - int(free)
-            if short > 0:
-                victims = self._by_need(self.resident, rank, len(seq))[:short]
-                out += self._evict(victims)
-                if len(victims) < short:   # the window does not fit: bring in what does, in order
-                    want = want[: max(0, len(want) - (short - len(victims)))]
-        if want:
-            blocks = np.array([b for b, _ in want], np.int64)
-            execs = np.array([e for _, e in want], np.int64)
-            out.append(commands(Op.PREFETCH, blocks << BLOCK_SHIFT, BLOCK_SIZE, dst=g, exec_id=execs, priority=1))
-            for b in blocks.tolist():
-                self.resident[b] = now
-            self.stats_["prefetch_blocks"] += len(blocks)
-        return np.concatenate(out) if out else None
-
     # ------------------------------------------------------------------ commands
     def _step(self, now: int) -> np.ndarray | None:
         g = self.gpu
@@ -483,13 +385,8 @@ class DeepUMController(Controller):
                 victims.append(b)
                 if len(victims) == n:
                     break
-        return self._evict(victims), len(victims)
-
-    def _evict(self, victims: list[int]) -> list[np.ndarray]:
-        """Pre-evict the victims to the host, or invalidate them where they hold inactive
-        allocator blocks."""
         if not victims:
-            return []
+            return [], 0
         out = []
         pre = []
         for b in victims:
@@ -504,7 +401,7 @@ class DeepUMController(Controller):
         if pre:
             out.append(commands(Op.PREEVICT, np.array(pre, np.int64) << BLOCK_SHIFT, BLOCK_SIZE, dst=CPU))
             self.stats_["preevict_blocks"] += len(pre)
-        return out
+        return out, len(victims)
 
     def eviction_order(self, gpu: int, blocks: list[int]) -> list[int]:
         """Which blocks a live budget keeper loses first (it stands for the driver's eviction
@@ -518,12 +415,6 @@ class DeepUMController(Controller):
         of the faults left under deepum were blocks prefetched and evicted again)."""
         if not self.enabled("preevict"):
             return blocks
-        if self.plan:
-            # the keeper's evictions land where the plan's do: rank as the plan does, and lose
-            # the window's blocks last (the overflow still has to go somewhere)
-            at, seq, rank = self._window()
-            lose = self._by_need(blocks, rank, len(seq))
-            return lose + [b for b in blocks if rank.get(b, 0) < 0]
         if self._horizon_cache is None:
             self._horizon_cache = self._next_use(max(self.evict_horizon, self.degree + 1))
         rank = self._horizon_cache

@@ -266,8 +266,7 @@ class LiveControl:
     records to write to the trace next to the events that caused them."""
 
     def __init__(self, controller: Controller, actuator, *, pid: int, gpus: list[dict],
-                 budget_bytes: int | None = None, spare_gpus: int = 0, budget_sweep_ms: float = 0.0,
-                 stream_position=None):
+                 budget_bytes: int | None = None, spare_gpus: int = 0, budget_sweep_ms: float = 0.0):
         if controller.replay_only:
             raise UmctlError(f"mode {controller.name} needs the future (replay only); live modes: "
                              "none, deepum, deepum-prefetch, deepum-preevict, ...")
@@ -289,9 +288,7 @@ class LiveControl:
         if not all(m > 0 for m in mem):
             raise UmctlError("GPU memory size unknown (nvidia-smi gave none): pass --budget")
         ctx = ControllerContext(n_gpus=n, gpu_mem=mem,
-                                free_memory=self.budget.free_memory if self.budget is not None else None,
-                                stream_position=stream_position)
-        self._position = None   # the last stream position the controller planned for
+                                free_memory=self.budget.free_memory if self.budget is not None else None)
         ctx.options["live"] = True
         controller.attach(ctx)
         self._issued: dict[int, tuple[int, int, int]] = {}   # cmd_id -> (op, block, dst)
@@ -313,11 +310,7 @@ class LiveControl:
             view.add(Kind.EVICTION, self._evictions)
         self._evictions = None
         parts = []
-        # under the in-stream actuator the host's next launch moves where commands land: the
-        # controller hears of it even when the drain brought no event it subscribes to
-        pos = self.ctl.ctx.stream_position() if self.ctl.ctx.stream_position is not None else None
-        moved, self._position = pos != self._position, pos
-        cmds = self.ctl.on_events(view) if moved or any(k in view for k in sub) else None
+        cmds = self.ctl.on_events(view) if any(k in view for k in sub) else None
         if cmds is not None and len(cmds):
             self._account(cmds, batch.now_ns)
             parts.append(cmds)

@@ -194,12 +194,6 @@ class RuntimeSource:
         self.datagrams = 0
         #: with the runtime's end tracking on (UMCTL_RT_TRACK_END=1): launches at kernel start
         self.starts = KernelStarts() if kernel_starts else None
-        #: launches reported so far (the last drained launch's seq + 1) and, with kernel starts,
-        #: launches started on the GPU: the difference is how far the host has queued ahead
-        self.host_launches = 0
-        self.started_launches = 0
-        #: set when a launch report arrives (a controller waiting to plan wakes at once)
-        self.launched = threading.Event()
 
     def start(self) -> None:
         if self._sock is not None:
@@ -235,22 +229,16 @@ class RuntimeSource:
             self.datagrams += 1
             for k, a in parts:
                 self._pending.setdefault(k, []).append(a)
-                if k is Kind.LAUNCH:
-                    self.launched.set()
 
     def drain(self) -> EventBatch:
         """Records received since the last call, by kind, with ``names`` = the session's names."""
         with self._lock:
             pend, self._pending = self._pending, {}
-            self.launched.clear()
         now = time.monotonic_ns()
         batch = EventBatch(now_ns=now, names=self.names)
         for k, parts in pend.items():
             recs = np.concatenate(parts) if len(parts) > 1 else parts[0]
             if k is Kind.LAUNCH:
-                reports = recs["seq"][recs["t_ns"] != -1]
-                if len(reports):
-                    self.host_launches = max(self.host_launches, int(reports.max()) + 1)
                 recs = self.starts.feed(recs, now) if self.starts is not None else recs[recs["t_ns"] != -1]
             if len(recs):
                 batch.add(k, recs)
@@ -258,8 +246,6 @@ class RuntimeSource:
             late = self.starts.feed(empty(Kind.LAUNCH), now)   # held launches past their time
             if len(late):
                 batch.add(Kind.LAUNCH, late)
-        if Kind.LAUNCH in batch:
-            self.started_launches = max(self.started_launches, int(batch[Kind.LAUNCH]["seq"].max()) + 1)
         return batch
 
     def close(self) -> None:

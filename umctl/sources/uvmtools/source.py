@@ -266,10 +266,9 @@ class UvmToolsSource:
         if status != abi.NV_OK:
             raise TrackerError(f"{what}: the driver returned {abi.nv_status_name(status)}")
 
-    def actuator(self, queue=None, **kw):
+    def actuator(self, **kw):
         """A ``uvm`` actuator on this attachment's va_space (the same duplicated fd), with
-        GPUs numbered as this source numbers them in events; with ``queue`` (the in-stream
-        command ring the program's runtime reads) a ``stream`` actuator."""
+        GPUs numbered as this source numbers them in events."""
         from ...actuators.uvm import UvmActuator
 
         if self._borrowed is None:
@@ -285,12 +284,8 @@ class UvmToolsSource:
                         self.decoder.processor_map = pmap.astype(np.int16)
             return None
 
-        cpu = self.processor_uuids.get(abi.UVM_CPU_INDEX, bytes(16))
-        if queue is not None:   # in stream order, through the program's runtime
-            from ...actuators.stream import StreamActuator
-
-            return StreamActuator(queue, self._borrowed.va_fd, gpu_uuid, cpu, io=self.io, pidfd=self._borrowed.pidfd, **kw)
-        return UvmActuator(self._borrowed.va_fd, gpu_uuid, cpu, io=self.io, pidfd=self._borrowed.pidfd, **kw)
+        return UvmActuator(self._borrowed.va_fd, gpu_uuid, self.processor_uuids.get(abi.UVM_CPU_INDEX, bytes(16)),
+                           io=self.io, pidfd=self._borrowed.pidfd, **kw)
 
     # -- running --------------------------------------------------------------------------
     def drain(self) -> EventBatch:
