@@ -25,6 +25,9 @@ def test_replay_json_has_the_documented_keys(capsys):
             assert k in r
     assert rows[0]["speedup"] == 1.0 and rows[1]["speedup"] > 1.0
     assert rows[0]["prefetch_accuracy"] is None and 0 < rows[1]["prefetch_accuracy"] <= 1
+    for r in rows:  # the faults by cause, in total and per steady iteration
+        assert sum(r["fault_causes"].values()) == r["faults"]
+        assert sum(r["steady_fault_causes_per_iter"].values()) == pytest.approx(r["steady_faults_per_iter"])
 
 
 def test_replay_table_and_png(capsys, tmp_path):
@@ -33,6 +36,7 @@ def test_replay_table_and_png(capsys, tmp_path):
                          "--png", str(png))
     assert code == 0, err
     assert "none" in out and "oracle" in out and "speedup" in out
+    assert "GPU faults by cause" in out and "evicted by driver" in out
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 

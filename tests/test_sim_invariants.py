@@ -130,6 +130,9 @@ def test_invariants_hold_for_random_workloads_and_commands(w, seed, mode):
     assert r.kernels == len(k)
     assert r.faults <= r.accesses + r.prefetch_pages
     assert r.prefetch_used + r.prefetch_wasted <= r.prefetch_pages
+    # every fault is charged to exactly one cause, in total and per iteration
+    assert sum(r.fault_causes.values()) == r.faults
+    assert (r.iteration_fault_causes.sum(axis=1) == r.iteration_faults).all()
     _check_conservation(sim, r)
 
 

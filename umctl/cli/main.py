@@ -90,7 +90,7 @@ def _run_replay(target: str, modes: str, overrides: dict[str, str], seed: int, p
                 as_json: bool, record: Optional[str], mode_opts: Optional[List[str]] = None,
                 drain_us: Optional[float] = None, calibration: Optional[str] = None,
                 timeline: Optional[str] = None) -> None:
-    from ..report.table import replay_table
+    from ..report.table import fault_cause_table, replay_table
     from ..sim.calibration import DEFAULT as DEFAULT_CALIBRATION
     from ..sim.calibration import Calibration
     from ..sim.replay import parse_mode_options, parse_modes, resolve_target, result_rows, run_modes
@@ -143,10 +143,14 @@ def _run_replay(target: str, modes: str, overrides: dict[str, str], seed: int, p
         extra = ("time_ns", "steady_time_ns", "steady_speedup", "steady_faults_per_iter", "iteration_faults",
                  "workload", "demand_bytes", "driver_prefetch_bytes", "user_prefetch_bytes",
                  "bytes_p2p", "preevictions", "invalidated_bytes", "prefetch_pages", "stall_ns",
-                 "compute_ns", "kernels", "accesses", "commands", "wall_s", "controller")
+                 "compute_ns", "kernels", "accesses", "commands", "wall_s", "fault_causes",
+                 "steady_fault_causes_per_iter", "controller")
         print(json.dumps([{k: r.get(k) for k in keys + extra} for r in rows], indent=2))
     else:
         out.print(replay_table(rows, _describe(workload)))
+        causes = fault_cause_table(rows)
+        if causes is not None:
+            out.print(causes)
         walls = ", ".join(f"{r.mode} {r.wall_s:.2f}s" for r in results)
         out.print(f"[dim]UVM simulator, calibration {calib.name} ({calibration or 'umctl/sim/calibration.py'}); "
                   f"wall time: {walls}[/dim]")

@@ -322,21 +322,19 @@ class DeepUMController(Controller):
         return out
 
     def _expected(self) -> set[int]:
-        """Blocks the current kernel and the next ``degree`` predicted ones may touch
-        (cached until the next launch: the tables of those kernels change little meanwhile)."""
+        """Blocks the current kernel and the next ``degree`` predicted ones may touch: the
+        pre-eviction spares them (cached until the next launch: the tables of those kernels
+        change little meanwhile)."""
         if self._expected_cache is None:
-            ids = [self.cur] if self.cur is not None else []
-            if self.chain is not None:
-                ids += self.chain.path
-            ids = self._predict_on(ids, self._hist3(), self.cur, self.degree + 1)
-            self._expected_cache = set(self._first_need(ids))
+            self._expected_cache = set(self._next_use(self.degree + 1))
         return self._expected_cache
 
     def _next_use(self, horizon: int) -> dict[int, int]:
         """Each block of the current kernel and the predicted ones after it, up to ``horizon``
         kernels (or until the prediction repeats itself) -> how many kernels ahead it is first
-        needed (0: the current kernel). Unlike :meth:`_expected`, the prediction goes on from
-        the end of the walk's path."""
+        needed (0: the current kernel). The walk's path is taken as predicted and the
+        prediction goes on from its end: the path alone may be shorter than the horizon (a
+        walk restarted by a fault), and the paper's "next N kernels" are N all the same."""
         ids = [self.cur] if self.cur is not None else []
         if self.chain is not None:
             ids += self.chain.path[: max(0, horizon - 1)]

@@ -40,3 +40,31 @@ def replay_table(rows: list[dict], title: str) -> Table:
             _pct(r["prefetch_coverage"]), style=style,
         )
     return t
+
+
+#: column heads for the simulator's fault causes (umctl.sim.core.FAULT_CAUSES)
+CAUSE_HEADS = {
+    "cold": "first touch", "evicted": "evicted by driver", "evicted_for_prefetch": "evicted for a prefetch",
+    "preevicted": "pre-evicted", "discarded": "discarded", "moved": "on another GPU", "host": "host wrote",
+    "late_prefetch": "prefetch late", "in_flight": "copy in flight", "read_mostly_write": "read-mostly write",
+}
+
+
+def fault_cause_table(rows: list[dict]) -> Table | None:
+    """Why each mode's GPU still faulted: every fault of the replay charged to one cause,
+    the way the page had left the GPU or why it was not usable yet. Only causes some mode
+    has are shown; None if no mode faulted."""
+    causes = [c for c in CAUSE_HEADS if any((r.get("fault_causes") or {}).get(c) for r in rows)]
+    if not causes:
+        return None
+    t = Table(title="GPU faults by cause (share of the mode's faults)", title_justify="left", header_style="bold")
+    t.add_column("mode", style="bold cyan", no_wrap=True)
+    t.add_column("GPU faults", justify="right", no_wrap=True)
+    for c in causes:
+        t.add_column(CAUSE_HEADS[c], justify="right")
+    for r in rows:
+        fc = r.get("fault_causes") or {}
+        total = sum(fc.values())
+        t.add_row(r["mode"], _si(total), *(f"{_si(fc.get(c, 0))} ({100 * fc.get(c, 0) / total:.0f} %)"
+                                           if total and fc.get(c) else "—" for c in causes))
+    return t

@@ -63,7 +63,14 @@ typedef struct {
     /* the driver services a batch block by block (lock, make resident, copy push, map): each
      * distinct 2 MiB block after the first costs this much more */
     double block_ns;
+    /* why each page is not on the GPU that faults on it (GONE_*: the last way it left a GPU),
+     * and the reason the next drop records; the engine sets it around its own drops */
+    uint8_t *gone;
+    int64_t drop_reason;
 } SimState;
+
+/* Why a page left (or was never on) a GPU; a fault is charged to it (FC_* below). */
+enum { GONE_COLD, GONE_EVICTED, GONE_EVICTED_FOR_PF, GONE_PREEVICTED, GONE_DISCARDED, GONE_MOVED, GONE_HOST };
 
 /* The harvested flag of (g, b), keeping g's count of lent chunks. */
 static void set_harvested(SimState *s, int g, int64_t b, uint8_t on) {
@@ -77,7 +84,11 @@ enum {
     ST_FAULTS, ST_BATCHES, ST_BYTES_H2D, ST_BYTES_D2H, ST_BYTES_P2P, ST_DEMAND, ST_DRIVER_PF,
     ST_EVICTIONS, ST_EVICTED_BYTES, ST_PREEVICTIONS, ST_PREEVICTED_BYTES, ST_PF_USED,
     ST_PF_WASTED, ST_EPOCH, ST_BATCH_ID, ST_USER_PF_BYTES, ST_PF_PAGES,
-    ST_RECLAIMS, ST_SPILLS, ST_HARVEST_WB, ST_HARVEST_DROPS, ST_N
+    ST_RECLAIMS, ST_SPILLS, ST_HARVEST_WB, ST_HARVEST_DROPS,
+    /* faults by cause: the GONE_* reasons in order, then the page was on the GPU but not
+     * usable yet (a controller's prefetch in flight; another transfer in flight; a write to
+     * a read-duplicated page) */
+    ST_FC0, ST_FC_LATE = ST_FC0 + GONE_HOST + 1, ST_FC_INFLIGHT, ST_FC_RM_WRITE, ST_N
 };
 
 /* Events of the batches serviced since the caller last emptied it (one "drain"). */
@@ -185,6 +196,7 @@ int64_t sim_drop_range(SimState *s, int g, int64_t lo, int64_t hi, int discard) 
             written++;
         }
         s->gmask[p] = m & (uint8_t)~bit;
+        s->gone[p] = (uint8_t)s->drop_reason;
         if (s->pf_tag[p]) {
             s->pf_tag[p] = 0;
             s->stats[ST_PF_WASTED]++;
@@ -310,7 +322,10 @@ static double spill_block(SimState *s, int g, int h, int64_t v, double t) {
         moved++;
     }
     s->rescount[GB(s, h, v)] += (int32_t)moved;
+    int64_t why = s->drop_reason;
+    s->drop_reason = GONE_MOVED;
     sim_drop_block(s, g, v, 1);
+    s->drop_reason = why;
     double done = ready + (double)moved * PAGE / s->nvlink_Bpns;
     s->lru[GB(s, h, v)] = done;
     s->stats[ST_BYTES_P2P] += moved * 4096;
@@ -353,7 +368,10 @@ double sim_take_chunk_async(SimState *s, int g, int64_t b, double t, int64_t *vi
     } else {
         int64_t v = sim_lru_victim(s, g, &b, 1);
         if (v < 0) return -1.0;
+        int64_t why = s->drop_reason;
+        s->drop_reason = GONE_EVICTED_FOR_PF;
         int64_t w = sim_drop_block(s, g, v, 0);
+        s->drop_reason = why;
         double start = t > s->d2h_tail[g] ? t : s->d2h_tail[g];
         ready = start + s->transfer_latency_ns + (double)w * PAGE / s->d2h_Bpns;
         s->d2h_tail[g] = ready;
@@ -488,6 +506,7 @@ int64_t sim_invalidate(SimState *s, int64_t lo, int64_t hi) {
         s->gmask[p] = 0;
         s->cpu_valid[p] = 0;
         s->pf_entry[p] = 0;
+        s->gone[p] = (uint8_t)s->drop_reason;
     }
     for (int g = 0; g < s->ngpu; g++) {
         int64_t ix = GB(s, g, b);
@@ -518,6 +537,14 @@ static inline int is_miss(SimState *s, int64_t p, uint8_t w, uint8_t bit, double
     if (s->any_read_mostly && w && s->read_mostly[p >> PB_SHIFT] &&
         (s->cpu_valid[p] || (m & (uint8_t)~bit))) return 1;
     return 0;
+}
+
+/* The cause a fault on page p (a miss at t) is charged to: ST_FC_* */
+static inline int fault_cause(SimState *s, int64_t p, uint8_t bit, double t) {
+    if (!(s->gmask[p] & bit)) return ST_FC0 + s->gone[p];
+    int32_t e = s->pf_entry[p];
+    if (e && s->entry_done[e] > t) return s->pf_tag[p] ? ST_FC_LATE : ST_FC_INFLIGHT;
+    return ST_FC_RM_WRITE;
 }
 
 /* Pages the density prefetcher adds in block b given the faulted pages (offsets) there:
@@ -559,6 +586,7 @@ static void drop_remote(SimState *s, int64_t p, uint8_t others) {
         uint8_t hb = (uint8_t)(1u << h);
         if (!(others & hb)) continue;
         s->gmask[p] &= (uint8_t)~hb;
+        s->gone[p] = GONE_MOVED;
         int64_t ix = GB(s, h, p >> PB_SHIFT);
         if (--s->rescount[ix] <= 0) {
             s->rescount[ix] = 0;
@@ -809,6 +837,7 @@ int64_t sim_kernel(SimState *s, int g, const int64_t *pages, const uint8_t *writ
                 lastb = b;
             }
             s->seen[p] = 1;
+            s->stats[fault_cause(s, p, bit, t)]++;
             fp[nf] = p;
             fw[nf] = writes[q];
             nf++;

@@ -17,7 +17,14 @@ ST_NAMES = ("faults", "fault_batches", "bytes_h2d", "bytes_d2h", "bytes_p2p", "d
             "driver_prefetch_bytes", "evictions", "evicted_bytes", "preevictions", "preevicted_bytes",
             "prefetch_used", "prefetch_wasted", "epoch", "batch_id", "user_prefetch_bytes", "prefetch_pages",
             "reclaims", "spills", "harvest_writeback_bytes", "harvest_drops")
+#: why a page was not on the GPU that faulted on it: the last way it left a GPU (``Simulator.gone``
+#: holds these per page; the order is the C core's GONE_* enum) ...
+GONE = ("cold", "evicted", "evicted_for_prefetch", "preevicted", "discarded", "moved", "host")
+#: ... or it was there but not usable yet. Every fault is charged to exactly one of these causes.
+FAULT_CAUSES = GONE + ("late_prefetch", "in_flight", "read_mostly_write")
+ST_NAMES = ST_NAMES + tuple("fc_" + c for c in FAULT_CAUSES)
 ST = {n: i for i, n in enumerate(ST_NAMES)}
+FC = slice(ST["fc_cold"], ST["fc_cold"] + len(FAULT_CAUSES))
 MAXB = 1024  # most faults in one batch the core supports
 
 P = C.c_void_p
@@ -40,6 +47,7 @@ class SimState(C.Structure):
         ("rng", C.c_uint64), ("stats", P), ("seen", P),
         ("harvested", P), ("removable_at", P), ("spill_mask", P), ("spill_rr", P), ("fetch_via", P),
         ("wb_Bpns", P), ("p2p_tail", P), ("nlent", P), ("lend_cap", P), ("block_ns", f64),
+        ("gone", P), ("drop_reason", i64),
     ]
 
 

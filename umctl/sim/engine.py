@@ -116,6 +116,11 @@ class SimResult:
     #: when each iteration of the workload (ops' ``iteration``) ended, and its faults
     iteration_end_ns: np.ndarray | None = None
     iteration_faults: np.ndarray | None = None
+    #: every fault charged to one cause (core.FAULT_CAUSES): how the page had left the GPU
+    #: (never there, evicted by the driver, pre-evicted or discarded by the controller, ...)
+    #: or why it was not usable yet (a prefetch still in flight); totals and per iteration
+    fault_causes: dict = field(default_factory=dict)
+    iteration_fault_causes: np.ndarray | None = None
     #: per GPU: when its last kernel ended, and the time its kernels ran (compute + fault
     #: stalls). On a shared server the latter is a tenant's own time: the jobs share one
     #: simulated host thread, so end times also carry the other tenants' synchronisations.
@@ -149,6 +154,14 @@ class SimResult:
         return float(f[1:].mean()) if f is not None and len(f) > 1 else None
 
     @property
+    def steady_fault_causes_per_iter(self) -> dict | None:
+        """Faults per steady iteration (after the first) by cause."""
+        c = self.iteration_fault_causes
+        if c is None or len(c) < 2:
+            return None
+        return dict(zip(core.FAULT_CAUSES, (float(x) for x in c[1:].mean(axis=0))))
+
+    @property
     def prefetch_accuracy(self) -> float | None:
         """Prefetched pages used before they were evicted, over prefetched pages."""
         return self.prefetch_used / self.prefetch_pages if self.prefetch_pages else None
@@ -167,10 +180,15 @@ class SimResult:
         d["prefetch_coverage"] = self.prefetch_coverage
         d["steady_time_ns"] = self.steady_time_ns
         d["steady_faults_per_iter"] = self.steady_faults_per_iter
+        d["steady_fault_causes_per_iter"] = self.steady_fault_causes_per_iter
         d["iteration_faults"] = self.iteration_faults.tolist() if self.iteration_faults is not None else None
         d["gpu_end_ns"] = self.gpu_end_ns.tolist() if self.gpu_end_ns is not None else None
         d["gpu_kernel_ns"] = self.gpu_kernel_ns.tolist() if self.gpu_kernel_ns is not None else None
         return d
+
+
+_COLD, _EVICTED, _PREEVICTED, _DISCARDED, _MOVED, _HOST = (core.GONE.index(n) for n in (
+    "cold", "evicted", "preevicted", "discarded", "moved", "host"))
 
 
 def _ns(nbytes: float, Bps: float) -> float:
@@ -210,6 +228,7 @@ class Simulator:
 
         # per-page state (shared with the C core)
         self.gmask = np.zeros(npg, np.uint8)          # bit g: valid copy on GPU g
+        self.gone = np.zeros(npg, np.uint8)           # core.GONE: how the page last left a GPU
         self.cpu_valid = np.zeros(npg, np.bool_)      # valid copy on the host
         self.managed = np.zeros(npg, np.bool_)        # migrates on faults (else never faults)
         self.pf_entry = np.zeros(npg, np.int32)       # in-flight transfer bringing the page
@@ -269,8 +288,9 @@ class Simulator:
                      "has_chunk", "pinned", "lru", "rescount", "used", "cap", "maxblocks", "pending", "npending",
                      "active", "nactive", "h2d_tail", "d2h_tail", "stats", "seen",
                      "harvested", "removable_at", "spill_mask", "spill_rr", "fetch_via", "wb_Bpns", "p2p_tail",
-                     "nlent", "lend_cap"):
+                     "nlent", "lend_cap", "gone"):
             setattr(self.cs, name, core.ptr(getattr(self, name)))
+        self.cs.drop_reason = _EVICTED
         self.csp = C.byref(self.cs)
         self.out = core.EventOut()
         self._pf_out = (C.c_double * 6)()
@@ -434,6 +454,7 @@ class Simulator:
         n = hi - lo
         stall = C.c_double(0.0)
         faults0 = int(self.stats[core.ST["faults"]])
+        causes0 = self.stats[core.FC].copy()
         pos = 0
         pp, wp = core.ptr(pages), core.ptr(writes)
         nx = core.ptr(self._next_access[lo:hi]) if self._next_access is not None else None
@@ -456,6 +477,7 @@ class Simulator:
         self.stream[g] = end
         self._kstart[i], self._kend[i] = start, end
         self._kfaults[i] = int(self.stats[core.ST["faults"]]) - faults0
+        self._kcauses[i] = self.stats[core.FC] - causes0
 
     def _batch_events(self, g: int, pid: int) -> None:
         """Turn the core's drain buffers into event records (vectorised) and empty them."""
@@ -553,6 +575,7 @@ class Simulator:
                 self.stats[core.ST["prefetch_wasted"]] += wasted
                 self.pf_tag[sel] = False
                 self.gmask[sel] = 0
+                self.gone[sel] = _HOST
                 self.pf_entry[sel] = 0
                 self.stats[core.ST["epoch"]] += 1
             self.cpu_valid[pages] = True
@@ -750,7 +773,7 @@ class Simulator:
                 ready = self.lib.sim_take_spare(self.csp, dst, b, t)
                 if ready < 0:   # it lends nothing now: to the host instead
                     to_gpu, ready = False, t
-            written = int(self.lib.sim_drop_range(self.csp, g, lo, hi, 1 if to_gpu else 0))
+            written = self._drop(g, lo, hi, 1 if to_gpu else 0, _MOVED if to_gpu else _PREEVICTED)
             nbytes = (len(pages) if to_gpu else written) * PAGE_SIZE
             start = max(ready, self.d2h_tail[g])
             host_Bps = self.wb_Bpns[g] * 1e9 if self.wb_Bpns[g] > 0 else self.c.d2h_Bps   # large-page write-back
@@ -802,9 +825,23 @@ class Simulator:
         self.stats[core.ST["bytes_h2d"]] += len(sel) * PAGE_SIZE
         self.r.staged_bytes += len(sel) * PAGE_SIZE
 
+    def _drop(self, g: int, lo: int, hi: int, discard: int, why: int) -> int:
+        """GPU g drops pages [lo, hi) of one block, charged to `why` if they fault again."""
+        self.cs.drop_reason = why
+        try:
+            return int(self.lib.sim_drop_range(self.csp, g, lo, hi, discard))
+        finally:
+            self.cs.drop_reason = _EVICTED
+
     def _invalidate(self, lo: int, hi: int, count: bool = True) -> None:
-        """UVM_DISCARD of one block's pages (executed by the core)."""
-        dropped = int(self.lib.sim_invalidate(self.csp, lo, hi))
+        """UVM_DISCARD of one block's pages (executed by the core). `count`: a controller's
+        command; otherwise the program freed or overwrote the memory, so a later fault there
+        is a first touch (cold)."""
+        self.cs.drop_reason = _DISCARDED if count else _COLD
+        try:
+            dropped = int(self.lib.sim_invalidate(self.csp, lo, hi))
+        finally:
+            self.cs.drop_reason = _EVICTED
         if count:
             self.r.invalidated_bytes += dropped * PAGE_SIZE
 
@@ -840,6 +877,7 @@ class Simulator:
             n = int(sel.sum())
             if n:
                 self.gmask[pages[sel]] &= ~bit
+                self.gone[pages[sel]] = _MOVED
                 self._release_block(g, b, n)
         self.stats[core.ST["epoch"]] += 1
 
@@ -851,6 +889,7 @@ class Simulator:
         self._kstart = np.zeros(nk)
         self._kend = np.zeros(nk)
         self._kfaults = np.zeros(nk, np.int64)
+        self._kcauses = np.zeros((nk, len(core.FAULT_CAUSES)), np.int64)
         every = max(1, nk // 200)
         iters = ops["iteration"]
         n_it = int(iters.max()) + 1 if nk else 0
@@ -902,6 +941,9 @@ class Simulator:
         if n_it:
             r.iteration_end_ns = np.maximum.accumulate(it_end[:n_it]).astype(np.int64)
             r.iteration_faults = np.bincount(iters[kmask], weights=r.kernel_faults, minlength=n_it).astype(np.int64)
+            r.iteration_fault_causes = np.zeros((n_it, len(core.FAULT_CAUSES)), np.int64)
+            np.add.at(r.iteration_fault_causes, iters[kmask], self._kcauses[kmask])
+        r.fault_causes = dict(zip(core.FAULT_CAUSES, self.stats[core.FC].tolist()))
         r.controller = self.ctl.stats()
         if self._tl is not None:
             self._finish_timeline(kmask)
