@@ -35,6 +35,8 @@ def main() -> None:
     ap.add_argument("--param", "-p", action="append", default=[], metavar="KEY=VALUE",
                     help="scenario parameter, e.g. peak_tflops=2 for a compute-bound regime (repeatable)")
     args = ap.parse_args()
+    if any("=" not in p for p in args.param):
+        ap.error("--param takes KEY=VALUE")
     params = dict(p.split("=", 1) for p in args.param)
     t = Table(title="DeepUM vs none and oracle (simulated H100, PCIe 5)", title_justify="left")
     for col in ("scenario", "oversub", "none faults/iter", "deepum faults/iter", "faults removed",

@@ -69,7 +69,7 @@ typedef struct {
     int64_t drop_reason;
 } SimState;
 
-/* Why a page left (or was never on) a GPU; a fault is charged to it (FC_* below). */
+/* Why a page left (or was never on) a GPU; a fault on it is charged to ST_FC0 + this. */
 enum { GONE_COLD, GONE_EVICTED, GONE_EVICTED_FOR_PF, GONE_PREEVICTED, GONE_DISCARDED, GONE_MOVED, GONE_HOST };
 
 /* The harvested flag of (g, b), keeping g's count of lent chunks. */

@@ -18,7 +18,8 @@ ST_NAMES = ("faults", "fault_batches", "bytes_h2d", "bytes_d2h", "bytes_p2p", "d
             "prefetch_used", "prefetch_wasted", "epoch", "batch_id", "user_prefetch_bytes", "prefetch_pages",
             "reclaims", "spills", "harvest_writeback_bytes", "harvest_drops")
 #: why a page was not on the GPU that faulted on it: the last way it left a GPU (``Simulator.gone``
-#: holds these per page; the order is the C core's GONE_* enum) ...
+#: holds these per page, not per GPU: on several GPUs, a first touch on one GPU of a page another
+#: GPU lost is charged to how it was lost; the order is the C core's GONE_* enum) ...
 GONE = ("cold", "evicted", "evicted_for_prefetch", "preevicted", "discarded", "moved", "host")
 #: ... or it was there but not usable yet. Every fault is charged to exactly one of these causes.
 FAULT_CAUSES = GONE + ("late_prefetch", "in_flight", "read_mostly_write")
