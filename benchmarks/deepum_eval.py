@@ -4,8 +4,9 @@ oversubscription ratios (issue 3's acceptance table). Prints a table; asserts no
     python3 benchmarks/deepum_eval.py [--scenarios gpt2-xl,bert-large,...] [--ratios 1.5,2,3] [--iters 5]
                                       [--skip 1] [--param peak_tflops=2] [-O deepum.degree=64]
 
-Steady state = the iterations after the first (DeepUM's tables are empty in the first one;
-the paper reports training throughput, i.e. steady state). "oracle removed" is the share of
+Steady state = the iterations after the first --skip (default 1: DeepUM's tables are empty
+in the first one; they go on learning for ~10 iterations, so the paper's trained state, its
+Table 5, is e.g. --iters 20 --skip 15). "oracle removed" is the share of
 none's faults the oracle (the whole future known, Belady's eviction) removes; it plans for
 time, not for faults (it discards dead allocator blocks at once, and keeps the host-to-GPU
 queue short), so deepum can fault less than it. What the oracle leaves is mostly prefetches
