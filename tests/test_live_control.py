@@ -170,6 +170,25 @@ def test_none_with_budget_is_lru_eviction_only():
     assert act.closed
 
 
+def _three_kernel_cycle(lc: LiveControl, alloc_at: tuple[int, int, np.ndarray] | None = None) -> None:
+    """Four iterations of three kernels (exec hashes 1, 2, 3) over their own blocks: every block
+    faults in the first, then only each iteration's first kernel faults its first block (DeepUM
+    learns the rest). ``alloc_at`` = (iteration, kernel, ALLOC records) adds allocator events."""
+    kern = {1: [0, 1, 2, 3], 2: [10, 11, 12], 3: [20, 21, 22, 23]}
+    t = seq = 0
+    for it in range(4):
+        for h, blocks in kern.items():
+            b = EventBatch(now_ns=t + 500)
+            b.add(Kind.LAUNCH, launch(t, h, seq))
+            if it == 0 or h == 1:
+                b.add(Kind.FAULT, faults(t + 100, blocks[:1] if it else blocks))
+            if alloc_at is not None and alloc_at[:2] == (it, h):
+                b.add(Kind.ALLOC, alloc_at[2])
+            lc.step(b)
+            t += 1000
+            seq += 1
+
+
 def test_deepum_live_prefetches_the_learned_sequence():
     """Two iterations of the same three kernels faulting the same blocks: in the second,
     DeepUM (the replay controller, unchanged) prefetches the blocks of the next kernels
@@ -178,17 +197,7 @@ def test_deepum_live_prefetches_the_learned_sequence():
     lc = LiveControl(make_controller("deepum", watermark_blocks=0, degree=1), act, pid=7, gpus=GPUS,
                      budget_bytes=8 * BLOCK_SIZE)
     lc.budget.slack_blocks = 0
-    kern = {1: [0, 1, 2, 3], 2: [10, 11, 12], 3: [20, 21, 22, 23]}
-    t, seq = 0, 0
-    for it in range(4):
-        for h, blocks in kern.items():
-            b = EventBatch(now_ns=t + 500)
-            b.add(Kind.LAUNCH, launch(t, h, seq))
-            if it == 0 or h == 1:
-                b.add(Kind.FAULT, faults(t + 100, blocks[:1] if it else blocks))
-            lc.step(b)
-            t += 1000
-            seq += 1
+    _three_kernel_cycle(lc)
     c = act.all()
     walk = c[(c["op"] == Op.PREFETCH) & (c["priority"] == 1)]   # predicted, not fault completion
     got = set(((walk["addr"] >> np.uint64(BLOCK_SHIFT)) - np.uint64(BASE >> BLOCK_SHIFT)).tolist())
@@ -277,3 +286,37 @@ def test_budget_keeper_ranks_by_deepums_predicted_next_use_beyond_n():
     bud.slack_blocks = 0
     cmds = bud.enforce([0], 1, order=ctl.eviction_order)
     assert (cmds["addr"] >> np.uint64(BLOCK_SHIFT)).tolist() == [999, 105, 104]
+
+
+def _dead_block_run(allow_invalidate: bool) -> tuple[np.ndarray, dict]:
+    """Kernels 1, 2, 3 cycle over their own blocks under a budget; kernel 1's blocks lie in an
+    allocator block reported inactive (a freed tensor), so they are the victims DeepUM's next
+    kernels do not expect. ``allow_invalidate`` stands for an invalidation the program's stream
+    orders (none exists yet). Returns every command sent to the actuator and DeepUM's stats."""
+    dead = empty(Kind.ALLOC, 1)
+    dead["op"], dead["addr"], dead["bytes"] = AllocOp.BLOCK_INACTIVE, BASE, 4 * BLOCK_SIZE
+    act = FakeActuator()
+    lc = LiveControl(make_controller("deepum", watermark_blocks=0, degree=1), act, pid=7, gpus=GPUS,
+                     budget_bytes=8 * BLOCK_SIZE)
+    lc.budget.slack_blocks = 0
+    assert lc.ctl.live_invalidate_off
+    lc.ctl.live_invalidate_off = not allow_invalidate
+    _three_kernel_cycle(lc, alloc_at=(2, 2, dead))
+    st = lc.stats()["controller"]
+    assert bool(st.get("invalidate_off_live")) != allow_invalidate
+    return act.all(), st
+
+
+def test_deepum_live_never_discards_freed_allocator_blocks():
+    """A discard from umctl is ordered neither with the program's stream (kernels queued before
+    the free may still read the block) nor with the allocator reusing it; on the H100 torch loop
+    it changed the trained parameters. With invalidation allowed the dead block would be
+    discarded; live it is pre-evicted instead, so its data stays."""
+    allowed, _ = _dead_block_run(allow_invalidate=True)
+    assert (allowed["op"] == Op.INVALIDATE).any()
+    live, st = _dead_block_run(allow_invalidate=False)
+    assert not (live["op"] == Op.INVALIDATE).any()
+    dead_blocks = set(range(BASE >> BLOCK_SHIFT, (BASE >> BLOCK_SHIFT) + 4))
+    pre = live[live["op"] == Op.PREEVICT]
+    assert dead_blocks & set((pre["addr"] >> np.uint64(BLOCK_SHIFT)).tolist())
+    assert st["kept_not_invalidated"] > 0

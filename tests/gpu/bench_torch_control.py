@@ -21,10 +21,16 @@ def main() -> None:
     ap.add_argument("--no-baselines", action="store_true", help="skip plain torch and the no-budget run")
     ap.add_argument("--umctl-args", default="", help="extra umctl run arguments for the budget runs "
                     "(e.g. '--budget-sweep 0')")
+    ap.add_argument("--allocator", choices=("torch", "umctl"), default="torch",
+                    help="umctl: every tensor through the runtime's pluggable allocator (freed blocks "
+                         "reported inactive, so DeepUM may invalidate them); plain torch keeps its own")
     a = ap.parse_args()
     wl = [sys.executable, "tests/gpu/wl_torch_train.py", "--steps", str(a.steps)]
+    wl_plain = list(wl)
+    if a.allocator == "umctl":
+        wl += ["--allocator", "umctl"]
     rt = ["umctl", "run", "-q", "--runtime", "--managed"]
-    configs = [] if a.no_baselines else [("plain torch", wl), ("runtime, managed, no budget", rt + ["--"] + wl)]
+    configs = [] if a.no_baselines else [("plain torch", wl_plain), ("runtime, managed, no budget", rt + ["--"] + wl)]
     for spec in a.modes.split(","):
         m, *flags = spec.split("+")
         for d in (a.degrees.split(",") if a.degrees and m.startswith("deepum") else [""]):

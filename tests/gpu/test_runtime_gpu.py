@@ -75,3 +75,25 @@ def test_results_identical_and_launches_named():
         if kw:
             al = batch[Kind.ALLOC]
             assert al["managed"].any()
+
+
+def _train(*umctl_args: str) -> tuple[str, str]:
+    """The torch loop (tests/gpu/wl_torch_train.py) through the runtime's pluggable allocator
+    under ``umctl run``: (checksum of the trained parameters, umctl's summary)."""
+    cmd = ["umctl", "run", "--runtime", *umctl_args, "--", sys.executable, "tests/gpu/wl_torch_train.py",
+           "--steps", "6", "--allocator", "umctl"]
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=300,
+                       cwd=os.path.join(os.path.dirname(__file__), "..", ".."))
+    assert p.returncode == 0, (p.stdout + p.stderr)[-3000:]
+    done = next(ln for ln in p.stdout.splitlines() if ln.startswith("DONE "))
+    return done.split()[2], p.stdout
+
+
+@pytest.mark.skipif(not _have_torch_cuda(), reason="needs torch with a CUDA device")
+def test_deepum_under_a_budget_keeps_a_pluggable_allocator_loop_exact():
+    """Freed tensors are reported inactive; a discard of one from umctl changed the trained
+    parameters (docs/control.md). Live DeepUM must leave the results bit-identical."""
+    ref, _ = _train()
+    got, out = _train("--mode", "deepum", "--budget", "732MiB")
+    assert got == ref
+    assert "invalidation is off live" in out

@@ -7,6 +7,7 @@ identical)."""
 
 import argparse
 import hashlib
+import os
 import time
 
 import torch
@@ -18,7 +19,16 @@ def main() -> None:
     ap.add_argument("--width", type=int, default=3072)
     ap.add_argument("--batch", type=int, default=4096)
     ap.add_argument("--steps", type=int, default=12)
+    ap.add_argument("--allocator", choices=("torch", "umctl"), default="torch",
+                    help="umctl: the runtime's pluggable allocator (umctl_rt_malloc/free; run under "
+                         "`umctl run --runtime`), which reports freed blocks to DeepUM as inactive")
     a = ap.parse_args()
+    if a.allocator == "umctl":
+        lib = next((p for p in os.environ.get("LD_PRELOAD", "").split(":") if "libumctl_rt" in p), None)
+        if lib is None:
+            raise SystemExit("--allocator umctl needs the runtime: run under `umctl run --runtime`")
+        torch.cuda.memory.change_current_allocator(
+            torch.cuda.memory.CUDAPluggableAllocator(lib, "umctl_rt_malloc", "umctl_rt_free"))
     torch.manual_seed(0)
     dev = torch.device("cuda")
     layers = []

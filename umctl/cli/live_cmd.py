@@ -488,6 +488,11 @@ def _print_control(st: dict) -> None:
         out.print("  actuator     " + ", ".join(lat), highlight=False)
     if a["errors"]:
         out.print("  errors       " + ", ".join(f"{k} x{v}" for k, v in a["errors"].items()), highlight=False)
+    cs = c.get("controller") or {}
+    if cs.get("invalidate_off_live"):
+        out.print("  note         invalidation is off live (a discard is not ordered with the program's stream "
+                  f"or its allocator): {cs.get('kept_not_invalidated', 0):,} victims in freed allocator blocks "
+                  "were pre-evicted instead", highlight=False)
     b = c.get("budget")
     if b:
         out.print(f"  budget       {_fmt_bytes(b['bytes'])}: peak estimate {_fmt_bytes(b['peak_estimate_bytes'])} "

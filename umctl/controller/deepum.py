@@ -94,12 +94,13 @@ class DeepUMController(Controller):
         self.inactive: dict[int, int] = {}     # inactive allocator blocks: addr -> bytes
         self._inactive_sorted: tuple[np.ndarray, np.ndarray] | None = None
         self.predicted_next: int | None = None
+        self.live_invalidate_off = False
         self._expected_cache: set[int] | None = None
         self._horizon_cache: dict[int, int] | None = None
         self.fault_queue: dict[int, None] = {}   # faulted blocks to complete, served first
         self.stats_ = {k: 0 for k in ("launches", "predictions", "predicted_right", "chains", "faulted_blocks",
                                        "prefetch_blocks", "preevict_blocks", "invalidate_blocks",
-                                       "paused", "prediction_failures")}
+                                       "paused", "prediction_failures", "kept_not_invalidated")}
 
     # ------------------------------------------------------------------ set-up
     def applies_to(self, workload) -> str | None:
@@ -115,8 +116,20 @@ class DeepUMController(Controller):
     def attach(self, ctx: ControllerContext) -> None:
         super().attach(ctx)
         self.capacity = [int(m) // BLOCK_SIZE for m in ctx.gpu_mem]
+        # Live, an invalidation would be a UVM_DISCARD from umctl's thread, ordered neither with
+        # the program's stream (the allocator reports a block free as soon as the host drops the
+        # tensor, while kernels queued before may still read it) nor with the allocator handing
+        # the block out again before the discard lands. Measured on the H100 torch loop with the
+        # runtime's pluggable allocator: deepum with invalidation changed the trained parameters
+        # (checksum bc50aaa2c5c6a0fc, not 6cb022768fc3448b); without it, identical. So live,
+        # DeepUM pre-evicts those victims instead (their data is kept) until an invalidation
+        # that the program's own stream orders exists (``stream_ordered_invalidate``).
+        self.live_invalidate_off = (bool(ctx.options.get("live")) and "invalidate" in self.features
+                                    and not ctx.options.get("stream_ordered_invalidate"))
 
     def enabled(self, feature: str) -> bool:
+        if feature == "invalidate" and self.live_invalidate_off:
+            return False
         return feature in self.features
 
     # ------------------------------------------------------------------ events
@@ -390,6 +403,8 @@ class DeepUMController(Controller):
         for b in victims:
             del self.resident[b]
             dead = self._inactive_parts(b) if self.enabled("invalidate") else []
+            if self.live_invalidate_off and self.inactive and self._inactive_parts(b):
+                self.stats_["kept_not_invalidated"] += 1
             if dead:
                 out.append(commands(Op.INVALIDATE, [a for a, _ in dead], [n_ for _, n_ in dead]))
                 self.stats_["invalidate_blocks"] += 1
@@ -448,6 +463,8 @@ class DeepUMController(Controller):
         s["table_entries"] = sum(t.n_entries for t in self.tables.values())
         s["table_bytes"] = sum(t.nbytes() for t in self.tables.values())
         s["prediction_accuracy"] = s["predicted_right"] / s["predictions"] if s["predictions"] else None
+        if self.live_invalidate_off:
+            s["invalidate_off_live"] = True
         return s
 
 
