@@ -123,9 +123,8 @@ class DeepUMController(Controller):
         # runtime's pluggable allocator: deepum with invalidation changed the trained parameters
         # (checksum bc50aaa2c5c6a0fc, not 6cb022768fc3448b); without it, identical. So live,
         # DeepUM pre-evicts those victims instead (their data is kept) until an invalidation
-        # that the program's own stream orders exists (``stream_ordered_invalidate``).
-        self.live_invalidate_off = (bool(ctx.options.get("live")) and "invalidate" in self.features
-                                    and not ctx.options.get("stream_ordered_invalidate"))
+        # ordered with the program's stream exists (docs/control.md sketches one).
+        self.live_invalidate_off = bool(ctx.options.get("live")) and "invalidate" in self.features
 
     def enabled(self, feature: str) -> bool:
         if feature == "invalidate" and self.live_invalidate_off:
