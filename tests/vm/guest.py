@@ -636,9 +636,11 @@ def step_attach_cli(wl: Workload) -> None:
     p = subprocess.Popen([sys.executable, "-m", "umctl.cli.main", "attach", "--pid", str(wl.pid), "--source", "kprobe",
                           "--duration", "20", "--json", "--no-launches"], cwd=ROOT, stdout=subprocess.PIPE,
                          stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": ROOT})
-    # the CLI starts slowly under TCG: keep faulting (fresh blocks each time) until it detaches
-    i = 0
-    while p.poll() is None and i < 40:
+    # the CLI starts slowly under TCG (imports, BPF load): a fixed 40 s of faulting could end
+    # before its 20 s window opened (a CI run saw 0 faults with rc 0), so keep faulting (fresh
+    # blocks each time) until it detaches, for at most 150 s
+    i, deadline = 0, time.monotonic() + 150
+    while p.poll() is None and time.monotonic() < deadline:
         wl.access(0x7C0000000000 + (i << 26), 8, 4, 1)
         i += 1
         time.sleep(1.0)
