@@ -24,7 +24,9 @@ def main() -> None:
                          "`umctl run --runtime`), which reports freed blocks to DeepUM as inactive")
     a = ap.parse_args()
     if a.allocator == "umctl":
-        lib = next((p for p in os.environ.get("LD_PRELOAD", "").split(":") if "libumctl_rt" in p), None)
+        from umctl.runtime import LIBRARY   # the preloaded copy: the one umctl run reports from
+
+        lib = next((p for p in os.environ.get("LD_PRELOAD", "").split(":") if os.path.basename(p) == LIBRARY), None)
         if lib is None:
             raise SystemExit("--allocator umctl needs the runtime: run under `umctl run --runtime`")
         torch.cuda.memory.change_current_allocator(

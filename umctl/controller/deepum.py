@@ -402,7 +402,7 @@ class DeepUMController(Controller):
         for b in victims:
             del self.resident[b]
             dead = self._inactive_parts(b) if self.enabled("invalidate") else []
-            if self.live_invalidate_off and self.inactive and self._inactive_parts(b):
+            if self.live_invalidate_off and self._inactive_parts(b):
                 self.stats_["kept_not_invalidated"] += 1
             if dead:
                 out.append(commands(Op.INVALIDATE, [a for a, _ in dead], [n_ for _, n_ in dead]))
