@@ -15,7 +15,8 @@
 #define UMRT_MAGIC 0x54524d55u /* "UMRT" little endian */
 #define UMRT_VERSION 1
 
-enum umrt_kind { UMRT_LAUNCH = 1, UMRT_ALLOC = 2, UMRT_COPY = 3, UMRT_NAMES = 4 };
+enum umrt_kind { UMRT_LAUNCH = 1, UMRT_ALLOC = 2, UMRT_COPY = 3, UMRT_NAMES = 4,
+                 UMRT_DISCARD = 5, UMRT_DISCARD_DONE = 6 };
 
 struct __attribute__((packed)) umrt_header {
     uint32_t magic;
@@ -60,7 +61,33 @@ struct __attribute__((packed)) umrt_copy {
     uint8_t is_async;
 };
 
+/* The control channel (UMCTL_RT_CONTROL=1): umctl -> runtime. A DISCARD datagram asks the
+   runtime to drop the contents of [addr, addr + bytes) where that is safe: only pages of blocks
+   its allocator cache holds, freed, whose freeing stream has finished the work queued before the
+   free. `uvm_fd` is the program's own /dev/nvidia-uvm va_space fd (umctl knows its number). */
+struct __attribute__((packed)) umrt_discard {
+    int64_t id;
+    uint64_t addr, bytes;
+    int32_t uvm_fd;
+    uint32_t pad;
+};
+
+/* runtime -> umctl, one DISCARD_DONE datagram per request: status UMRT_DISCARDED records are the
+   ranges dropped (pages the driver no longer holds anywhere); the other statuses carry, with
+   addr 0, how many bytes of the request were kept and why. Whatever no DISCARDED record covers
+   still holds its data, and umctl evicts it normally. */
+enum umrt_discard_status { UMRT_DISCARDED = 0, UMRT_KEPT_IN_USE = 1, UMRT_KEPT_BUSY = 2, UMRT_KEPT_UNSAFE = 3,
+                           UMRT_KEPT_SMALL = 4, UMRT_KEPT_FAILED = 5 };
+struct __attribute__((packed)) umrt_discard_done {
+    int64_t id;
+    uint64_t addr, bytes;
+    int32_t status;
+    uint32_t pad;
+};
+
 _Static_assert(sizeof(struct umrt_header) == 40, "header");
+_Static_assert(sizeof(struct umrt_discard) == 32, "discard request");
+_Static_assert(sizeof(struct umrt_discard_done) == 32, "discard reply");
 _Static_assert(sizeof(struct umrt_launch) == 82, "launch record");
 _Static_assert(sizeof(struct umrt_alloc) == 38, "alloc record");
 _Static_assert(sizeof(struct umrt_copy) == 56, "copy record");

@@ -237,3 +237,53 @@ def test_idle_workers_do_not_spin():
     time.sleep(0.3)
     assert time.process_time() - t < 0.05
     a.close()
+
+
+def test_invalidate_through_the_programs_runtime_pre_evicts_what_it_kept():
+    """With an invalidator (the program's runtime), INVALIDATE issues no UVM_DISCARD from
+    umctl: the runtime drops what is safe, and once it has answered the victim is pre-evicted to
+    the CPU (dropped pages move without a copy; a dropped block left resident nowhere was
+    populated fault by fault on the H100), so it leaves the GPU either way and no live data is
+    lost. An invalidator that fails keeps everything (pre-evicted at once), never raises; an
+    answer that comes after a newer command for the block leaves that command alone."""
+    io = FakeUvm()
+    a = act(io)
+    asked = []
+
+    def runtime(base, length, on_done):
+        asked.append((base, length))
+        on_done([(base + 4096, 8192), (base + BLOCK_SIZE // 2, BLOCK_SIZE // 2)])   # what it dropped
+        return True
+
+    a.invalidator = runtime
+    a.submit(commands(Op.INVALIDATE, blk(3), BLOCK_SIZE))
+    assert a.wait_idle()
+    assert asked == [(blk(3), BLOCK_SIZE)]
+    assert io.calls == [("migrate", blk(3), BLOCK_SIZE, CPU_UUID)]
+    s = a.stats()
+    assert s["bytes"]["invalidate"] == BLOCK_SIZE // 2 + 8192
+    assert s["bytes"]["preevict"] == BLOCK_SIZE
+    assert (a.results()["status"] == Status.OK).all()
+
+    def broken(base, length, on_done):
+        raise RuntimeError("socket gone")
+
+    io.calls.clear()
+    a.invalidator = broken
+    a.submit(commands(Op.INVALIDATE, blk(5), BLOCK_SIZE))
+    assert a.wait_idle()
+    assert io.calls == [("migrate", blk(5), BLOCK_SIZE, CPU_UUID)]
+    assert a.stats()["counts"]["failed"] == 1
+
+    io.calls.clear()                       # the answer comes after a newer intent for the block
+    later = []
+    a.invalidator = lambda base, length, on_done: later.append(on_done) or True
+    a.submit(commands(Op.INVALIDATE, blk(7), BLOCK_SIZE))
+    assert a.wait_idle() and io.calls == []
+    io.gate.clear()
+    a.submit(commands(Op.PREFETCH, blk(7), BLOCK_SIZE, dst=0))
+    later[0]([])                           # kept it all: but the block is wanted back now
+    io.gate.set()
+    assert a.wait_idle()
+    assert io.calls == [("migrate", blk(7), BLOCK_SIZE, GPU0)]
+    a.close()

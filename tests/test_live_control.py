@@ -291,16 +291,16 @@ def test_budget_keeper_ranks_by_deepums_predicted_next_use_beyond_n():
 def _dead_block_run(allow_invalidate: bool) -> tuple[np.ndarray, dict]:
     """Kernels 1, 2, 3 cycle over their own blocks under a budget; kernel 1's blocks lie in an
     allocator block reported inactive (a freed tensor), so they are the victims DeepUM's next
-    kernels do not expect. ``allow_invalidate`` stands for an invalidation the program's stream
-    orders (none exists yet). Returns every command sent to the actuator and DeepUM's stats."""
+    kernels do not expect. ``allow_invalidate``: the program's runtime carries invalidations
+    out (``umctl run``: actuators/runtime_discard.py). Returns every command sent to the
+    actuator and DeepUM's stats."""
     dead = empty(Kind.ALLOC, 1)
     dead["op"], dead["addr"], dead["bytes"] = AllocOp.BLOCK_INACTIVE, BASE, 4 * BLOCK_SIZE
     act = FakeActuator()
     lc = LiveControl(make_controller("deepum", watermark_blocks=0, degree=1), act, pid=7, gpus=GPUS,
-                     budget_bytes=8 * BLOCK_SIZE)
+                     budget_bytes=8 * BLOCK_SIZE, safe_invalidate=allow_invalidate)
     lc.budget.slack_blocks = 0
-    assert lc.ctl.live_invalidate_off
-    lc.ctl.live_invalidate_off = not allow_invalidate
+    assert lc.ctl.live_invalidate_off != allow_invalidate
     _three_kernel_cycle(lc, alloc_at=(2, 2, dead))
     st = lc.stats()["controller"]
     assert bool(st.get("invalidate_off_live")) != allow_invalidate
@@ -310,8 +310,8 @@ def _dead_block_run(allow_invalidate: bool) -> tuple[np.ndarray, dict]:
 def test_deepum_live_never_discards_freed_allocator_blocks():
     """A discard from umctl is ordered neither with the program's stream (kernels queued before
     the free may still read the block) nor with the allocator reusing it; on the H100 torch loop
-    it changed the trained parameters. With invalidation allowed the dead block would be
-    discarded; live it is pre-evicted instead, so its data stays."""
+    it changed the trained parameters. Under the runtime (which discards only what is safe) the
+    dead block is invalidated; without it, it is pre-evicted instead, so its data stays."""
     allowed, _ = _dead_block_run(allow_invalidate=True)
     assert (allowed["op"] == Op.INVALIDATE).any()
     live, st = _dead_block_run(allow_invalidate=False)
@@ -320,3 +320,31 @@ def test_deepum_live_never_discards_freed_allocator_blocks():
     pre = live[live["op"] == Op.PREEVICT]
     assert dead_blocks & set((pre["addr"] >> np.uint64(BLOCK_SHIFT)).tolist())
     assert st["kept_not_invalidated"] > 0
+
+
+def test_budget_keeper_invalidates_dead_victims_only_when_deepum_may():
+    """DeepUM's driver invalidates any eviction victim lying wholly in inactive allocator blocks
+    (§5.2), the fault path's too: live, the budget keeper's. A block only partly dead, or a
+    mode without invalidation, or invalidation off live, keeps the plain pre-eviction."""
+    def keeper(mode: str, safe: bool, **opts) -> np.ndarray:
+        dead = empty(Kind.ALLOC, 2)
+        dead["op"] = AllocOp.BLOCK_INACTIVE
+        dead["addr"] = [BASE, BASE + 2 * BLOCK_SIZE]
+        dead["bytes"] = [2 * BLOCK_SIZE, BLOCK_SIZE // 2]     # blocks 0, 1 wholly dead, 2 half
+        act = FakeActuator()
+        lc = LiveControl(make_controller(mode, **opts), act, pid=7, gpus=GPUS, budget_bytes=2 * BLOCK_SIZE,
+                         safe_invalidate=safe)
+        lc.budget.slack_blocks = 0
+        b0 = BASE >> BLOCK_SHIFT
+        lc.res.arrive(0, [b0, b0 + 1, b0 + 2, b0 + 3, b0 + 4], 0)
+        lc.step(EventBatch(now_ns=1, arrays={Kind.ALLOC: dead}))
+        cmds = act.all()
+        return {int(a) >> BLOCK_SHIFT: Op(int(o)).name for a, o in zip(cmds["addr"], cmds["op"])}
+
+    b0 = BASE >> BLOCK_SHIFT
+    got = keeper("deepum", safe=True, live_invalidate=True)
+    assert got == {b0: "INVALIDATE", b0 + 1: "INVALIDATE", b0 + 2: "PREEVICT"}
+    assert set(keeper("deepum", safe=False, live_invalidate=True).values()) == {"PREEVICT"}
+    assert set(keeper("deepum", safe=True, live_invalidate=False).values()) == {"PREEVICT"}
+    assert set(keeper("deepum-preevict", safe=True, live_invalidate=True).values()) == {"PREEVICT"}
+    assert set(keeper("deepum", safe=True, live_invalidate=True, keeper_invalidate=False).values()) == {"PREEVICT"}

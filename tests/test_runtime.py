@@ -7,14 +7,18 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import time
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from umctl.events.schema import KIND_CODES, AllocOp, CopyKind, Kind
+from umctl.actuators.runtime_discard import RuntimeDiscard
+from umctl.actuators.uvm import UvmActuator
+from umctl.events.schema import KIND_CODES, AllocOp, CopyKind, Kind, Op, commands
 from umctl.runtime import child_env
 from umctl.sources.runtime import HEADER_DTYPE, MAGIC, RuntimeDecoder, RuntimeSource
+from umctl.sources.uvmtools import abi
 
 ROOT = Path(__file__).resolve().parent.parent
 SRC = ROOT / "tests" / "rtprog"
@@ -385,3 +389,87 @@ def test_driver_api_managed_allocations_are_reported(built):
     assert al["managed"].all()
     plain, err = run(built, "driver-alloc")   # no socket: runs unchanged, nothing wrapped
     assert set(plain) == {"a", "b", "c"} and stats(err)["driver_wrapped"] == "0"
+
+
+class _MigrateLog(abi.Ioctl):
+    """The uvm actuator's driver seam: logs UVM_MIGRATE (base, length), issues nothing."""
+
+    def __init__(self):
+        self.calls: list[tuple[int, int]] = []
+
+    def ioctl(self, fd, cmd, p):
+        assert cmd == abi.UVM_MIGRATE, cmd       # never a discard from umctl's side
+        self.calls.append((int(p.base), int(p.length)))
+        return abi.NV_OK
+
+
+def test_safe_discard_drops_only_idle_cached_blocks(built):
+    """UMCTL_RT_CONTROL: umctl asks, the runtime decides. Of three 4 MiB blocks -- a freed while
+    a copy queued before its free is still pending on its stream, b freed and idle, c in use --
+    only b is discarded (one UVM_DISCARD+UNMAP ioctl on the fd umctl named); a follows once its
+    stream has finished, a ragged range is rounded inward to whole pages, a range outside the
+    cache is kept, and blocks handed out again are never touched."""
+    import json as _json
+    from umctl.sources.runtime import DISCARDED, KEPT_REASONS
+
+    base = {k: v for k, v in os.environ.items() if not k.startswith(("UMCTL_RT_", "LD_PRELOAD"))}
+    base["FAKE_LIBCUDA"] = str(built["libcuda"])
+    mb4 = 4 << 20
+
+    def ask(src, pid, addr, n):
+        r = src.discard(pid, addr, n, uvm_fd=1000, timeout=5.0)
+        assert r is not None, "the runtime did not answer"
+        done = [(int(a), int(b)) for a, b, s in zip(r["addr"], r["bytes"], r["status"]) if s == DISCARDED]
+        kept = {KEPT_REASONS[int(s)]: int(b) for b, s in zip(r["bytes"], r["status"]) if s != DISCARDED and b}
+        return done, kept
+
+    with RuntimeSource() as src:
+        env = child_env(base, library=built["lib"], socket=src.path, control="1")
+        env["UMCTL_RT_LIBCUDA"] = str(built["libcuda"])
+        env["UMCTL_RT_STATS"] = "1"
+        p = subprocess.Popen([str(built["prog"]), "discard"], env=env, stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            blocks = _json.loads(p.stdout.readline().split(" ", 1)[1])
+            assert p.stdout.readline().strip() == "READY"
+            a, b, c = blocks["a"], blocks["b"], blocks["c"]
+            for _ in range(500):                  # the address comes with the first report
+                if p.pid in src.peers:
+                    break
+                time.sleep(0.01)
+            assert p.pid in src.peers
+            assert src.discard(p.pid + 1, b, mb4, 1000) is None   # no such runtime: no answer
+            # through the uvm actuator, as `umctl run` wires it: the runtime drops b, not a (its
+            # last use still queued); then umctl pre-evicts both (b's pages move without a copy)
+            io = _MigrateLog()
+            act = UvmActuator(3, {0: bytes(16)}, bytes([1] * 16), io=io, workers=1)
+            act.invalidator = RuntimeDiscard(src, p.pid, 1000, timeout=5.0)
+            act.submit(np.concatenate([commands(Op.INVALIDATE, a, mb4), commands(Op.INVALIDATE, b, mb4)]))
+            for _ in range(500):                  # the answers come on the source's thread
+                st = act.invalidator.stats()
+                if st["discarded_bytes"] + sum(st["kept_bytes"].values()) >= 2 * mb4:
+                    break
+                time.sleep(0.01)
+            assert act.wait_idle(10)
+            act.close()
+            assert sorted(io.calls) == sorted([(a, mb4), (b, mb4)])
+            assert act.invalidator.stats() == {"requests": 2, "unanswered": 0, "discarded_bytes": mb4,
+                                               "kept_bytes": {"in_use": 0, "busy": mb4, "unsafe": 0, "small": 0,
+                                                              "failed": 0}}
+            assert ask(src, p.pid, c, mb4) == ([], {"in_use": mb4})
+            p.stdin.write("go\n"); p.stdin.flush()
+            assert p.stdout.readline().strip() == "SYNCED"
+            assert ask(src, p.pid, a + 100, mb4 - 200) == ([(a + 4096, mb4 - 8192)], {"small": 8192 - 200})
+            p.stdin.write("go\n"); p.stdin.flush()
+            assert p.stdout.readline().strip() == "REUSED"
+            assert ask(src, p.pid, a, mb4) == ([], {"in_use": mb4})
+            assert ask(src, p.pid, b, mb4) == ([], {"in_use": mb4})
+            p.stdin.write("go\n"); p.stdin.flush()
+            res = _json.loads(p.stdout.readline().split(" ", 1)[1])
+            err = p.stderr.read()
+            assert p.wait(timeout=30) == 0, err
+        finally:
+            if p.poll() is None:
+                p.kill()
+    assert res == {"discards": [[b, mb4, 1], [a + 4096, mb4 - 8192, 1]], "reused": 1}
+    assert stats(err)["discards"] == f"6,{2 * mb4 - 8192},{4 * mb4 + 8192 - 200}"

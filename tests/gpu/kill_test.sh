@@ -20,11 +20,16 @@ sleep 6; kill -KILL $UM; wait $UM
 for i in $(seq 60); do grep -q DONE /tmp/run_kill.log && break; sleep 0.5; done
 echo "run killed with SIGKILL after 6s: $(grep -o 'DONE.*' /tmp/run_kill.log || echo 'no DONE')"
 # umctl run killed in a DeepUM-controlled torch training loop (managed memory, budget, runtime):
-# the loop finishes with the checksum of a plain run of the same 12 steps
+# the loop finishes with the checksum of a plain run of the same 12 steps. With the runtime's
+# allocator (--allocator umctl) umctl's invalidations are under way through the runtime's
+# control channel when it dies.
 REF=$(python3 tests/gpu/wl_torch_train.py --steps 12 | grep -o 'DONE.*' | cut -d' ' -f3)
-umctl run -q --mode deepum --budget 512MiB --runtime --managed -- python3 tests/gpu/wl_torch_train.py --steps 12 > /tmp/torch_kill.log 2>&1 &
-UM=$!
-for i in $(seq 120); do grep -q "^STEP 4 " /tmp/torch_kill.log && break; sleep 0.25; done
-kill -KILL $UM; wait $UM
-for i in $(seq 120); do grep -q DONE /tmp/torch_kill.log && break; sleep 0.5; done
-echo "run (torch, deepum) killed with SIGKILL at step 4: $(grep -o 'DONE.*' /tmp/torch_kill.log || echo 'no DONE') (plain 12 steps: $REF)"
+for alloc in torch umctl; do
+  umctl run -q --mode deepum --budget 512MiB --runtime --managed -- python3 tests/gpu/wl_torch_train.py --steps 12 \
+    --allocator $alloc > /tmp/torch_kill.log 2>&1 &
+  UM=$!
+  for i in $(seq 120); do grep -q "^STEP 4 " /tmp/torch_kill.log && break; sleep 0.25; done
+  kill -KILL $UM; wait $UM
+  for i in $(seq 120); do grep -q DONE /tmp/torch_kill.log && break; sleep 0.5; done
+  echo "run (torch, deepum, allocator $alloc) killed with SIGKILL at step 4: $(grep -o 'DONE.*' /tmp/torch_kill.log || echo 'no DONE') (plain 12 steps: $REF)"
+done

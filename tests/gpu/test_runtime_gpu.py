@@ -91,9 +91,13 @@ def _train(*umctl_args: str) -> tuple[str, str]:
 
 @pytest.mark.skipif(not _have_torch_cuda(), reason="needs torch with a CUDA device")
 def test_deepum_under_a_budget_keeps_a_pluggable_allocator_loop_exact():
-    """Freed tensors are reported inactive; a discard of one from umctl changed the trained
-    parameters (docs/control.md). Live DeepUM must leave the results bit-identical."""
+    """Freed tensors are reported inactive; a discard of one from umctl's side changed the
+    trained parameters (docs/control.md). Under umctl run the program's runtime carries the
+    discards out, only where safe: DeepUM invalidates, and the results stay bit-identical."""
+    import re
+
     ref, _ = _train()
     got, out = _train("--mode", "deepum", "--budget", "732MiB")
     assert got == ref
-    assert "invalidation is off live" in out
+    m = re.search(r"invalidate\s+by the runtime: ([\d,]+) requests, ([\d.]+ \S+) dropped", out)
+    assert m and not m.group(2).startswith("0 "), out[-2000:]

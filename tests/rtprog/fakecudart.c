@@ -361,6 +361,18 @@ API int fake_driver_launch(const void *f, void **args)
         (int (*)(const void *, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, void *, void **, void **))fn;
     return launch(f, 1, 1, 1, 1, 1, 1, 0, NULL, args, NULL);
 }
+/* The fake "GPU" runs every kernel inside the launch call, so an event is complete unless a
+   deferred copy queued before it on its stream is still pending (cudaErrorNotReady). */
+API int cudaEventQuery(void *e)
+{
+    struct fake_event *ev = e;
+    int pending = 0;
+    pthread_mutex_lock(&ce_mu);
+    for (int i = 0; i < n_ceq; i++)
+        pending |= ceq[i].stream == ev->stream && ceq[i].seq <= ev->seq;
+    pthread_mutex_unlock(&ce_mu);
+    return pending ? 600 : 0;
+}
+API int cudaEventDestroy(void *e) { free(e); return 0; }
 #endif
-/* events complete at once: the fake "GPU" runs every kernel inside the launch call */
-API int cudaEventQuery(void *e) { (void)e; return 0; }
+

@@ -8,6 +8,8 @@
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
+#include <stdarg.h>
+#include <sys/types.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -27,6 +29,9 @@ int cudaPointerGetAttributes(void *, const void *);
 int fake_driver_launch(const void *, void **);
 extern int fake_device_allocs, fake_managed_allocs, fake_copies, fake_launches;
 int cudaGetDevice(int *);
+int cudaStreamCreateWithFlags(void **, unsigned);
+int cudaStreamSynchronize(void *);
+int cudaMallocHost(void **, size_t);
 extern __thread int fake_cur_device;
 extern __thread dim3 fake_cur_grid;
 const char *fake_log_text(void);
@@ -269,13 +274,20 @@ static int driver(void)
 }
 
 /* The PyTorch pluggable-allocator entry points of the runtime, as torch calls them. */
+typedef void *(*malloc_fn)(ssize_t, int, void *);
+typedef void (*free_fn)(void *, ssize_t, int, void *);
+static int allocator_entries(malloc_fn *m, free_fn *f)
+{
+    *m = (malloc_fn)dlsym(RTLD_DEFAULT, "umctl_rt_malloc");
+    *f = (free_fn)dlsym(RTLD_DEFAULT, "umctl_rt_free");
+    return *m && *f;
+}
+
 static int allocator(void)
 {
-    typedef void *(*malloc_fn)(ssize_t, int, void *);
-    typedef void (*free_fn)(void *, ssize_t, int, void *);
-    malloc_fn m = (malloc_fn)dlsym(RTLD_DEFAULT, "umctl_rt_malloc");
-    free_fn f = (free_fn)dlsym(RTLD_DEFAULT, "umctl_rt_free");
-    if (!m || !f)
+    malloc_fn m;
+    free_fn f;
+    if (!allocator_entries(&m, &f))
         return 3;
     size_t n = (size_t)3 << 20;            /* rounded to 4 MiB blocks by the runtime */
     void *a = m((ssize_t)n, 0, NULL);      /* ALLOC */
@@ -287,6 +299,66 @@ static int allocator(void)
     printf("RESULT {\"a\": %llu, \"b\": %llu, \"c\": %llu, \"managed_allocs\": %d}\n",
            (unsigned long long)(uintptr_t)a, (unsigned long long)(uintptr_t)b, (unsigned long long)(uintptr_t)c,
            fake_managed_allocs);
+    return 0;
+}
+
+/* Safe invalidation (UMCTL_RT_CONTROL): the test plays umctl and asks, over the control
+   socket, for discards of blocks freed into the runtime's cache. The runtime's UVM_DISCARD
+   ioctls on fd 1000 (no such fd: the test's stand-in for the va_space) land in this program's
+   ioctl below, which logs them. Steps wait for a line on stdin so the test can ask in between. */
+#define FAKE_UVM_FD 1000
+static char discard_log[8192];
+int ioctl(int fd, unsigned long req, ...)
+{
+    va_list ap;
+    va_start(ap, req);
+    void *arg = va_arg(ap, void *);
+    va_end(ap);
+    if (fd == FAKE_UVM_FD && req == 80) {
+        struct { uint64_t base, length, flags; uint32_t status, pad; } *p = arg;
+        size_t l = strlen(discard_log);
+        snprintf(discard_log + l, sizeof discard_log - l, "%s[%llu, %llu, %llu]", l ? ", " : "",
+                 (unsigned long long)p->base, (unsigned long long)p->length, (unsigned long long)p->flags);
+        p->status = 0;
+        return 0;
+    }
+    int (*real)(int, unsigned long, ...) = (int (*)(int, unsigned long, ...))dlsym(RTLD_NEXT, "ioctl");
+    return real(fd, req, arg);
+}
+
+static void step(const char *say)
+{
+    char line[64];
+    printf("%s\n", say);
+    fflush(stdout);
+    if (!fgets(line, sizeof line, stdin))
+        exit(4);
+}
+
+static int discard(void)
+{
+    malloc_fn m;
+    free_fn f;
+    if (!allocator_entries(&m, &f))
+        return 3;
+    size_t n = 4 * MB;
+    void *s = NULL, *h = NULL;
+    if (cudaStreamCreateWithFlags(&s, 1) || cudaMallocHost(&h, n))
+        return 5;
+    memset(h, 7, n);
+    void *a = m((ssize_t)n, 0, s), *b = m((ssize_t)n, 0, NULL), *c = m((ssize_t)n, 0, NULL);
+    cudaMemcpyAsync(a, h, n, 1, s);        /* deferred: still pending on s when a is freed */
+    f(a, (ssize_t)n, 0, s);                /* cached, its free event not complete */
+    f(b, (ssize_t)n, 0, NULL);             /* cached, idle; c stays in use */
+    printf("BLOCKS {\"a\": %llu, \"b\": %llu, \"c\": %llu}\n", (unsigned long long)(uintptr_t)a,
+           (unsigned long long)(uintptr_t)b, (unsigned long long)(uintptr_t)c);
+    step("READY");
+    cudaStreamSynchronize(s);              /* a's last use is done */
+    step("SYNCED");
+    void *x = m((ssize_t)n, 0, NULL), *y = m((ssize_t)n, 0, NULL);   /* a and b handed out again */
+    step("REUSED");
+    int same = (x == a || x == b) && (y == a || y == b) && x != y;
+    printf("RESULT {\"discards\": [%s], \"reused\": %d}\n", discard_log, same);
     return 0;
 }
 
@@ -391,6 +463,8 @@ int main(int argc, char **argv)
         return driver();
     if (!strcmp(mode, "allocator"))
         return allocator();
+    if (!strcmp(mode, "discard"))
+        return discard();
     if (!strcmp(mode, "driver-alloc"))
         return driver_alloc();
     if (!strcmp(mode, "part"))

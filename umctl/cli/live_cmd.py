@@ -455,9 +455,18 @@ class ControlSpec:
             gpus = [dict(g, memory_bytes=g.get("memory_bytes") or mem) for g in gpus]
             gpus += [{"gpu": i, "memory_bytes": mem} for i in range(len(gpus), self.gpus)]
         act = src.actuator(max_bytes_per_s=float(self.rate))
+        # Under the runtime (umctl run), invalidations are carried out by the program itself,
+        # the only place that knows when a freed block's last kernel has run
+        safe = (self.controller.live_invalidates() and hasattr(probe, "discard")
+                and getattr(src, "target_fd", -1) >= 0)
+        if safe:
+            from ..actuators.runtime_discard import RuntimeDiscard
+
+            act.invalidator = RuntimeDiscard(probe, src.pid, src.target_fd)
         try:
             return LiveControl(self.controller, act, pid=src.pid, gpus=gpus, budget_bytes=self.budget,
-                               spare_gpus=self.spare_gpus, budget_sweep_ms=self.budget_sweep)
+                               spare_gpus=self.spare_gpus, budget_sweep_ms=self.budget_sweep,
+                               safe_invalidate=safe)
         except BaseException:
             act.close()
             raise
@@ -489,10 +498,20 @@ def _print_control(st: dict) -> None:
     if a["errors"]:
         out.print("  errors       " + ", ".join(f"{k} x{v}" for k, v in a["errors"].items()), highlight=False)
     cs = c.get("controller") or {}
-    if cs.get("invalidate_off_live"):
-        out.print("  note         invalidation is off live (a discard is not ordered with the program's stream "
-                  f"or its allocator): {cs.get('kept_not_invalidated', 0):,} victims in freed allocator blocks "
-                  "were pre-evicted instead", highlight=False)
+    why = cs.get("invalidate_off_live")
+    if why:
+        reason = ("off (-O deepum.live_invalidate=false)" if why == "option" else
+                  "off: only umctl's runtime (umctl run --runtime) can order a discard with the program's stream "
+                  "and its allocator")
+        out.print(f"  note         invalidation is {reason}; {cs.get('kept_not_invalidated', 0):,} victims in freed "
+                  "allocator blocks were pre-evicted instead", highlight=False, soft_wrap=True)
+    inv = a.get("invalidator")
+    if inv and inv["requests"]:
+        kept = ", ".join(f"{k} {_fmt_bytes(v)}" for k, v in inv["kept_bytes"].items() if v) or "nothing"
+        out.print(f"  invalidate   by the runtime: {inv['requests']:,} requests, {_fmt_bytes(inv['discarded_bytes'])} "
+                  f"dropped; kept and pre-evicted: {kept}"
+                  + (f"; {inv['unanswered']:,} unanswered" if inv["unanswered"] else ""), highlight=False,
+                  soft_wrap=True)
     b = c.get("budget")
     if b:
         out.print(f"  budget       {_fmt_bytes(b['bytes'])}: peak estimate {_fmt_bytes(b['peak_estimate_bytes'])} "
@@ -688,6 +707,8 @@ def run_command(
         starts = control is not None
         rt_source = RuntimeSource(kernel_starts=starts)
         rt_source.start()
+        if control is not None and control.controller.live_invalidates():
+            rt_extra["control"] = "1"   # the runtime takes umctl's safe-discard requests
         env = child_env(socket=rt_source.path, managed=managed, hum=hum, **({"track_end": "1"} if starts else {}),
                         **rt_extra)
     try:

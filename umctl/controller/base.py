@@ -98,6 +98,17 @@ class Controller:
         LRU. Default: keep the order (LRU)."""
         return blocks
 
+    def live_invalidates(self) -> bool:
+        """Whether, live, this policy wants INVALIDATE carried out (by the program's runtime:
+        ``umctl run`` then opens the runtime's control channel). Default: no."""
+        return False
+
+    def eviction_commands(self, cmds: np.ndarray) -> np.ndarray:
+        """What becomes of a live budget keeper's PREEVICT commands (it stands for the driver's
+        eviction): a policy whose driver drops dead data instead of writing it back (DeepUM's
+        invalidation of inactive allocator blocks) turns those into INVALIDATE. Default: as is."""
+        return cmds
+
     def stats(self) -> dict:
         """Controller-side counters for reports (table sizes, predictions...)."""
         return {}

@@ -71,7 +71,8 @@ class DeepUMController(Controller):
 
     def __init__(self, num_rows: int = 2048, assoc: int = 2, num_succs: int = 4, degree: int = 32,
                  exec_fallback: bool = True, watermark_blocks: int = 4, max_blocks_per_step: int = 256,
-                 whole_fault_blocks: bool = True, whole_tables: bool = False, evict_horizon: int = 512, **options):
+                 whole_fault_blocks: bool = True, whole_tables: bool = False, evict_horizon: int = 512,
+                 keeper_invalidate: bool = True, live_invalidate: bool = True, **options):
         super().__init__(**options)
         self.num_rows, self.assoc, self.num_succs = int(num_rows), int(assoc), int(num_succs)
         self.degree = int(degree)
@@ -81,6 +82,10 @@ class DeepUMController(Controller):
         self.whole_tables = bool(whole_tables)  # also prefetch blocks the walk did not reach
         #: how many predicted kernels ahead the live budget keeper looks to rank its victims
         self.evict_horizon = int(evict_horizon)
+        #: live: the budget keeper's dead victims are invalidated too (the driver's evictions)
+        self.keeper_invalidate = bool(keeper_invalidate)
+        #: live: invalidate at all (only ever through the program's runtime, umctl run)
+        self.live_invalidate = bool(live_invalidate)
         self.exec_ids = ExecIdTable()
         self.exec_table = ExecCorrelationTable(fallback=exec_fallback)
         self.tables: dict[int, BlockTable] = {}
@@ -100,7 +105,8 @@ class DeepUMController(Controller):
         self.fault_queue: dict[int, None] = {}   # faulted blocks to complete, served first
         self.stats_ = {k: 0 for k in ("launches", "predictions", "predicted_right", "chains", "faulted_blocks",
                                        "prefetch_blocks", "preevict_blocks", "invalidate_blocks",
-                                       "paused", "prediction_failures", "kept_not_invalidated")}
+                                       "paused", "prediction_failures", "kept_not_invalidated",
+                                       "keeper_invalidate_blocks")}
 
     # ------------------------------------------------------------------ set-up
     def applies_to(self, workload) -> str | None:
@@ -116,15 +122,20 @@ class DeepUMController(Controller):
     def attach(self, ctx: ControllerContext) -> None:
         super().attach(ctx)
         self.capacity = [int(m) // BLOCK_SIZE for m in ctx.gpu_mem]
-        # Live, an invalidation would be a UVM_DISCARD from umctl's thread, ordered neither with
-        # the program's stream (the allocator reports a block free as soon as the host drops the
-        # tensor, while kernels queued before may still read it) nor with the allocator handing
-        # the block out again before the discard lands. Measured on the H100 torch loop with the
-        # runtime's pluggable allocator: deepum with invalidation changed the trained parameters
-        # (checksum bc50aaa2c5c6a0fc, not 6cb022768fc3448b); without it, identical. So live,
-        # DeepUM pre-evicts those victims instead (their data is kept) until an invalidation
-        # ordered with the program's stream exists (docs/control.md sketches one).
-        self.live_invalidate_off = bool(ctx.options.get("live")) and "invalidate" in self.features
+        # Live, an invalidation from umctl's thread (UVM_DISCARD on the borrowed fd) is ordered
+        # neither with the program's stream (the allocator reports a block free as soon as the
+        # host drops the tensor, while kernels queued before may still read it) nor with the
+        # allocator handing the block out again before the discard lands. Measured on the H100
+        # torch loop with the runtime's pluggable allocator: it changed the trained parameters
+        # (checksum bc50aaa2c5c6a0fc, not 6cb022768fc3448b). So live, DeepUM invalidates only
+        # when the program's runtime carries the discard out itself (ctx.options
+        # "safe_invalidate": actuators/runtime_discard.py), unless -O live_invalidate=false;
+        # otherwise it pre-evicts those victims (their data is kept).
+        self.live_invalidate_off = (bool(ctx.options.get("live")) and "invalidate" in self.features
+                                    and not (ctx.options.get("safe_invalidate") and self.live_invalidate))
+
+    def live_invalidates(self) -> bool:
+        return self.live_invalidate and "invalidate" in self.features
 
     def enabled(self, feature: str) -> bool:
         if feature == "invalidate" and self.live_invalidate_off:
@@ -434,6 +445,21 @@ class DeepUMController(Controller):
         expected = sorted((b for b in blocks if b in rank), key=lambda b: -rank[b])   # stable: LRU within a rank
         return unexpected + expected
 
+    def eviction_commands(self, cmds: np.ndarray) -> np.ndarray:
+        """DeepUM's driver invalidates *any* eviction victim that lies wholly in inactive
+        allocator blocks (§5.2), the fault path's too: live, the budget keeper's."""
+        if not self.keeper_invalidate or not self.enabled("invalidate") or not self.inactive or not len(cmds):
+            return cmds
+        dead = np.array([int(c["op"]) == Op.PREEVICT and int(c["dst"]) == CPU and
+                         sum(n for _, n in self._inactive_parts(int(c["addr"]) >> BLOCK_SHIFT)) >= BLOCK_SIZE
+                         for c in cmds], bool)
+        if dead.any():
+            cmds = cmds.copy()
+            cmds["op"][dead] = Op.INVALIDATE
+            cmds["dst"][dead] = CPU
+            self.stats_["keeper_invalidate_blocks"] += int(dead.sum())
+        return cmds
+
     def _inactive_parts(self, b: int) -> list[tuple[int, int]]:
         """The byte ranges of block b that lie in inactive allocator blocks."""
         if not self.inactive:
@@ -463,7 +489,7 @@ class DeepUMController(Controller):
         s["table_bytes"] = sum(t.nbytes() for t in self.tables.values())
         s["prediction_accuracy"] = s["predicted_right"] / s["predictions"] if s["predictions"] else None
         if self.live_invalidate_off:
-            s["invalidate_off_live"] = True
+            s["invalidate_off_live"] = "no_runtime" if self.live_invalidate else "option"
         return s
 
 

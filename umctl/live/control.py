@@ -266,7 +266,8 @@ class LiveControl:
     records to write to the trace next to the events that caused them."""
 
     def __init__(self, controller: Controller, actuator, *, pid: int, gpus: list[dict],
-                 budget_bytes: int | None = None, spare_gpus: int = 0, budget_sweep_ms: float = 0.0):
+                 budget_bytes: int | None = None, spare_gpus: int = 0, budget_sweep_ms: float = 0.0,
+                 safe_invalidate: bool = False):
         if controller.replay_only:
             raise UmctlError(f"mode {controller.name} needs the future (replay only); live modes: "
                              "none, deepum, deepum-prefetch, deepum-preevict, ...")
@@ -290,6 +291,9 @@ class LiveControl:
         ctx = ControllerContext(n_gpus=n, gpu_mem=mem,
                                 free_memory=self.budget.free_memory if self.budget is not None else None)
         ctx.options["live"] = True
+        # the actuator's INVALIDATE is carried out by the program's runtime, which discards only
+        # what the program can no longer use (actuators/runtime_discard.py)
+        ctx.options["safe_invalidate"] = bool(safe_invalidate)
         controller.attach(ctx)
         self._issued: dict[int, tuple[int, int, int]] = {}   # cmd_id -> (op, block, dst)
         self._evictions: np.ndarray | None = None
@@ -317,6 +321,7 @@ class LiveControl:
         if self.budget is not None:
             ev = self.budget.enforce(self.target_gpus, batch.now_ns, order=self.ctl.eviction_order)
             if ev is not None:
+                ev = self.ctl.eviction_commands(ev)
                 parts.append(ev)
                 self._evictions = keeper_evictions(ev, self.pid)
             sw = self.budget.sweep(self.target_gpus, batch.now_ns)

@@ -30,7 +30,7 @@ def child_env(base: dict[str, str] | None = None, *, socket: str | None = None, 
     env = dict(os.environ if base is None else base)
     lib = str(library or library_path())
     env["LD_PRELOAD"] = lib + (":" + env["LD_PRELOAD"] if env.get("LD_PRELOAD") else "")
-    for key in ("UMCTL_RT_SOCKET", "UMCTL_RT_MANAGED", "UMCTL_RT_HUM", "UMCTL_RT_GPUS"):
+    for key in ("UMCTL_RT_SOCKET", "UMCTL_RT_MANAGED", "UMCTL_RT_HUM", "UMCTL_RT_GPUS", "UMCTL_RT_CONTROL"):
         env.pop(key, None)
     if socket:
         env["UMCTL_RT_SOCKET"] = str(socket)

@@ -18,6 +18,7 @@ import socket
 import tempfile
 import threading
 import time
+from typing import Callable
 
 import numpy as np
 
@@ -31,6 +32,16 @@ HEADER_DTYPE = np.dtype([("magic", "<u4"), ("version", "<u2"), ("kind", "u1"), (
 assert HEADER_DTYPE.itemsize == 40   # struct umrt_header in runtime/umctl_rt.h
 WIRE_KINDS: dict[int, Kind] = {1: Kind.LAUNCH, 2: Kind.ALLOC, 3: Kind.COPY}
 NAMES_KIND = 4
+DISCARD_KIND = 5        # umctl -> runtime: discard these ranges where safe (UMCTL_RT_CONTROL=1)
+DISCARD_DONE_KIND = 6   # runtime -> umctl: what it discarded, and what it kept and why
+#: struct umrt_discard / umrt_discard_done in runtime/umctl_rt.h
+DISCARD_DTYPE = np.dtype([("id", "<i8"), ("addr", "<u8"), ("bytes", "<u8"), ("uvm_fd", "<i4"), ("pad", "<u4")])
+DISCARD_DONE_DTYPE = np.dtype([("id", "<i8"), ("addr", "<u8"), ("bytes", "<u8"), ("status", "<i4"), ("pad", "<u4")])
+assert DISCARD_DTYPE.itemsize == DISCARD_DONE_DTYPE.itemsize == 32
+#: DISCARD_DONE statuses (enum umrt_discard_status): 0 = the range was dropped; the others say
+#: why bytes were kept (their data is intact and umctl evicts them normally)
+DISCARDED = 0
+KEPT_REASONS = {1: "in_use", 2: "busy", 3: "unsafe", 4: "small", 5: "failed"}
 RECORD_SIZES = {Kind.LAUNCH: 82, Kind.ALLOC: 38, Kind.COPY: 56}   # _Static_assert-ed in umctl_rt.h
 for _k, _n in RECORD_SIZES.items():
     assert DTYPES[_k].itemsize == _n, (_k, DTYPES[_k].itemsize)
@@ -54,8 +65,9 @@ class RuntimeDecoder:
             self.names.append(name)
         return i
 
-    def decode(self, data: bytes, now_ns: int = 0) -> list[tuple[Kind, np.ndarray]]:
-        """The records of one datagram (plus DROPS records when its drop counters grew)."""
+    def decode(self, data: bytes, now_ns: int = 0) -> list[tuple[Kind | int, np.ndarray]]:
+        """The records of one datagram (plus DROPS records when its drop counters grew); a
+        discard answer comes as (DISCARD_DONE_KIND, records)."""
         if len(data) < HEADER_DTYPE.itemsize:
             self.bad += 1
             return []
@@ -72,6 +84,12 @@ class RuntimeDecoder:
             if total > prev:
                 out.append((Kind.DROPS, drops_record(now_ns, k, total - prev)))
                 self._drops[(pid, w)] = total
+        if kind == DISCARD_DONE_KIND:
+            if len(body) != count * DISCARD_DONE_DTYPE.itemsize:
+                self.bad += 1
+                return out
+            out.append((DISCARD_DONE_KIND, np.frombuffer(body, DISCARD_DONE_DTYPE, count=count).copy()))
+            return out
         if kind == NAMES_KIND:
             off = 0
             for _ in range(count):
@@ -192,6 +210,12 @@ class RuntimeSource:
         self._sock: socket.socket | None = None
         self._rcvbuf = rcvbuf
         self.datagrams = 0
+        #: pid -> the address its runtime sends from (autobound when UMCTL_RT_CONTROL=1): where
+        #: requests for that process go
+        self.peers: dict[int, bytes | str] = {}
+        #: discard requests awaiting their answer: id -> (deadline, callback)
+        self._waiting: dict[int, tuple[float, Callable[[np.ndarray | None], None]]] = {}
+        self._next_request = 1
         #: with the runtime's end tracking on (UMCTL_RT_TRACK_END=1): launches at kernel start
         self.starts = KernelStarts() if kernel_starts else None
 
@@ -216,19 +240,80 @@ class RuntimeSource:
         assert self._sock is not None
         while not self._stop.is_set():
             try:
-                data = self._sock.recv(MAX_DGRAM)
+                data, addr = self._sock.recvfrom(MAX_DGRAM)
             except TimeoutError:
+                self._expire()
                 continue
             except OSError:
                 return
-            self._take(data)
+            self._take(data, addr)
+            self._expire()
 
-    def _take(self, data: bytes) -> None:
+    def _take(self, data: bytes, addr: bytes | str | None = None) -> None:
         parts = self.decoder.decode(data, time.monotonic_ns())
+        answered = []
         with self._lock:
             self.datagrams += 1
+            if addr and len(data) >= HEADER_DTYPE.itemsize:
+                self.peers[int(np.frombuffer(data, HEADER_DTYPE, count=1)[0]["pid"])] = addr
             for k, a in parts:
-                self._pending.setdefault(k, []).append(a)
+                if k == DISCARD_DONE_KIND:   # one datagram answers one request
+                    w = self._waiting.pop(int(a["id"][0]), None) if len(a) else None
+                    if w is not None:
+                        answered.append((w[1], a))
+                else:
+                    self._pending.setdefault(k, []).append(a)
+        for cb, a in answered:
+            cb(a)
+
+    def _expire(self) -> None:
+        now = time.monotonic()
+        with self._lock:
+            late = [rid for rid, (t, _) in self._waiting.items() if t <= now]
+            cbs = [self._waiting.pop(rid)[1] for rid in late]
+        for cb in cbs:
+            cb(None)
+
+    def discard_async(self, pid: int, addr: int, nbytes: int, uvm_fd: int,
+                      callback: Callable[[np.ndarray | None], None], timeout: float = 0.5) -> bool:
+        """Ask process ``pid``'s runtime to discard ``[addr, addr + nbytes)`` where that is safe
+        (runtime/umctl_rt.h: UMRT_DISCARD); ``callback`` gets its DISCARD_DONE records, or None
+        if no answer came within ``timeout`` s (then nothing may be taken as discarded), on this
+        source's thread. False (no callback) when the process has no control channel yet or
+        the request could not be sent. Asynchronous because the answer needs this source's
+        thread, and under the control loop's GIL pressure a wait for it took milliseconds."""
+        with self._lock:
+            peer = self.peers.get(pid)
+            rid = self._next_request
+            self._next_request += 1
+            if peer is None or self._sock is None:
+                return False
+            self._waiting[rid] = (time.monotonic() + timeout, callback)
+        h = np.zeros(1, HEADER_DTYPE)
+        h["magic"], h["version"], h["kind"], h["count"], h["pid"] = MAGIC, VERSION, DISCARD_KIND, 1, os.getpid()
+        r = np.zeros(1, DISCARD_DTYPE)
+        r["id"], r["addr"], r["bytes"], r["uvm_fd"] = rid, addr, nbytes, uvm_fd
+        try:
+            self._sock.sendto(h.tobytes() + r.tobytes(), peer)
+        except OSError:   # the process is gone (or its queue is full): keep everything
+            with self._lock:
+                self._waiting.pop(rid, None)
+            return False
+        return True
+
+    def discard(self, pid: int, addr: int, nbytes: int, uvm_fd: int, timeout: float = 0.5) -> np.ndarray | None:
+        """:meth:`discard_async`, waited for: the answer's records, or None."""
+        got: list[np.ndarray | None] = []
+        done = threading.Event()
+
+        def cb(a: np.ndarray | None) -> None:
+            got.append(a)
+            done.set()
+
+        if not self.discard_async(pid, addr, nbytes, uvm_fd, cb, timeout):
+            return None
+        done.wait(timeout + 1.0)
+        return got[0] if got else None
 
     def drain(self) -> EventBatch:
         """Records received since the last call, by kind, with ``names`` = the session's names."""
@@ -258,7 +343,7 @@ class RuntimeSource:
             self._sock.setblocking(False)
             while True:
                 try:
-                    self._take(self._sock.recv(MAX_DGRAM))
+                    self._take(*self._sock.recvfrom(MAX_DGRAM))
                 except OSError:
                     break
             self._sock.close()
@@ -283,4 +368,5 @@ class RuntimeSource:
         self.close()
 
 
-__all__ = ["RuntimeSource", "RuntimeDecoder", "HEADER_DTYPE", "MAGIC"]
+__all__ = ["RuntimeSource", "RuntimeDecoder", "HEADER_DTYPE", "MAGIC", "DISCARD_DTYPE", "DISCARD_DONE_DTYPE",
+           "DISCARDED", "KEPT_REASONS"]
