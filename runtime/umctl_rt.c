@@ -2891,15 +2891,6 @@ static int uvm_discard(int fd, uintptr_t a, size_t n)
 #define DONE_MAX 256
 struct done_list { struct umrt_discard_done r[DONE_MAX]; uint32_t n; u64 kept[UMRT_KEPT_FAILED + 1]; };
 
-static void done_add(struct done_list *d, int64_t id, uintptr_t a, size_t n)
-{
-    if (d->n && d->r[d->n - 1].addr + d->r[d->n - 1].bytes == a) {
-        d->r[d->n - 1].bytes += n;
-        return;
-    }
-    d->r[d->n++] = (struct umrt_discard_done){id, a, n, UMRT_DISCARDED, 0};
-}
-
 /* One request, under the cache lock: discard the safe pages of the cached blocks in the range,
    one ioctl per contiguous run of them; account the rest by why it was kept. */
 static void discard_range(const struct umrt_discard *q, struct done_list *d)
@@ -2957,7 +2948,7 @@ static void discard_range(const struct umrt_discard *q, struct done_list *d)
         }
         if (run_b > run_a && !failed) {   /* the run ends here: drop it */
             if (d->n < DONE_MAX - 6 && uvm_discard(q->uvm_fd, run_a, run_b - run_a))
-                done_add(d, q->id, run_a, run_b - run_a);
+                d->r[d->n++] = (struct umrt_discard_done){q->id, run_a, run_b - run_a, UMRT_DISCARDED, 0};
             else
                 failed = 1, d->kept[UMRT_KEPT_FAILED] += run_b - run_a;
         }

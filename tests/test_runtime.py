@@ -391,6 +391,17 @@ def test_driver_api_managed_allocations_are_reported(built):
     assert set(plain) == {"a", "b", "c"} and stats(err)["driver_wrapped"] == "0"
 
 
+def _discard(src: RuntimeSource, pid: int, addr: int, n: int):
+    """RuntimeSource.discard_async waited for: the answer's records, or None."""
+    import threading
+
+    got, done = [], threading.Event()
+    if not src.discard_async(pid, addr, n, 1000, lambda a: (got.append(a), done.set()), timeout=5.0):
+        return None
+    done.wait(10.0)
+    return got[0] if got else None
+
+
 class _MigrateLog(abi.Ioctl):
     """The uvm actuator's driver seam: logs UVM_MIGRATE (base, length), issues nothing."""
 
@@ -417,7 +428,7 @@ def test_safe_discard_drops_only_idle_cached_blocks(built):
     mb4 = 4 << 20
 
     def ask(src, pid, addr, n):
-        r = src.discard(pid, addr, n, uvm_fd=1000, timeout=5.0)
+        r = _discard(src, pid, addr, n)
         assert r is not None, "the runtime did not answer"
         done = [(int(a), int(b)) for a, b, s in zip(r["addr"], r["bytes"], r["status"]) if s == DISCARDED]
         kept = {KEPT_REASONS[int(s)]: int(b) for b, s in zip(r["bytes"], r["status"]) if s != DISCARDED and b}
@@ -438,7 +449,7 @@ def test_safe_discard_drops_only_idle_cached_blocks(built):
                     break
                 time.sleep(0.01)
             assert p.pid in src.peers
-            assert src.discard(p.pid + 1, b, mb4, 1000) is None   # no such runtime: no answer
+            assert _discard(src, p.pid + 1, b, mb4) is None       # no such runtime: no answer
             # through the uvm actuator, as `umctl run` wires it: the runtime drops b, not a (its
             # last use still queued); then umctl pre-evicts both (b's pages move without a copy)
             io = _MigrateLog()

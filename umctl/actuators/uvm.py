@@ -40,6 +40,14 @@ from ..units import BLOCK_SHIFT, BLOCK_SIZE, CPU
 _OP_RANK = {Op.INVALIDATE: 0, Op.PREEVICT: 1, Op.PREFETCH: 2, Op.ADVISE: 3}
 
 
+def _block_pieces(addr: int, end: int):
+    """``[addr, end)`` split at 2 MiB block boundaries: (block, lo, hi) per block."""
+    b = addr >> BLOCK_SHIFT
+    while (b << BLOCK_SHIFT) < end:
+        yield b, max(addr, b << BLOCK_SHIFT), min(end, (b + 1) << BLOCK_SHIFT)
+        b += 1
+
+
 @dataclass(order=True)
 class _Item:
     """A pending range inside one 2 MiB block."""
@@ -136,11 +144,8 @@ class UvmActuator:
                     self._push(addr >> BLOCK_SHIFT, op, int(c["dst"]), int(c["advice"]), addr, end,
                                int(c["priority"]), cid, now)
                     continue
-                b = addr >> BLOCK_SHIFT
-                while (b << BLOCK_SHIFT) < end:  # split at 2 MiB block boundaries
-                    lo, hi = max(addr, b << BLOCK_SHIFT), min(end, (b + 1) << BLOCK_SHIFT)
+                for b, lo, hi in _block_pieces(addr, end):
                     self._push(b, op, int(c["dst"]), int(c["advice"]), lo, hi, int(c["priority"]), cid, now)
-                    b += 1
             self._trim()
             self._cv.notify()
         return ids
@@ -296,13 +301,10 @@ class UvmActuator:
             now = time.monotonic_ns()
             with self._cv:
                 self.bytes["invalidate"] += sum(n for _, n in done)
-                b = lo >> BLOCK_SHIFT
-                while (b << BLOCK_SHIFT) < hi:
+                for b, s_, e_ in _block_pieces(lo, hi):
                     old = self._by_block.get(b)
                     if old is None or not old.live:
-                        self._push(b, Op.PREEVICT, CPU, 0, max(lo, b << BLOCK_SHIFT),
-                                   min(hi, (b + 1) << BLOCK_SHIFT), 0, -1, now)
-                    b += 1
+                        self._push(b, Op.PREEVICT, CPU, 0, s_, e_, 0, -1, now)
                 self._cv.notify()
 
         try:

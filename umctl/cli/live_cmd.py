@@ -457,7 +457,7 @@ class ControlSpec:
         act = src.actuator(max_bytes_per_s=float(self.rate))
         # Under the runtime (umctl run), invalidations are carried out by the program itself,
         # the only place that knows when a freed block's last kernel has run
-        safe = (self.controller.live_invalidates() and hasattr(probe, "discard")
+        safe = (self.controller.live_invalidates() and hasattr(probe, "discard_async")
                 and getattr(src, "target_fd", -1) >= 0)
         if safe:
             from ..actuators.runtime_discard import RuntimeDiscard

@@ -50,6 +50,12 @@ class BlockTable(PairCorrelationTable):
         self.end: int | None = None
 
 
+def _whole(parts: list[tuple[int, int]]) -> bool:
+    """Whether a block's inactive parts (``_inactive_parts``) cover all of it: only then may
+    the whole block be dropped instead of evicted."""
+    return sum(n for _, n in parts) >= BLOCK_SIZE
+
+
 @dataclass
 class Chain:
     """The prefetching thread's position: walking ``exec_id``'s table at ``block``."""
@@ -132,7 +138,7 @@ class DeepUMController(Controller):
         # "safe_invalidate": actuators/runtime_discard.py), unless -O live_invalidate=false;
         # otherwise it pre-evicts those victims (their data is kept).
         self.live_invalidate_off = (bool(ctx.options.get("live")) and "invalidate" in self.features
-                                    and not (ctx.options.get("safe_invalidate") and self.live_invalidate))
+                                    and not (ctx.options.get("safe_invalidate") and self.live_invalidates()))
 
     def live_invalidates(self) -> bool:
         return self.live_invalidate and "invalidate" in self.features
@@ -412,13 +418,13 @@ class DeepUMController(Controller):
         pre = []
         for b in victims:
             del self.resident[b]
-            dead = self._inactive_parts(b) if self.enabled("invalidate") else []
-            if self.live_invalidate_off and self._inactive_parts(b):
+            parts = self._inactive_parts(b)
+            if self.live_invalidate_off and parts:
                 self.stats_["kept_not_invalidated"] += 1
-            if dead:
-                out.append(commands(Op.INVALIDATE, [a for a, _ in dead], [n_ for _, n_ in dead]))
+            if parts and self.enabled("invalidate"):
+                out.append(commands(Op.INVALIDATE, [a for a, _ in parts], [n_ for _, n_ in parts]))
                 self.stats_["invalidate_blocks"] += 1
-                if sum(n_ for _, n_ in dead) >= BLOCK_SIZE:
+                if _whole(parts):
                     continue
             pre.append(b)
         if pre:
@@ -451,12 +457,10 @@ class DeepUMController(Controller):
         if not self.keeper_invalidate or not self.enabled("invalidate") or not self.inactive or not len(cmds):
             return cmds
         dead = np.array([int(c["op"]) == Op.PREEVICT and int(c["dst"]) == CPU and
-                         sum(n for _, n in self._inactive_parts(int(c["addr"]) >> BLOCK_SHIFT)) >= BLOCK_SIZE
-                         for c in cmds], bool)
+                         _whole(self._inactive_parts(int(c["addr"]) >> BLOCK_SHIFT)) for c in cmds], bool)
         if dead.any():
             cmds = cmds.copy()
             cmds["op"][dead] = Op.INVALIDATE
-            cmds["dst"][dead] = CPU
             self.stats_["keeper_invalidate_blocks"] += int(dead.sum())
         return cmds
 

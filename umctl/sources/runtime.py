@@ -267,6 +267,8 @@ class RuntimeSource:
             cb(a)
 
     def _expire(self) -> None:
+        if not self._waiting:   # the common case, checked per datagram: no request pending
+            return
         now = time.monotonic()
         with self._lock:
             late = [rid for rid, (t, _) in self._waiting.items() if t <= now]
@@ -300,20 +302,6 @@ class RuntimeSource:
                 self._waiting.pop(rid, None)
             return False
         return True
-
-    def discard(self, pid: int, addr: int, nbytes: int, uvm_fd: int, timeout: float = 0.5) -> np.ndarray | None:
-        """:meth:`discard_async`, waited for: the answer's records, or None."""
-        got: list[np.ndarray | None] = []
-        done = threading.Event()
-
-        def cb(a: np.ndarray | None) -> None:
-            got.append(a)
-            done.set()
-
-        if not self.discard_async(pid, addr, nbytes, uvm_fd, cb, timeout):
-            return None
-        done.wait(timeout + 1.0)
-        return got[0] if got else None
 
     def drain(self) -> EventBatch:
         """Records received since the last call, by kind, with ``names`` = the session's names."""
