@@ -28,7 +28,8 @@ from rich.table import Table
 from umctl import UmctlError
 from umctl.sim.core import FAULT_CAUSES
 from umctl.sim.engine import SimResult
-from umctl.sim.replay import parse_mode_options, run_modes
+from umctl.controller.options import parse_mode_options
+from umctl.sim.replay import run_modes
 from umctl.sources.scenario import load_scenario
 
 MODES = ["none", "deepum", "oracle"]

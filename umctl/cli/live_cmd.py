@@ -385,7 +385,7 @@ class ControlSpec:
                  spare_gpus: int, rate: str | None, gpus: int | None = None, live_run: bool = False,
                  budget_sweep: float = 0.0):
         from ..controller.base import make_controller
-        from ..sim.replay import parse_mode_options
+        from ..controller.options import parse_mode_options
         from ..units import parse_size
 
         self.mode = mode or "none"
@@ -411,10 +411,7 @@ class ControlSpec:
                 raise UmctlError("--mode harvest needs --spare-gpus N (the neighbour GPUs whose spare memory it uses) "
                                  "and --budget")
             self.label, self.mode = self.mode, "none"
-        opts = list(options or [])
-        if degree is not None:
-            opts.append(f"{self.mode}.degree={degree}")
-        parsed = parse_mode_options(opts, [self.mode]) if opts else {self.mode: {}}
+        parsed = parse_mode_options(options, [self.mode], degree=degree)
         self.controller = make_controller(self.mode, **parsed[self.mode])
         if self.controller.replay_only:
             raise UmctlError(f"mode {self.mode} needs the future and runs only on replay (umctl replay ... --mode {self.mode})")

@@ -93,7 +93,9 @@ def _run_replay(target: str, modes: str, overrides: dict[str, str], seed: int, p
     from ..report.table import fault_cause_table, replay_table
     from ..sim.calibration import DEFAULT as DEFAULT_CALIBRATION
     from ..sim.calibration import Calibration
-    from ..sim.replay import parse_mode_options, parse_modes, resolve_target, result_rows, run_modes
+    from ..controller.options import parse_mode_options
+    from ..sim.replay import parse_modes, result_rows, run_modes
+    from ..sources.target import resolve_target
 
     check_output_path(png, "figure")
     check_output_path(timeline, "timeline")

@@ -34,7 +34,7 @@ def sweep_command(
     from .main import check_output_path
 
     check_output_path(png, "figure")
-    from ..sim.replay import resolve_target
+    from ..sources.target import resolve_target
     from ..sim.sweep import sweep
     from .main import _describe, _overrides
 

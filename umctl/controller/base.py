@@ -130,13 +130,21 @@ def available_modes() -> list[str]:
     return list(_REGISTRY)
 
 
-def make_controller(mode: str, **options) -> Controller:
+def controller_class(mode: str) -> type[Controller]:
+    """The class registered as ``mode`` (what ``--mode`` names); UmctlError if none is."""
     from .. import UmctlError
 
     _load_builtin()
     cls = _REGISTRY.get(mode)
     if cls is None:
         raise UmctlError(f"unknown mode {mode!r}; available: {', '.join(_REGISTRY)}")
+    return cls
+
+
+def make_controller(mode: str, **options) -> Controller:
+    from .. import UmctlError
+
+    cls = controller_class(mode)
     try:
         return cls(**options)
     except (ValueError, TypeError) as e:  # e.g. -O deepum.degree=x
@@ -156,7 +164,7 @@ def _load_builtin() -> None:
     from .. import controller as pkg
 
     for info in pkgutil.iter_modules(pkg.__path__):
-        if info.name not in ("base", "tables"):
+        if info.name not in ("base", "tables", "options"):
             importlib.import_module(f"{pkg.__name__}.{info.name}")
     _LOADED = True
 

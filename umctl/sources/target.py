@@ -1,0 +1,44 @@
+"""What ``umctl replay`` / ``umctl sweep`` replay: a scenario name, a scenario file or a trace
+file, turned into a :class:`~umctl.sources.workload.Workload`."""
+
+from __future__ import annotations
+
+import os
+
+from .. import UmctlError
+from .workload import Workload
+
+
+def is_trace_path(target: str) -> bool:
+    """A trace by its suffix, or by parquet's magic for a file named otherwise."""
+    if target.endswith(".parquet"):
+        return True
+    if os.path.isfile(target):
+        with open(target, "rb") as f:
+            return f.read(4) == b"PAR1"
+    return False
+
+
+def resolve_target(target: str, overrides: dict[str, str] | None = None) -> Workload:
+    """Scenario name, scenario file (``file.toml[:name]``) or trace file -> Workload."""
+    overrides = dict(overrides or {})
+    if is_trace_path(target):
+        from ..events.trace import read_trace
+        from .tracefile import workload_from_trace
+        from ..units import parse_size
+
+        gpu_mem = overrides.pop("gpu_mem", None)
+        oversub = overrides.pop("oversub", None)
+        for ignored in ("seed",):
+            overrides.pop(ignored, None)
+        if overrides:
+            raise UmctlError(f"scenario parameters do not apply to a trace file: {', '.join(overrides)}")
+        try:
+            return workload_from_trace(read_trace(target),
+                                       gpu_mem=parse_size(gpu_mem) if gpu_mem else None,
+                                       oversub=float(oversub) if oversub else None)
+        except ValueError as e:
+            raise UmctlError(f"{target}: {e}") from None
+    from .scenario import load_scenario
+
+    return load_scenario(target, overrides)
