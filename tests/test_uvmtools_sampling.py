@@ -12,7 +12,7 @@ import pytest
 from umctl.events.schema import EventBatch, Kind, empty
 from umctl.sources.uvmtools import LiveError, UvmToolsSource, abi
 from umctl.sources.uvmtools.sampling import Sampler, parse_sample
-from umctl.tui.top import LiveStats
+from umctl.live.stats import LiveStats
 
 from test_uvmtools_source import PID, fake_io, gpu_faults, run_cli, target  # noqa: F401
 
