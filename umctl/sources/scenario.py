@@ -267,6 +267,11 @@ def load_scenario(target: str, overrides: dict[str, str] | None = None) -> Workl
     (``--param key=value``, ``--oversub``, ``--gpu-mem``, ``--iters``, ``--seed``) applied."""
     info = find_scenario(target)
     params = resolve_params(info, overrides)
+    given = {ALIASES.get(k.strip().replace("-", "_"), k.strip().replace("-", "_")) for k in (overrides or {})}
+    if params.get("scale") == "full" and "full_gpu_mem" in params and "gpu_mem" not in given:
+        # At the model's real size the simulated GPU is the one the paper ran on, not the small
+        # default that scaled scenarios are shrunk to fit.
+        params["gpu_mem"] = params["full_gpu_mem"]
     try:
         w = GENERATORS[info.generator](Params(params))
     except ParamError as e:

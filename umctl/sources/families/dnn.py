@@ -10,9 +10,12 @@ first iteration; that is what gives DeepUM's execution IDs (kernel name + argume
 same sequence every iteration, and what its invalidation of inactive PT blocks (§5.2) feeds on:
 a MEM BLOCK_INACTIVE after a tensor's last use, BLOCK_ACTIVE before the block's next write.
 
-The full-size model's tensors are scaled by one factor so the managed footprint is
-``oversub x gpu_mem``; kernel times are computed on the full-size model and scaled by the same
-factor, so the compute : transfer ratio is the real model's.
+With ``scale = "fit"`` (the default) the full-size model's tensors are scaled by one factor so
+the managed footprint is ``oversub x gpu_mem``; kernel times are computed on the full-size model
+and scaled by the same factor, so the compute : transfer ratio is the real model's. With
+``scale = "full"`` nothing is scaled: every tensor has the size it has in the real fp32 run (so
+``oversub`` is whatever the model's footprint makes it on ``gpu_mem``), which is the regime the
+papers' tables were measured in (docs/fidelity.md).
 """
 
 from __future__ import annotations
@@ -58,6 +61,8 @@ class NetOp:
     rows: int = 0                   # GATHER: table rows (row bytes = weight / rows)
     lookups: int = 0                # GATHER: rows looked up per iteration
     sparse: bool = False            # GATHER: sparse gradient, only looked-up rows updated (DLRM)
+    saved: float = 0.0              # what autograd keeps besides the output (dropout masks, the
+                                    # intermediates of a GELU written as Python ops), read by backward
 
     @property
     def row_bytes(self) -> int:
@@ -82,8 +87,8 @@ class Net:
              shares: int = -1) -> int:
         return self.add(name, OpKind.GEMM, out, inputs, weight=float(weight), shares=shares, flops=float(flops))
 
-    def elem(self, name: str, inputs: list[int], out: float, weight: float = 0.0) -> int:
-        return self.add(name, OpKind.ELEM, out, inputs, weight=float(weight))
+    def elem(self, name: str, inputs: list[int], out: float, weight: float = 0.0, saved: float = 0.0) -> int:
+        return self.add(name, OpKind.ELEM, out, inputs, weight=float(weight), saved=float(saved))
 
     def gather(self, name: str, index: int, rows: int, row_bytes: int, lookups: int, out: float,
                sparse: bool = False) -> int:
@@ -104,10 +109,18 @@ def transformer_net(p: dict) -> Net:
     embeddings, ``layers`` blocks (LN, QKV, attention scores and context as batched GEMMs with
     the b x heads x s x s probabilities saved, projection, residual, LN, 4h MLP with GELU), a
     final LN and the vocabulary head tied to the token embedding; log-softmax and NLL over all
-    tokens (BERT's MLM head adds a dense + LN transform first). Activation sizes follow the
-    usual per-layer count s*b*h*(34 + 5*a*s/h) halves, here in fp32."""
+    tokens (BERT's MLM head adds a dense + LN transform first).
+
+    Saved tensors follow the Hugging Face implementations in fp32: with ``dropout`` each dropout
+    keeps a one-byte mask per element (a quarter of an fp32 activation), the attention dropout
+    also its output; ``gelu = "gelu_new"`` (GPT-2's tanh approximation, written as Python
+    tensor ops) keeps three more 4h-wide intermediates for backward (tanh, 0.5x, 1 + tanh), where
+    BERT's fused ``gelu`` keeps only its input."""
     b, s, h, a, L, V = p["batch"], p["seq_len"], p["hidden"], p["heads"], p["layers"], p["vocab"]
     head = choice(p, "head", ("lm", "mlm"))
+    kinds = {"gelu": p.get("gelu", "gelu"), "dropout": p.get("dropout", True)}
+    gelu_saved = {"gelu": 0.0, "gelu_new": 3.0}[choice(kinds, "gelu", ("gelu", "gelu_new"))]
+    mask = 0.25 if kinds["dropout"] else 0.0   # bool mask per fp32 element
     for key in ("batch", "seq_len", "hidden", "heads", "layers", "vocab"):
         at_least(p, key, 1)
     T = b * s
@@ -115,21 +128,21 @@ def transformer_net(p: dict) -> Net:
     net = Net()
     tokens = net.input("input_ids", T * INDEX_BYTES)
     emb = net.gather("embedding_lookup", tokens, rows=V, row_bytes=h * F32, lookups=T, out=act)
-    x = net.elem("add_position_embedding", [emb], act, weight=s * h * F32)
+    x = net.elem("add_position_embedding", [emb], act, weight=s * h * F32, saved=mask * act)
     for _ in range(L):
         net.next_layer()
         ln1 = net.elem("layer_norm", [x], act, weight=2 * h * F32)
         qkv = net.gemm("gemm_qkv", [ln1], 3 * act, 2 * T * h * 3 * h, weight=(3 * h * h + 3 * h) * F32)
         scores = net.gemm("bgemm_attn_scores", [qkv], b * a * s * s * F32, 2 * b * s * s * h)
-        probs = net.elem("softmax_dropout", [scores], b * a * s * s * F32)
+        probs = net.elem("softmax_dropout", [scores], b * a * s * s * F32, saved=mask * b * a * s * s * F32)
         ctx = net.gemm("bgemm_attn_context", [probs, qkv], act, 2 * b * s * s * h)
         proj = net.gemm("gemm_attn_proj", [ctx], act, 2 * T * h * h, weight=(h * h + h) * F32)
-        r1 = net.elem("dropout_add_residual", [proj, x], act)
+        r1 = net.elem("dropout_add_residual", [proj, x], act, saved=mask * act)
         ln2 = net.elem("layer_norm", [r1], act, weight=2 * h * F32)
         fc1 = net.gemm("gemm_mlp_fc1", [ln2], 4 * act, 8 * T * h * h, weight=(4 * h * h + 4 * h) * F32)
-        gelu = net.elem("gelu", [fc1], 4 * act)
+        gelu = net.elem("gelu", [fc1], 4 * act, saved=gelu_saved * 4 * act)
         fc2 = net.gemm("gemm_mlp_fc2", [gelu], act, 8 * T * h * h, weight=(4 * h * h + h) * F32)
-        x = net.elem("dropout_add_residual", [fc2, r1], act)
+        x = net.elem("dropout_add_residual", [fc2, r1], act, saved=mask * act)
     net.next_layer()
     x = net.elem("layer_norm", [x], act, weight=2 * h * F32)
     if head == "mlm":
@@ -198,10 +211,11 @@ class Space(enum.Enum):
     A = "activation"          # forward output, saved for backward (transient)
     D = "activation_grad"     # gradient of an activation (transient)
     S = "sparse_grad"         # sparse embedding gradient values (transient)
+    X = "saved_for_backward"  # an op's saved intermediates besides its output (transient)
     H = "host_staging"        # pinned host buffer the data loader fills
 
 
-TRANSIENT = (Space.A, Space.D, Space.S)
+TRANSIENT = (Space.A, Space.D, Space.S, Space.X)
 
 
 @dataclass(frozen=True)
@@ -254,7 +268,8 @@ def trace(net: Net, optimizer: str) -> list[Step]:
             reads += (Ref(Space.W, i, rows=True),)
         elif w >= 0:
             reads = (Ref(Space.W, w),) + reads
-        steps.append(Step(OpType.KERNEL, op.name, i, reads, (Ref(Space.A, i),), op.flops))
+        saved = (Ref(Space.X, i),) if op.saved > 0 else ()
+        steps.append(Step(OpType.KERNEL, op.name, i, reads, (Ref(Space.A, i),) + saved, op.flops))
 
     consumed = {j for op in ops for j in op.inputs}
     born: set[int] = set()  # activations whose gradient exists already (later writers accumulate)
@@ -288,6 +303,7 @@ def trace(net: Net, optimizer: str) -> list[Step]:
                 steps.append(Step(OpType.KERNEL, f"{op.name}_backward{k}", i, gout + others + acc, (d,), op.flops))
         else:
             reads = gout + tuple(Ref(Space.A, j) for j in op.inputs) + ((Ref(Space.W, w),) if w >= 0 else ())
+            reads += (Ref(Space.X, i),) if op.saved > 0 else ()
             writes: tuple[Ref, ...] = ()
             for j in targets:
                 acc, d = grad_of(j)
@@ -322,6 +338,8 @@ def natural_bytes(net: Net, ref: Ref) -> float:
         return float(op.lookups * op.row_bytes)
     if ref.space in (Space.W, Space.G, Space.M, Space.V):
         return op.weight
+    if ref.space is Space.X:
+        return op.saved
     return op.out
 
 
@@ -384,11 +402,12 @@ class Layout:
     footprint: dict[str, int]       # managed bytes per space
 
 
-def layout(b: WorkloadBuilder, net: Net, steps: list[Step], optimizer: str, footprint: int, *,
+def layout(b: WorkloadBuilder, net: Net, steps: list[Step], optimizer: str, footprint: int | None, *,
            pid: int, gpu: int) -> Layout:
-    """Scale the model to ``footprint`` managed bytes and allocate it: weights (host-initialised,
-    loaded by the script), gradients and optimizer state (zero-filled on first touch), one
-    segment of allocator blocks for the transient tensors, and pinned host staging buffers."""
+    """Scale the model to ``footprint`` managed bytes (None: keep its real size) and allocate it:
+    weights (host-initialised, loaded by the script), gradients and optimizer state (zero-filled
+    on first touch), one segment of allocator blocks for the transient tensors, and pinned host
+    staging buffers."""
     ops = net.ops
     owners = [i for i, op in enumerate(ops) if op.weight > 0]
     persistent: list[Ref] = [Ref(Space.W, i) for i in owners]
@@ -399,7 +418,7 @@ def layout(b: WorkloadBuilder, net: Net, steps: list[Step], optimizer: str, foot
     sizes = {r: natural_bytes(net, r) for r in transient}
     assign, block_sizes = plan_pool(steps, sizes)
     natural = [natural_bytes(net, r) for r in persistent] + block_sizes
-    scale = fit_scale(natural, footprint)
+    scale = 1.0 if footprint is None else fit_scale(natural, footprint)
 
     tensors: dict[Ref, Buffer] = {}
     fp: dict[str, int] = {}
@@ -432,7 +451,7 @@ def lookup_pages(rng: np.random.Generator, op: NetOp, table: Buffer, scale: floa
     return first_touch(byte_pages(first_page(table), lo, lo + op.row_bytes))
 
 
-def job(b: WorkloadBuilder, params: dict, net: Net, *, footprint: int, pid: int = 0, gpu: int = 0,
+def job(b: WorkloadBuilder, params: dict, net: Net, *, footprint: int | None, pid: int = 0, gpu: int = 0,
         meta: dict | None = None) -> Iterator[Tick]:
     """Emit ``params['iterations']`` training iterations of ``net`` into ``b``, one operation per
     tick (the multi-tenant generator interleaves several jobs this way). ``meta`` receives the
@@ -503,12 +522,16 @@ def training_job(b: WorkloadBuilder, params: dict, *, footprint: int, pid: int =
 
 
 def single_gpu(params: dict, make_job: Callable[..., Iterator[Tick]]) -> Workload:
-    """A one-GPU workload from a job sized to ``oversub x gpu_mem``."""
+    """A one-GPU workload from a job sized to ``oversub x gpu_mem`` (``scale = "fit"``) or at the
+    model's real size (``scale = "full"``)."""
     check_common(params)
+    full = choice({"scale": params.get("scale", "fit")}, "scale", ("fit", "full")) == "full"
     b = WorkloadBuilder("scenario", gpu_mem=params["gpu_mem"])
     meta: dict = {}
-    drain(make_job(b, params, footprint=int(params["oversub"] * params["gpu_mem"]), meta=meta))
-    return b.build(meta=meta)
+    drain(make_job(b, params, footprint=None if full else int(params["oversub"] * params["gpu_mem"]), meta=meta))
+    w = b.build(meta=meta)
+    w.meta["footprint_oversub"] = w.managed_bytes / params["gpu_mem"]
+    return w
 
 
 def generate(params: dict) -> Workload:
