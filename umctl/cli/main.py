@@ -40,12 +40,14 @@ def _mount_subcommands() -> None:
         return
     _mounted = True
     from .live_cmd import attach_command, record_command, run_command, top_command
+    from .exporter_cmd import exporter_command
     from .scenarios_cmd import scenarios_command
     from .sweep_cmd import sweep_command
     from .trace_cmd import app as trace_app
 
     app.command("attach")(attach_command)
     app.command("top")(top_command)
+    app.command("exporter")(exporter_command)
     app.command("record")(record_command)
     app.command("run", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})(run_command)
     app.command("sweep")(sweep_command)

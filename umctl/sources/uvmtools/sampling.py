@@ -105,6 +105,12 @@ class Sampler:
         self.on = want
         self.toggles += 1
 
+    def on_time(self) -> float:
+        """Seconds collected so far, the open window included: the exporter scales each
+        interval's counts by its elapsed time over its growth in this."""
+        now = self.clock()
+        return self._on_s + (now - self._edge if self.on else 0.0)
+
     def fraction(self) -> float:
         """Measured fraction of the time events were on (1.0 when not sampling)."""
         if self.duty >= 1:
