@@ -1,7 +1,7 @@
 #!/bin/bash
 # Device sessions of the live-control and live-observation issues, one section per measurement.
 #   bash tests/gpu/run_control.sh [SECTION ...]     (default: every section; logs to $OUT)
-# Sections: calibrate runtime hum humnvcc humab whyfaults gputests torch layers harvest tenants kill overhead2 overhead3 sampling replay core
+# Sections: calibrate runtime hum humnvcc humab whyfaults gputests torch layers harvest tenants kill overhead2 overhead3 sampling replay fidelity core
 cd "$(dirname "$0")/../.."
 export OUT=${OUT:-/tmp/umctl_out} PYTHONUNBUFFERED=1 PIP_ROOT_USER_ACTION=ignore
 [ -f .umctl_gpu/libbpf.so.1 ] && export UMCTL_LIBBPF=$PWD/.umctl_gpu/libbpf.so.1
@@ -85,6 +85,9 @@ PY
     done; done ;;
   snurhac)   # tracker 8a: gemm/gesummv/stencil over 1/2/4 GPUs under the runtime's grid partitioning vs the simulator
     timeout -k 5 400 python3 benchmarks/gpu/snurhac_real.py --budget 280 --json "$OUT/snurhac_real.json" 2>&1 | tail -45 ;;
+  fidelity)   # issue 23 item 5: four real workloads recorded, replayed with none, compared; the access-pattern probes
+    timeout -k 5 ${FID_S:-420} python3 benchmarks/gpu/fidelity_real.py record --out "$OUT/real" ${FID_ONLY:+--only $FID_ONLY} 2>&1
+    [ -n "$FID_PROBE" ] && timeout -k 5 150 python3 benchmarks/gpu/fidelity_real.py probe --out "$OUT/real" 2>&1 ;;
   core)   # CO-RE relocations of the fault-path programs against this machine's live nvidia_uvm BTF
     timeout -k 5 60 python3 tools/core_check.py ;;
   *) echo "unknown section $s" ;;

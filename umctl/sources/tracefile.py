@@ -58,7 +58,8 @@ class _Names:
         return self._index[name]
 
 
-def workload_from_trace(trace: Trace, *, gpu_mem: int | None = None, oversub: float | None = None) -> Workload:
+def workload_from_trace(trace: Trace, *, gpu_mem: int | None = None, oversub: float | None = None,
+                        span: tuple[int, int] | None = None) -> Workload:
     """The workload a trace describes, for the simulator to replay.
 
     Kernel ``compute_ns`` is LAUNCH ``t_end_ns - t_ns`` where the end was recorded, else the
@@ -74,25 +75,37 @@ def workload_from_trace(trace: Trace, *, gpu_mem: int | None = None, oversub: fl
     blocks it touches, since the driver backs and evicts memory in 2 MiB chunks) divided by
     ``oversub``; else what the trace metadata says (see :func:`_recorded_gpu_mem`); else
     TraceError.
+
+    ``span`` (CLOCK_MONOTONIC ns, the clock of every trace) replays only that part of the
+    recording, by default the trace metadata's ``measured_span_ns`` when it has one: the span a
+    program timed itself over (tests/gpu/wl_*.py print theirs), so a replay compares with the
+    program's own measurement and not with its start-up (CUDA, cuBLAS and module loading before
+    the span) or its exit (allocator frees after it). Events outside the span are left out,
+    except allocations made before it (still live in it); the last kernel runs until the span's
+    end at most, and the host time from the span's start to its first GPU work comes first.
     """
-    counts = trace.counts()
+    if span is None:
+        span = _meta_span(trace.meta)
+    ev = _SpanEvents(trace, span)
+    counts = {k: len(ev(k)) for k in (Kind.ACCESS, Kind.FAULT)}
     names = _Names(trace.names)
-    launches = np.sort(trace.events(Kind.LAUNCH), order="t_ns", kind="stable")
-    t_end = trace.time_span_ns()[1]
+    launches = np.sort(ev(Kind.LAUNCH), order="t_ns", kind="stable")
+    t_end = trace.time_span_ns()[1] if span is None else int(span[1])
     acc_batch = None
     if counts[Kind.ACCESS]:
-        kernels, acc_page, acc_write = _from_accesses(trace.events(Kind.ACCESS), launches, names, t_end)
+        kernels, acc_page, acc_write = _from_accesses(ev(Kind.ACCESS), launches, names, t_end)
         derived_from = "access events"
     elif counts[Kind.FAULT]:
-        kernels, acc_page, acc_write, acc_batch = _from_faults(trace.events(Kind.FAULT), launches, names, t_end)
-        _subtract_recorded_stalls(kernels, trace.events(Kind.REPLAY))
+        kernels, acc_page, acc_write, acc_batch = _from_faults(ev(Kind.FAULT), launches, names, t_end)
+        _subtract_recorded_stalls(kernels, ev(Kind.REPLAY))
         derived_from = "fault events"
     else:
-        raise TraceError(f"{trace.path}: nothing to replay (the trace has no access or fault events)")
-    bursts = _host_bursts(trace.events(Kind.CPU_FAULT), kernels, launches, len(acc_page))
+        raise TraceError(f"{trace.path}: nothing to replay (the trace has no access or fault events"
+                         f"{' in its measured span' if span is not None else ''})")
+    bursts = _host_bursts(ev(Kind.CPU_FAULT), kernels, launches, len(acc_page))
     if bursts is not None and acc_batch is not None:
         acc_page, acc_write, acc_batch = _reread_after_bursts(kernels, acc_page, acc_write, acc_batch, bursts)
-        bursts = _host_bursts(trace.events(Kind.CPU_FAULT), kernels, launches, len(acc_page))
+        bursts = _host_bursts(ev(Kind.CPU_FAULT), kernels, launches, len(acc_page))
     if bursts is not None:
         _cap_at_bursts(kernels, launches, bursts)
         acc_page = np.concatenate([acc_page, bursts.pages])
@@ -100,13 +113,15 @@ def workload_from_trace(trace: Trace, *, gpu_mem: int | None = None, oversub: fl
         if acc_batch is not None:
             acc_batch = np.concatenate([acc_batch, np.full(len(bursts.pages), -1, np.int64)])
 
-    alloc_events = np.sort(trace.events(Kind.ALLOC), order="t_ns", kind="stable")
-    copies = trace.events(Kind.COPY)
+    alloc_events = np.sort(ev(Kind.ALLOC), order="t_ns", kind="stable")
+    copies = ev(Kind.COPY)
     acc_pid = np.repeat(kernels["pid"], kernels["acc_hi"] - kernels["acc_lo"])
     if bursts is not None:
         acc_pid = np.concatenate([acc_pid, bursts.page_pid])
     allocations = _allocations(alloc_events, acc_page, acc_pid, names)
     ops = _program_order(kernels, alloc_events, allocations, copies, bursts)
+    if span is not None:
+        ops = _lead_in(ops, span, kernels, copies, bursts)
 
     gpu_cols = [kernels["gpu"], copies["gpu"]]
     n_gpus = max(1, max((int(g.max()) + 1 for g in gpu_cols if len(g)), default=1))
@@ -120,6 +135,8 @@ def workload_from_trace(trace: Trace, *, gpu_mem: int | None = None, oversub: fl
     params = meta.get("params")
     meta.update(source=str(trace.path), derived_from=derived_from, capacity_from=capacity_from,
                 footprint_bytes=footprint)
+    if span is not None:
+        meta["replayed_span_ns"] = [int(span[0]), int(span[1])]
     w = Workload(
         name=scenario if isinstance(scenario, str) and scenario else trace.path.stem,
         ops=ops, acc_page=acc_page, acc_write=acc_write, allocations=allocations, names=names.names,
@@ -131,6 +148,59 @@ def workload_from_trace(trace: Trace, *, gpu_mem: int | None = None, oversub: fl
     except ValueError as e:
         raise TraceError(f"{trace.path}: cannot replay this trace ({e})") from e
     return w
+
+
+# -- the measured span ----------------------------------------------------------------------
+
+#: Trace metadata key: [t0, t1] CLOCK_MONOTONIC ns, the span the recorded program measured.
+SPAN_META_KEY = "measured_span_ns"
+
+
+def _meta_span(meta: dict) -> tuple[int, int] | None:
+    v = meta.get(SPAN_META_KEY)
+    if v is None:
+        return None
+    if (not isinstance(v, list) or len(v) != 2 or not all(isinstance(x, int) and not isinstance(x, bool) for x in v)
+            or v[1] <= v[0]):
+        raise TraceError(f"{SPAN_META_KEY} in the trace metadata must be [t0, t1] in ns with t0 < t1 (got {v!r})")
+    return int(v[0]), int(v[1])
+
+
+class _SpanEvents:
+    """A trace's events of one kind, cut to a span: every kind by its ``t_ns``, except that
+    allocator events from before the span stay (what was allocated then is live in it)."""
+
+    def __init__(self, trace: Trace, span: tuple[int, int] | None):
+        self.trace, self.span = trace, span
+        if span is not None and not span[0] < span[1]:
+            raise UmctlError(f"replay span must have t0 < t1 (got {span[0]}, {span[1]})")
+
+    def __call__(self, kind: Kind) -> np.ndarray:
+        e = self.trace.events(kind)
+        if self.span is None or len(e) == 0:
+            return e
+        keep = e["t_ns"] <= self.span[1]
+        if kind != Kind.ALLOC:
+            keep &= e["t_ns"] >= self.span[0]
+        return e[keep]
+
+
+def _lead_in(ops: np.ndarray, span: tuple[int, int], kernels: np.ndarray, copies: np.ndarray,
+             bursts: "_Bursts | None") -> np.ndarray:
+    """Prepend the host time from the span's start to its first GPU work (a kernel launch, a
+    copy, a host burst): the program's set-up inside the span (building a model on the CPU,
+    say), which no recorded event carries."""
+    firsts = [a.min() for a in (kernels["t_ns"], copies["t_ns"], bursts.t0 if bursts is not None else None)
+              if a is not None and len(a)]
+    lead = int(min(firsts)) - int(span[0]) if firsts else 0
+    if lead <= 0:
+        return ops
+    h = np.zeros(1, dtype=OP_DTYPE)
+    h["type"], h["gpu"], h["compute_ns"], h["name_id"], h["alloc_id"] = OpType.HOST, -1, lead, -1, -1
+    h["grid"] = h["block"] = 1
+    if len(ops):
+        h["pid"] = ops["pid"][0]
+    return np.concatenate([h, ops])
 
 
 # -- kernels and their accesses -------------------------------------------------------------
