@@ -1,0 +1,81 @@
+"""Unscaled scenarios and the seeds' testbed calibration (issue 23): the model at its real size on
+the paper's GPU, and a calibration whose every constant says where it comes from."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from umctl import UmctlError
+from umctl.sim.calibration import Calibration
+from umctl.sources.families import dnn
+from umctl.sources.families.common import Params
+from umctl.sources.scenario import find_scenario, load_scenario, resolve_params
+from umctl.units import GiB, MiB
+
+CALIBRATIONS = Path(__file__).resolve().parents[1] / "umctl" / "sim" / "calibrations"
+TINY = {"layers": "2", "hidden": "64", "heads": "2", "seq_len": "32", "vocab": "1000", "batch": "2",
+        "iterations": "1"}
+
+
+def natural_footprint(name: str, overrides: dict) -> float:
+    """The model's bytes as the generator plans them before any scaling (persistent + pool)."""
+    p = Params(resolve_params(find_scenario(name), overrides))
+    net = dnn.NETS[p["arch"]](p)
+    steps = dnn.trace(net, p["optimizer"])
+    owners = [i for i, op in enumerate(net.ops) if op.weight > 0]
+    pers = [dnn.Ref(s, i) for i in owners for s in (dnn.Space.W, dnn.Space.G) + dnn.OPTIMIZERS[p["optimizer"]]]
+    sizes = {r: dnn.natural_bytes(net, r) for r in dnn.lifetimes(steps)}
+    _assign, blocks = dnn.plan_pool(steps, sizes)
+    return sum(dnn.natural_bytes(net, r) for r in pers) + sum(blocks)
+
+
+def test_full_scale_keeps_the_real_sizes_on_the_papers_gpu() -> None:
+    w = load_scenario("gpt2-l", {**TINY, "scale": "full"})
+    assert w.gpu_mem == [int(31.25 * GiB)]          # full_gpu_mem, not the 512 MiB default
+    natural = natural_footprint("gpt2-l", TINY)
+    # page rounding only: every tensor at least its natural size, at most one page more
+    assert natural <= w.managed_bytes < natural * 1.05 + 64 * 4096
+    assert w.meta["scale"] == 1.0
+    assert w.meta["footprint_oversub"] == pytest.approx(w.managed_bytes / (31.25 * GiB))
+
+
+def test_full_scale_gpu_mem_given_on_the_command_line_wins() -> None:
+    w = load_scenario("gpt2-l", {**TINY, "scale": "full", "gpu_mem": "16GiB"})
+    assert w.gpu_mem == [16 * GiB]
+
+
+def test_fit_scale_is_the_default_and_shrinks_to_oversub_x_gpu_mem() -> None:
+    w = load_scenario("gpt2-l", {**TINY, "gpu_mem": "64MiB", "oversub": "2"})
+    assert w.meta["scale"] != 1.0        # the tiny model is blown up to the target, as any is fitted
+    assert w.managed_bytes == pytest.approx(128 * MiB, rel=0.02)
+
+
+def test_bad_scale_is_one_line() -> None:
+    with pytest.raises(UmctlError, match="scale must be one of fit, full"):
+        load_scenario("gpt2-l", {**TINY, "scale": "huge"})
+
+
+def test_gpt2_keeps_gelu_new_intermediates_and_dropout_masks() -> None:
+    """GPT-2's tanh GELU keeps three 4h-wide tensors more than BERT's fused GELU, and a dropout
+    keeps a byte mask per element: Hugging Face's autograd, which sets the paper's footprints."""
+    base = natural_footprint("gpt2-l", TINY)
+    plain = natural_footprint("gpt2-l", {**TINY, "gelu": "gelu"})
+    nodrop = natural_footprint("gpt2-l", {**TINY, "gelu": "gelu", "dropout": "false"})
+    assert base > plain > nodrop
+
+
+@pytest.mark.parametrize("name", ["v100-pcie3", "p3-v100-nvlink"])
+def test_paper_testbed_calibrations_give_a_source_for_every_constant(name: str) -> None:
+    path = CALIBRATIONS / f"{name}.json"
+    if not path.exists():
+        pytest.skip(f"{name} not shipped")
+    doc = json.loads(path.read_text())
+    fields = set(doc["calibration"])
+    assert fields == set(Calibration.__dataclass_fields__), "a paper calibration sets every constant"
+    sources = doc["sources"]
+    assert fields <= set(sources), f"no source for {sorted(fields - set(sources))}"
+    assert all(len(str(sources[f])) > 20 for f in fields)
+    Calibration.load(name)   # loads by name
