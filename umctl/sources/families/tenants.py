@@ -35,6 +35,7 @@ def generate(params: dict) -> Workload:
     check(0 <= params["spare"] < 1, f"spare must be in [0, 1) (got {params['spare']})")
     check(len(params["neighbours"]) >= 1, "neighbours must name at least one scenario")
     check(params["neighbour_iterations"] >= 1, "neighbour_iterations must be at least 1")
+    check(params.get("job_hbm_gbps", 0) >= 0, f"job_hbm_gbps must not be negative (got {params.get('job_hbm_gbps')})")
     harvesters = [params["harvester"]] + list(params.get("co_harvesters", []))
     h = len(harvesters)
     check(h < n, f"{h} harvesters leave no neighbour on {n} GPUs: raise tenants")
@@ -56,6 +57,8 @@ def generate(params: dict) -> Workload:
         sub = Params(resolve_params(info, {}))
         sub.update(seed=params["seed"] + t,
                    iterations=params["iterations"] if harvests else params["neighbour_iterations"])
+        if params.get("job_hbm_gbps", 0) > 0:   # the jobs run on another GPU than their own defaults'
+            sub.update(hbm_gbps=params["job_hbm_gbps"])
         if harvests:
             ratio = hover[t] if t < len(hover) else params["oversub"]
         else:
