@@ -70,7 +70,16 @@ def umctl_run(trace: Path, argv: list[str], timeout: float) -> subprocess.Comple
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=ROOT)
 
 
-def record(name: str, out: Path, timeout: float = 300) -> Path:
+def bare_run(argv: list[str], timeout: float) -> subprocess.CompletedProcess:
+    """The same program under the runtime (managed memory) but without umctl attached: no
+    tools-API events are delivered, so this is the program's time without the recording."""
+    from umctl.runtime import child_env
+
+    return subprocess.run([sys.executable, *argv], capture_output=True, text=True, timeout=timeout, cwd=ROOT,
+                          env=child_env(managed=True))
+
+
+def record(name: str, out: Path, timeout: float = 300, bare: int = 1) -> Path:
     """Record one workload into out/NAME.parquet (+ NAME.json); returns the trace path."""
     script, args = WORKLOADS[name]
     raw = out / f"{name}.raw.parquet"
@@ -91,6 +100,11 @@ def record(name: str, out: Path, timeout: float = 300) -> Path:
         gpu = tr.meta.get("gpu")
         info["device"] = gpu[0]["name"] if isinstance(gpu, list) and gpu and isinstance(gpu[0], dict) else None
         info["driver"] = tr.meta.get("driver")
+    info["bare_ms"] = []
+    for _ in range(bare):
+        b = bare_run([script, *args], timeout)
+        if _DONE.search(b.stdout):
+            info["bare_ms"].append(parse_done(b.stdout)[0])
     (out / f"{name}.json").write_text(json.dumps(info, indent=1) + "\n")
     return trace
 
@@ -124,13 +138,18 @@ def replay(trace: Path, span: tuple[int, int] | None = None) -> dict:
             "calibration": calib.name}
 
 
+def error_pct(row: dict) -> float:
+    """Replayed against the recorded run's own measurement, in %."""
+    return (row["replayed_ms"] - row["measured_ms"]) / row["measured_ms"] * 100
+
+
 def table(rows: list[dict]) -> str:
-    head = (f"{'run':<22} {'measured':>10} {'replayed':>10} {'error':>7}   {'rec. stall':>10} {'sim stall':>10}"
-            f" {'rec. batches':>12} {'sim batches':>11}")
+    head = (f"{'run':<32} {'measured':>10} {'replayed':>10} {'error':>7} {'unrecorded':>10}   {'rec. stall':>10}"
+            f" {'sim stall':>10} {'rec. batches':>12} {'sim batches':>11}")
     lines = [head, "-" * len(head)]
     for r in rows:
-        err = (r["replayed_ms"] - r["measured_ms"]) / r["measured_ms"] * 100
-        lines.append(f"{r['name']:<22} {r['measured_ms']:>8.1f}ms {r['replayed_ms']:>8.1f}ms {err:>+6.1f}%   "
+        bare = f"{min(r['bare_ms']):>8.1f}ms" if r.get("bare_ms") else f"{'-':>10}"
+        lines.append(f"{r['name']:<32} {r['measured_ms']:>8.1f}ms {r['replayed_ms']:>8.1f}ms {error_pct(r):>+6.1f}% {bare}   "
                      f"{r['rec_stall_ms']:>8.1f}ms {r['sim_stall_ms']:>8.1f}ms {r['rec_batches']:>12,} {r['sim_batches']:>11,}")
     return "\n".join(lines)
 
@@ -144,11 +163,18 @@ def replay_dir(d: Path) -> list[dict]:
             continue
         info = json.loads(js.read_text())
         if "phases" in info:   # a probe recording: one row per phase, each over its own span
+            from umctl.events.trace import TraceError
+
             for ph in info["phases"]:
-                row = replay(trace, tuple(ph["span_ns"]))
-                rows.append({"name": f"probe {ph['name']}", "measured_ms": ph["measured_ms"], **row})
+                try:
+                    row = replay(trace, tuple(ph["span_ns"]))
+                except TraceError:   # a phase without GPU faults (resident data) has nothing to replay
+                    continue
+                rows.append({"name": f"probe {ph['name']}", "measured_ms": ph["measured_ms"],
+                             "bare_ms": ph.get("bare_ms", []), **row})
         else:
-            rows.append({"name": info["workload"], "measured_ms": info["measured_ms"], **replay(trace)})
+            rows.append({"name": info["workload"], "measured_ms": info["measured_ms"], "bare_ms": info.get("bare_ms", []),
+                         **replay(trace)})
     return rows
 
 
@@ -218,6 +244,11 @@ def probe_run(mib: int) -> None:
     h5 = host(x5)
     phase("host-touch-resident", lambda: h5.__setitem__(slice(None, None, 1024), 3.0))
     phase("gpu-reread-after-touch", lambda: x5.sum())
+
+    def touch_reread():
+        h5[::1024] = 4.0
+        x5.sum()
+    phase("host-touch-then-gpu-read", touch_reread)
     # 6. repeated passes over resident data: no faults, only kernel time
     phase("resident-passes", lambda: [x5.add_(1.0) for _ in range(20)])
 
@@ -230,6 +261,10 @@ def probe(out: Path, mib: int, timeout: float = 300) -> Path:
         raise RuntimeError(f"probe: exit {p.returncode}: {(p.stderr or p.stdout).strip().splitlines()[-1:]}")
     phases = [{"name": m.group(1), "measured_ms": float(m.group(2)), "span_ns": [int(m.group(3)), int(m.group(4))]}
               for m in _PHASE.finditer(p.stdout)]
+    b = bare_run([str(Path(__file__).resolve()), "probe-run", "--mib", str(mib)], timeout)
+    bare_ms = {m.group(1): float(m.group(2)) for m in _PHASE.finditer(b.stdout)}
+    for ph in phases:
+        ph["bare_ms"] = [bare_ms[ph["name"]]] if ph["name"] in bare_ms else []
     trace = out / "probe.parquet"
     annotate(raw, trace, {"workload": "probe"})
     raw.unlink()
