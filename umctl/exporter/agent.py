@@ -183,13 +183,17 @@ class Agent:
             self.refused[pid] = _Refused(reason, self.clock() + backoff, backoff)
             return
         self.refused.pop(pid, None)
-        totals = ProcessTotals(pid, comm)
-        totals.uuids = {int(g["gpu"]): str(g["uuid"]) for g in src.gpus}
-        on = src.sampler.on_time() if src.sampler is not None else 0.0
-        self.sessions[pid] = _Session(src, totals, self.clock(), on)
+        on, t = (src.sampler.on_time(), src.sampler.clock()) if src.sampler is not None else (0.0, 0.0)
         with self.state.lock:
-            self.state.processes[pid] = totals   # a pid reused within the grace: the new process wins
+            totals = self.state.processes.get(pid)
+            if totals is None or totals.comm != comm:
+                totals = self.state.processes[pid] = ProcessTotals(pid, comm)
+            # else: attached again within the grace (after a source error): its counters go on
+            totals.ended = None
+            totals.uuids = {int(g["gpu"]): str(g["uuid"]) for g in src.gpus}
+            totals.reset_baselines()
             self.state.attaches += 1
+        self.sessions[pid] = _Session(src, totals, t, on)
         self.log(f"pid {pid} ({comm}): attached")
 
     def _drain(self, pid: int) -> None:
@@ -201,14 +205,12 @@ class Agent:
             if exited:
                 src.stop()      # final flush and drain: the last events still count
             batch = src.drain()
-            now = self.clock()
             scale = 1.0
-            if src.sampler is not None:
-                on = src.sampler.on_time()
+            if src.sampler is not None:   # elapsed over on-time, both on the sampler's clock
+                on, now = src.sampler.on_time(), src.sampler.clock()
                 d_on, d_t = on - s.on_prev, now - s.t_prev
                 scale = d_t / d_on if d_on > 0 else 1.0 / self.sample
-                s.on_prev = on
-            s.t_prev = now
+                s.on_prev, s.t_prev = on, now
             counters = src.counters()
             if src.gpus and len(src.gpus) != len(s.totals.uuids):
                 uuids = {int(g["gpu"]): str(g["uuid"]) for g in src.gpus}
@@ -221,11 +223,12 @@ class Agent:
                               migration_events=self._migrations)
                 s.totals.sampled_ratio = src.sample_fraction()
         except Exception:
-            exited = True
+            self._end(pid)
+            if not exited:   # alive: attach again after a back-off, not at the very next scan
+                self.refused[pid] = _Refused("source_error", self.clock() + BACKOFF_S[0], BACKOFF_S[0])
             raise
-        finally:
-            if exited:
-                self._end(pid)
+        if exited:
+            self._end(pid)
 
     def _end(self, pid: int) -> None:
         s = self.sessions.pop(pid)

@@ -107,6 +107,11 @@ class ProcessTotals:
         if counters:
             self._counters = dict(counters)
 
+    def reset_baselines(self) -> None:
+        """A new attachment: its driver counters and batch ids start afresh."""
+        self._counters = {}
+        self._last_batch = {}
+
     def _fold_migrations(self, m: np.ndarray, scale: float) -> None:
         src, dst = m["src"].astype(np.int64), m["dst"].astype(np.int64)
         direction = np.where(src == CPU, 0, np.where(dst == CPU, 1, 2))

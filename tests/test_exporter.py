@@ -1,0 +1,467 @@
+"""``umctl exporter``: the agent against the project's fake UVM tools device (FakeDriver at
+the Ioctl seam, a fake /proc tree) with many processes, the metrics as Prometheus parses
+them, sampling, process exit and the grace period, attach refusals, a failing driver,
+controllers' state files, the CLI's input errors, and 1,000 processes coming and going under
+one agent with bounded memory. The real Prometheus server is test_exporter_prometheus.py."""
+
+from __future__ import annotations
+
+import gc
+import os
+import shutil
+import time
+
+import numpy as np
+import pytest
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+
+from umctl.events.schema import EventBatch, Kind, Op, Status, commands, empty
+from umctl.exporter.agent import Agent, is_umctl
+from umctl.exporter.control_state import ensure_state_dir, publisher_for, read_published
+from umctl.exporter.metrics import ExporterCollector, ExporterState, ProcessTotals
+from umctl.sources.uvmtools import DEFAULT_KINDS, abi, process
+
+from test_uvmtools_source import GPU_UUID, FakeDriver, entries, fake_proc, gpu_faults, produce, run_cli  # noqa: F401
+
+UVM_FDS = {0: "/dev/pts/0", 10: "/dev/nvidia-uvm", 11: "/dev/nvidia-uvm", 13: "/dev/nvidiactl"}
+
+
+class NodeDriver(FakeDriver):
+    """FakeDriver for a whole node: every process's va_space fd is 11, each tracker's ring is
+    known by the pid it watches, a pid has exited when its /proc entry is gone, and a closed
+    tracker's ring is forgotten (its memory is unmapped when the source is freed)."""
+
+    def __init__(self, proc_root: str):
+        super().__init__(pid=0)
+        self.proc_root = proc_root
+        self.dup_pid: dict[int, int] = {}
+        self.ring_of: dict[int, tuple[int, np.ndarray, np.ndarray]] = {}   # pid -> (tools fd, ring, ctrl)
+
+    def pidfd_getfd(self, pidfd: int, targetfd: int) -> int:
+        fd = super().pidfd_getfd(pidfd, targetfd)
+        self.dup_pid[fd] = self.fds[pidfd][1]
+        return fd
+
+    def ioctl(self, fd: int, cmd: int, params) -> int:
+        st = super().ioctl(fd, cmd, params)
+        if cmd == abi.UVM_TOOLS_INIT_EVENT_TRACKER_V2 and st == abi.NV_OK and params.queueBufferSize:
+            ring, ctrl = self.rings.pop()
+            self.ring_of[self.dup_pid[params.uvmFd]] = (fd, ring, ctrl)
+        return st
+
+    def close(self, fd: int) -> None:
+        super().close(fd)
+        self.dup_pid.pop(fd, None)
+        for pid, (tfd, _, _) in list(self.ring_of.items()):
+            if tfd == fd:
+                del self.ring_of[pid]
+
+    def process_exited(self, pidfd: int) -> bool:
+        return not os.path.isdir(f"{self.proc_root}/{self.fds[pidfd][1]}")
+
+    def emit(self, pid: int, recs: np.ndarray) -> int:
+        _, ring, ctrl = self.ring_of[pid]
+        return produce(ring, ctrl, recs)
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 1000.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+@pytest.fixture
+def node(tmp_path, monkeypatch):
+    root = str(tmp_path / "proc")
+    os.makedirs(root)
+    drv = NodeDriver(root)
+    monkeypatch.setattr(process, "PROC_ROOT", root)
+    return drv, root, tmp_path
+
+
+def spawn(tmp_path, pid: int, fds=None, comm: str = "python3", cmdline: bytes = b"python3\0train.py\0") -> None:
+    fake_proc(tmp_path, pid, fds or UVM_FDS)
+    d = tmp_path / "proc" / str(pid)
+    (d / "comm").write_text(comm + "\n")
+    (d / "cmdline").write_bytes(cmdline)
+
+
+def kill(tmp_path, pid: int) -> None:
+    shutil.rmtree(tmp_path / "proc" / str(pid))
+
+
+def make_agent(drv, root, *, sample=1.0, grace=5.0, clock=None, kinds=DEFAULT_KINDS, state_dir=None, **kw):
+    state = ExporterState(sample=sample, kinds="test", version="t")
+    logs: list[str] = []
+    agent = Agent(state, kinds=kinds, sample=sample, interval_s=0.05, grace_s=grace, ring_entries=256, drain_ms=1.0,
+                  io_factory=lambda: drv, proc_root=root, driver_present=lambda: not drv.no_driver,
+                  log=logs.append, clock=clock or time.monotonic, state_dir=state_dir, **kw)
+    agent._smi_t = float("inf")   # never run nvidia-smi in tests
+    agent._smi = []
+    return agent, state, logs
+
+
+def scrape(state: ExporterState) -> dict[str, dict[tuple, float]]:
+    """What Prometheus would parse: sample name -> {sorted label items: value}."""
+    reg = CollectorRegistry()
+    reg.register(ExporterCollector(state))
+    out: dict[str, dict[tuple, float]] = {}
+    for fam in text_string_to_metric_families(generate_latest(reg).decode()):
+        for s in fam.samples:
+            out.setdefault(s.name, {})[tuple(sorted(s.labels.items()))] = s.value
+    return out
+
+
+def value(m: dict, name: str, **labels) -> float | None:
+    want = {k: str(v) for k, v in labels.items()}
+    hits = [v for k, v in m.get(name, {}).items() if all(dict(k).get(a) == b for a, b in want.items())]
+    return sum(hits) if hits else None
+
+
+def settle(agent: Agent, cond, timeout: float = 5.0) -> None:
+    end = time.monotonic() + timeout
+    while True:
+        agent.step()
+        if cond() or time.monotonic() > end:
+            return
+        time.sleep(0.01)
+
+
+def faults_for(pid: int, n: int, batch: int, gpu: int = 1) -> np.ndarray:
+    return entries(*[{"type": abi.EV_GPU_FAULT, "g_gpu": gpu, "g_addr": 0x7F0000000000 + i * 4096,
+                      "g_ts": 1_000_000 + i, "g_batch": batch, "g_access": 1, "g_client_type": 1} for i in range(n)])
+
+
+def test_every_uvm_process_is_attached_and_counted_per_process_and_gpu(node):
+    drv, root, tmp = node
+    spawn(tmp, 101)
+    spawn(tmp, 102, comm="trainer")
+    spawn(tmp, 103, fds={0: "/dev/null"})                       # no UVM: not a target
+    agent, state, logs = make_agent(drv, root)
+    agent.step()
+    assert sorted(agent.sessions) == [101, 102]
+    drv.emit(101, faults_for(101, 30, batch=1))
+    drv.emit(101, faults_for(101, 20, batch=2))
+    drv.emit(101, entries({"type": abi.EV_GPU_FAULT_REPLAY, "r_gpu": 1, "r_batch": 1, "r_ts": 2_000_000},
+                          {"type": abi.EV_GPU_FAULT_REPLAY, "r_gpu": 1, "r_batch": 2, "r_ts": 2_000_100},
+                          {"type": abi.EV_CPU_FAULT, "c_addr": 0x7F0000000000, "c_ts": 2_000_200},
+                          {"type": abi.EV_THRASHING_DETECTED, "t_procs": [2, 0, 0, 0, 0], "t_addr": 0x7F0000000000,
+                           "t_size": 4096, "t_ts": 2_000_300}))
+    drv.emit(102, faults_for(102, 7, batch=9))
+    drv.counters[0] = 3 << 20   # bytes_htd of the last counters tracker (102's)
+    settle(agent, lambda: value(scrape(state), "umctl_gpu_faults_total", pid=102) == 7
+           and value(scrape(state), "umctl_thrashing_events_total", pid=101) == 1)
+    m = scrape(state)
+    uuid = process.uuid_str(GPU_UUID)
+    assert m["umctl_gpu_faults_total"][(("comm", "python3"), ("gpu", "0"), ("pid", "101"), ("uuid", uuid))] == 50
+    assert value(m, "umctl_gpu_faults_total", pid=102, comm="trainer") == 7
+    assert value(m, "umctl_gpu_fault_batches_total", pid=101) == 2
+    assert value(m, "umctl_cpu_faults_total", pid=101) == 1
+    assert value(m, "umctl_migrated_bytes_total", pid=102, direction="h2d", cause="unattributed") == 3 << 20
+    assert value(m, "umctl_process_attached", pid=101) == 1
+    assert value(m, "umctl_exporter_processes", state="attached") == 2
+    assert value(m, "umctl_exporter_attaches_total") == 2
+    assert value(m, "umctl_exporter_driver_up") == 1
+    assert value(m, "umctl_exporter_sample_ratio") == 1
+    # counters never go back: a second identical scrape, then more events, only grow
+    drv.emit(101, faults_for(101, 5, batch=3))
+    settle(agent, lambda: value(scrape(state), "umctl_gpu_faults_total", pid=101) == 55)
+    assert value(scrape(state), "umctl_gpu_faults_total", pid=101) == 55
+    agent.close()
+    assert drv.fds == {}
+
+
+def test_migration_events_give_bytes_by_direction_and_cause_and_evictions(node):
+    drv, root, tmp = node
+    spawn(tmp, 201)
+    agent, state, _ = make_agent(drv, root, kinds=DEFAULT_KINDS | {Kind.MIGRATION})
+    agent.step()
+
+    def mig(cause, src, dst, nbytes):
+        return {"type": abi.EV_MIGRATION, "m_cause": cause, "m_src": src, "m_dst": dst, "m_addr": 0x7F0000000000,
+                "m_bytes": nbytes, "m_begin": 10, "m_end": 20}
+
+    drv.emit(201, entries(mig(abi.MIG_CAUSE_COHERENCE, 0, 1, 4 << 20), mig(abi.MIG_CAUSE_PREFETCH, 0, 1, 2 << 20),
+                          mig(abi.MIG_CAUSE_EVICTION, 1, 0, 2 << 20), mig(abi.MIG_CAUSE_EVICTION, 1, 0, 2 << 20),
+                          mig(abi.MIG_CAUSE_USER, 0, 1, 8 << 20)))
+    drv.counters[0] = 99 << 20   # ignored: Migration events are on, the cause split comes from them
+    settle(agent, lambda: value(scrape(state), "umctl_evictions_total", pid=201) == 2)
+    m = scrape(state)
+    assert value(m, "umctl_migrated_bytes_total", pid=201, direction="h2d", cause="fault") == 4 << 20
+    assert value(m, "umctl_migrated_bytes_total", pid=201, direction="h2d", cause="prefetch") == 2 << 20
+    assert value(m, "umctl_migrated_bytes_total", pid=201, direction="d2h", cause="eviction") == 4 << 20
+    assert value(m, "umctl_migrated_bytes_total", pid=201, direction="h2d", cause="user") == 8 << 20
+    assert value(m, "umctl_migrated_bytes_total", cause="unattributed") is None
+    assert value(m, "umctl_evictions_total", pid=201, gpu=0) == 2
+    agent.close()
+
+
+def test_ended_process_keeps_its_final_values_for_the_grace_then_its_series_end(node):
+    drv, root, tmp = node
+    clock = Clock()
+    spawn(tmp, 301)
+    agent, state, logs = make_agent(drv, root, grace=30.0, clock=clock)
+    agent.step()
+    drv.emit(301, faults_for(301, 40, batch=1))
+    kill(tmp, 301)                      # events still in its ring are drained on the way out
+    agent.step()
+    assert 301 not in agent.sessions and drv.fds == {}
+    m = scrape(state)
+    assert value(m, "umctl_gpu_faults_total", pid=301) == 40
+    assert value(m, "umctl_process_attached", pid=301) == 0
+    assert value(m, "umctl_exporter_processes", state="ended") == 1
+    clock.t += 29.0
+    agent.step()
+    assert value(scrape(state), "umctl_gpu_faults_total", pid=301) == 40
+    clock.t += 1.0
+    agent.step()
+    m = scrape(state)
+    assert value(m, "umctl_gpu_faults_total", pid=301) is None and value(m, "umctl_process_attached", pid=301) is None
+    assert state.processes == {}
+    assert any("pid 301 (python3): ended" in ln for ln in logs)
+
+
+def test_sampled_counters_are_scaled_by_the_measured_on_time(node):
+    drv, root, tmp = node
+    spawn(tmp, 401)
+    agent, state, _ = make_agent(drv, root, sample=0.5)
+    agent.step()
+    src = agent.sessions[401].src
+    assert src.sampler is not None
+    sent = 0
+    end = time.monotonic() + 3.0
+    while time.monotonic() < end:   # a steady 100 faults per 5 ms; the driver drops them while disabled
+        if drv.enabled_mask & (1 << abi.EV_GPU_FAULT):
+            drv.emit(401, faults_for(401, 100, batch=sent))
+        sent += 1
+        time.sleep(0.005)
+        if sent % 10 == 0:
+            agent.step()
+    agent.step()
+    est = value(scrape(state), "umctl_gpu_faults_total", pid=401)
+    truth = sent * 100
+    assert 0.3 < src.sample_fraction() < 0.7
+    assert est == pytest.approx(truth, rel=0.3), (est, truth, src.sample_fraction())
+    assert value(scrape(state), "umctl_process_sampled_ratio", pid=401) == pytest.approx(src.sample_fraction(), abs=0.05)
+    agent.close()
+
+
+def test_fold_scales_and_counts_a_batch_spanning_two_drains_once():
+    t = ProcessTotals(1, "x")
+    f = empty(Kind.FAULT, 4)
+    f["gpu"], f["batch_id"] = 0, [5, 5, 6, 6]
+    t.fold(EventBatch(arrays={Kind.FAULT: f}), 10.0, replay_batches=False)
+    f2 = empty(Kind.FAULT, 2)
+    f2["gpu"], f2["batch_id"] = 0, [6, 7]       # batch 6 goes on in the next drain
+    t.fold(EventBatch(arrays={Kind.FAULT: f2}), 10.0, replay_batches=False)
+    assert t.faults == {0: 60.0} and t.batches == {0: 30.0}
+
+
+def test_refused_attach_is_retried_with_backoff_and_forgotten_when_gone(node):
+    drv, root, tmp = node
+    clock = Clock()
+    spawn(tmp, 501, fds={10: "/dev/nvidia-uvm"})       # only an mm fd: the driver refuses a tracker
+    agent, state, logs = make_agent(drv, root, clock=clock)
+    agent.step()
+    assert 501 in agent.refused and agent.refused[501].reason == "no_uvm"
+    agent.step()
+    assert state.attach_failures == {"no_uvm": 1}      # not retried before the back-off
+    clock.t += 2.5
+    agent.step()
+    assert state.attach_failures == {"no_uvm": 2} and agent.refused[501].backoff == 4.0
+    assert sum("501" in ln for ln in logs) == 1        # logged once per reason, not per retry
+    assert value(scrape(state), "umctl_exporter_processes", state="unattachable") == 1
+    kill(tmp, 501)
+    agent.step()
+    assert agent.refused == {} and drv.fds == {}
+
+
+def test_umctl_processes_are_not_attached():
+    assert is_umctl("/usr/local/bin/umctl attach --pid 4")
+    assert is_umctl("python3 /usr/local/bin/umctl run -- python3 x.py")
+    assert is_umctl("python3 -m umctl exporter")
+    assert not is_umctl("python3 train.py --umctl")
+    assert not is_umctl("python3 umctl_bench.py")
+
+
+def test_umctl_process_with_borrowed_fds_is_skipped(node):
+    drv, root, tmp = node
+    spawn(tmp, 601)
+    spawn(tmp, 602, comm="umctl", cmdline=b"/usr/bin/python3\0/usr/local/bin/umctl\0attach\0--pid\0601\0")
+    agent, _, _ = make_agent(drv, root)
+    agent.step()
+    assert sorted(agent.sessions) == [601]
+    agent.close()
+
+
+def test_a_failing_source_or_a_missing_driver_never_stops_the_agent(node):
+    drv, root, tmp = node
+    spawn(tmp, 701)
+    spawn(tmp, 702)
+    agent, state, logs = make_agent(drv, root)
+    agent.step()
+
+    def broken():
+        raise OSError(5, "Input/output error")
+
+    agent.sessions[701].src.drain = broken             # e.g. the GPU fell off the bus
+    drv.emit(702, faults_for(702, 3, batch=1))
+    agent.step()
+    assert 701 not in agent.sessions and 702 in agent.sessions
+    assert state.errors == 1 and any("OSError" in ln for ln in logs)
+    drv.no_driver = True                               # the module is gone: no new attaches
+    spawn(tmp, 703)
+    agent.step()
+    m = scrape(state)
+    assert value(m, "umctl_exporter_driver_up") == 0
+    assert value(m, "umctl_exporter_attach_failures_total", reason="no_driver") == 1
+    assert value(m, "umctl_gpu_faults_total", pid=702) == 3
+    drv.no_driver = False                              # back: attached on a later scan
+    agent.refused[703].retry_at = 0
+    agent.step()
+    assert 703 in agent.sessions
+    agent.close()
+    assert drv.fds == {}
+
+
+def test_controller_state_files_become_command_metrics(node, tmp_path):
+    drv, root, tmp = node
+    sdir = ensure_state_dir(str(tmp_path / "run"))
+    assert oct(os.stat(sdir).st_mode & 0o7777) == "0o1777"
+    spawn(tmp, 801)
+    spawn(tmp, os.getpid(), fds={0: "/dev/null"})      # the publishing umctl process (this one)
+
+    class Budget:
+        enforced_blocks = 0
+
+    class Res:
+        blocks = [None]
+
+        @staticmethod
+        def resident_bytes(g):
+            return 6 << 20
+
+    class Ctl:
+        budget = Budget()
+        res = Res()
+
+    pub = publisher_for(801, "deepum", 8 << 20, directory=sdir)
+    assert pub is not None and publisher_for(801, "none", None, directory=str(tmp_path / "absent")) is None
+    ctl = Ctl()
+    out = EventBatch()
+    cmds = commands(Op.PREFETCH, [0x1000, 0x2000, 0x3000], 2 << 20)
+    cmds["cmd_id"] = [1, 2, 3]
+    out.add(Kind.COMMAND, cmds)
+    res = empty(Kind.RESULT, 2)
+    res["cmd_id"], res["status"], res["bytes"] = [1, 2], [Status.OK, Status.FAILED], [2 << 20, 0]
+    out.add(Kind.RESULT, res)
+    pub.record(ctl, out)
+    ctl.budget.enforced_blocks = 1                     # the keeper evicted in this step
+    ev = EventBatch()
+    e = commands(Op.PREEVICT, [0x4000], 2 << 20)
+    e["cmd_id"] = [4]
+    ev.add(Kind.COMMAND, e)
+    pub.record(ctl, ev)
+    pub.write(ctl)
+    assert [p.mode for p in read_published(sdir, root)] == ["deepum"]
+    agent, state, _ = make_agent(drv, root, state_dir=sdir)
+    agent.step()
+    m = scrape(state)
+    assert value(m, "umctl_control_commands_sent_total", pid=801, mode="deepum", op="prefetch", budget="under") == 3
+    assert value(m, "umctl_control_commands_sent_total", pid=801, op="preevict", budget="enforcing") == 1
+    assert value(m, "umctl_control_commands_failed_total", pid=801, op="prefetch") == 1
+    assert value(m, "umctl_control_migrated_bytes_total", pid=801, op="prefetch") == 2 << 20
+    assert value(m, "umctl_control_budget_bytes", pid=801) == 8 << 20
+    assert value(m, "umctl_control_resident_estimate_bytes", pid=801) == 6 << 20
+    pub.close()                                        # detached: ended, dropped after the grace
+    agent.step()
+    assert next(iter(state.controls.values())).ended is not None
+    agent.close()
+
+
+def _rss() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def test_churn_of_1000_processes_keeps_memory_bounded(node):
+    """1,000 processes start, fault and exit under one agent, 50 alive at a time: every fd,
+    ring and drain thread is released, ended series are retired after the grace, no source
+    object outlives its process, and the last 800 processes leave the resident size where
+    the first 200 did."""
+    import threading
+
+    from umctl.sources.uvmtools import UvmToolsSource
+
+    drv, root, tmp = node
+    clock = Clock()
+    agent, state, _ = make_agent(drv, root, grace=3.0, clock=clock)
+    slots = [f"{root}/.slot{i}" for i in range(50)]   # a process starts and exits by a rename
+    for i in range(50):                              # (quick on any file system, unlike rmtree)
+        spawn(tmp, 90_000 + i)
+        os.rename(f"{root}/{90_000 + i}", slots[i])
+    threads = threading.active_count()
+    pid = 10_000
+    produced = 0
+    rss = []
+    for wave in range(20):
+        pids = list(range(pid, pid + 50))
+        pid += 50
+        for p, slot in zip(pids, slots):
+            os.rename(slot, f"{root}/{p}")
+        agent.step()
+        assert sorted(agent.sessions) == pids
+        assert threading.active_count() == threads + 50          # one drain thread each
+        for p in pids:
+            produced += drv.emit(p, faults_for(p, 20, batch=wave))
+        for p, slot in zip(pids, slots):
+            os.rename(f"{root}/{p}", slot)
+        agent.step()
+        clock.t += 1.0
+        assert agent.sessions == {} and drv.fds == {} and drv.ring_of == {}
+        assert threading.active_count() == threads
+        assert len(state.processes) <= 150          # the last three waves, inside the grace
+        if wave in (3, 19):
+            gc.collect()
+            rss.append(_rss())
+    assert state.attaches == 1000 and produced == 20_000
+    assert value(scrape(state), "umctl_gpu_faults_total", pid=pid - 1) == 20
+    assert not [o for o in gc.get_objects() if isinstance(o, UvmToolsSource)]
+    assert rss[1] - rss[0] < 8 << 20, rss            # < 8 MiB more after 800 more processes
+    clock.t += 10
+    agent.step()
+    assert state.processes == {}
+    assert value(scrape(state), "umctl_exporter_processes", state="ended") == 0
+
+
+# -- the command --------------------------------------------------------------------------
+
+@pytest.mark.parametrize("args, needle", [
+    (["--listen", "9464"], "--listen must be HOST:PORT"),
+    (["--listen", ":9464"], "--listen must be HOST:PORT"),
+    (["--interval", "0s"], "--interval must be a positive duration"),
+    (["--grace", "soon"], "--grace must be a positive duration"),
+    (["--sample", "2"], "--sample must be in (0, 1]"),
+    (["--kinds", "launches"], "unknown event kind"),
+    (["--ring-entries", "1000"], "--ring-entries must be a power of two"),
+])
+def test_bad_input_is_one_line(capsys, args, needle):
+    rc, out, err = run_cli(capsys, "exporter", *args)
+    lines = [ln for ln in err.splitlines() if ln.strip()]
+    assert rc == 2 and len(lines) == 1 and needle in err and "Traceback" not in err
+
+
+def test_busy_port_is_one_line(capsys):
+    import socket
+
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    s.listen(1)
+    try:
+        rc, out, err = run_cli(capsys, "exporter", "--listen", f"127.0.0.1:{s.getsockname()[1]}", "--duration", "1")
+    finally:
+        s.close()
+    assert rc == 2 and "cannot listen on" in err and len(err.strip().splitlines()) == 1
