@@ -382,6 +382,32 @@ def test_controller_state_files_become_command_metrics(node, tmp_path):
     agent.close()
 
 
+def test_a_live_controller_publishes_while_it_runs_and_withdraws_on_finish(tmp_path, monkeypatch):
+    """The hook in LiveControl: with an exporter's state directory present, the budget
+    keeper's evictions are published as sent under an enforcing budget; finish removes the
+    file. Without the directory nothing is written."""
+    from umctl.controller.base import make_controller
+    from umctl.live.control import LiveControl
+    from umctl.units import BLOCK_SIZE
+
+    from test_live_control import GPUS, FakeActuator, faults as block_faults
+
+    monkeypatch.setenv("UMCTL_STATE_DIR", str(tmp_path / "absent"))
+    assert LiveControl(make_controller("none"), FakeActuator(), pid=42, gpus=GPUS).publisher is None
+    sdir = ensure_state_dir(str(tmp_path / "run"))
+    monkeypatch.setenv("UMCTL_STATE_DIR", sdir)
+    lc = LiveControl(make_controller("none"), FakeActuator(), pid=os.getpid(), gpus=GPUS, budget_bytes=4 * BLOCK_SIZE)
+    b = EventBatch(now_ns=1_000_000)
+    b.add(Kind.FAULT, block_faults(1_000_000, range(8)))
+    out = lc.step(b)
+    assert len(out[Kind.COMMAND]) == 5                           # 4 over the budget + 1 slack
+    pubs = read_published(sdir)
+    assert len(pubs) == 1 and pubs[0].mode == "none" and pubs[0].budget_bytes == 4 * BLOCK_SIZE
+    assert pubs[0].sent == {("preevict", "enforcing"): 5}
+    lc.finish()
+    assert read_published(sdir) == [] and os.listdir(sdir) == []
+
+
 def _rss() -> int:
     with open("/proc/self/statm") as f:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")

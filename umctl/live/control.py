@@ -299,6 +299,8 @@ class LiveControl:
         self._evictions: np.ndarray | None = None
         self.commands = 0
         self.t_controller_ns = 0
+        from ..exporter.control_state import publisher_for   # read by `umctl exporter` when one runs
+        self.publisher = publisher_for(pid, controller.name, budget_bytes)
 
     def step(self, batch: EventBatch) -> EventBatch:
         t0 = time.perf_counter_ns()
@@ -339,6 +341,8 @@ class LiveControl:
             self.commands += len(cmds)
             out.add(Kind.COMMAND, cmds)
         self._results(out)
+        if self.publisher is not None:
+            self.publisher.record(self, out)
         self.t_controller_ns += time.perf_counter_ns() - t0
         return out
 
@@ -380,6 +384,9 @@ class LiveControl:
         out = out if out is not None else EventBatch()
         self.act.close(drain=True, timeout=timeout)
         self._results(out)
+        if self.publisher is not None:
+            self.publisher.record(self, out)
+            self.publisher.close()
         return out
 
     def stats(self) -> dict:
