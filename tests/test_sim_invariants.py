@@ -36,7 +36,7 @@ def test_cold_sweep_completes_every_access():
     sim = Simulator(w, make_controller("none"))
     r = sim.run()
     assert r.accesses == w.n_accesses and r.kernels == 1
-    assert np.all((sim.gmask[sim.acc] & 1) == 1)  # everything touched is resident now
+    assert np.all((sim.gmask[sim.runs.expand()[0]] & 1) == 1)  # everything touched is resident now
     assert r.bytes_h2d == 256 * MiB
     assert 0 < r.faults <= w.n_accesses
     _check_conservation(sim, r)

@@ -228,6 +228,7 @@ static inline int harvested_on(SimState *s, uint8_t gpus, int64_t b) {
 /* The harvested chunk on h to give up first: removable ones (written back by t) before the
  * others, earliest placed first (memHarvester reclaims "the pages that come first"). */
 static int64_t harvest_victim(SimState *s, int h, double t) {
+    if (!s->nlent[h]) return -1;   /* h holds no harvested chunk (always, on the stock driver) */
     const uint8_t *hv = s->harvested + GB(s, h, 0);
     const double *lru = s->lru + GB(s, h, 0), *rm = s->removable_at + GB(s, h, 0);
     int64_t best = -1;
@@ -547,30 +548,44 @@ static inline int fault_cause(SimState *s, int64_t p, uint8_t bit, double t) {
     return ST_FC_RM_WRITE;
 }
 
-/* Pages the density prefetcher adds in block b given the faulted pages (offsets) there:
- * for each faulted page the largest aligned subregion whose resident+faulted share exceeds
- * the threshold. Marks them in s->seen (value 2) and appends to out. */
+/* Pages the density prefetcher adds in block b given the faulted pages (offsets, ascending)
+ * there: for each faulted page the largest aligned subregion whose resident+faulted share
+ * exceeds the threshold. Marks them in s->seen (value 2) and appends to out.
+ * The subregion counts are a tree of sums over the block's 512 pages (level k: aligned runs
+ * of 2^k pages), as the driver's bitmap tree: ~1 K additions per block, where prefix sums
+ * and a walk of each faulted page's subregion cost up to 512 per faulted page. */
 static int64_t density(SimState *s, int g, int64_t b, const int64_t *offs, int64_t nf, int64_t *out) {
     uint8_t bit = (uint8_t)(1u << g);
     int64_t lo = b * PPB;
-    int32_t csum[PPB + 1];
-    csum[0] = 0;
-    for (int i = 0; i < PPB; i++) {
-        int64_t p = lo + i;
-        csum[i + 1] = csum[i] + (((s->gmask[p] & bit) != 0) || s->seen[p] == 1);
+    const uint8_t *gm = s->gmask + lo, *sn = s->seen + lo;
+    uint16_t lv[PPB * 2];                 /* level k at lv + PPB*2 - (PPB >> (k-1)) */
+    uint16_t *cur = lv;
+    for (int i = 0; i < PPB; i++) cur[i] = (uint16_t)(((gm[i] & bit) != 0) | (sn[i] == 1));
+    uint16_t *level[PB_SHIFT + 1];
+    level[0] = cur;
+    int len = PPB;
+    for (int k = 1; k <= PB_SHIFT; k++) {
+        uint16_t *nxt = cur + len;
+        len >>= 1;
+        for (int i = 0; i < len; i++) nxt[i] = (uint16_t)(cur[2 * i] + cur[2 * i + 1]);
+        level[k] = cur = nxt;
     }
-    int64_t n = 0;
+    int64_t n = 0, done_lo = 0, done_hi = 0;   /* the last subregion added */
     for (int64_t k = 0; k < nf; k++) {
         int64_t off = offs[k];
         int64_t best_start = -1, best_size = 0;
-        for (int64_t size = 2; size <= PPB; size <<= 1) {
-            int64_t st = off & ~(size - 1);
-            if ((double)(csum[st + size] - csum[st]) > s->density_threshold * (double)size) {
-                best_start = st;
+        for (int sh = 1; sh <= PB_SHIFT; sh++) {
+            int64_t size = (int64_t)1 << sh;
+            if ((double)level[sh][off >> sh] > s->density_threshold * (double)size) {
+                best_start = off & ~(size - 1);
                 best_size = size;
             }
         }
         if (best_size == 0) continue;
+        /* inside the last one added: every page there is resident, faulted or added */
+        if (best_start >= done_lo && best_start + best_size <= done_hi) continue;
+        done_lo = best_start;
+        done_hi = best_start + best_size;
         for (int64_t i = best_start; i < best_start + best_size; i++) {
             int64_t p = lo + i;
             if (s->seen[p] || (s->gmask[p] & bit) || !s->managed[p]) continue;
@@ -777,8 +792,53 @@ static double service(SimState *s, int g, const int64_t *fp, const uint8_t *fw, 
     return end - t;
 }
 
+/* A position in the access stream, kept as runs of consecutive pages: run r holds stream
+ * positions rpos[r] .. rpos[r+1]-1, pages rpage[r] + (position - rpos[r]), all in one 2 MiB
+ * block, all reads or all writes (rwrite[r]). */
+typedef struct {
+    const int64_t *rpage, *rpos;
+    const uint8_t *rwrite;
+    int64_t r;
+} Cursor;
+
+/* Run holding position pos (rpos[0] == 0 <= pos < rpos[nruns]). */
+static int64_t run_of(const int64_t *rpos, int64_t nruns, int64_t pos) {
+    int64_t lo = 0, hi = nruns - 1;
+    while (lo < hi) {
+        int64_t mid = (lo + hi + 1) / 2;
+        if (rpos[mid] <= pos) lo = mid; else hi = mid - 1;
+    }
+    return lo;
+}
+
+static inline int64_t cur_page(const Cursor *c, int64_t pos) {
+    return c->rpage[c->r] + (pos - c->rpos[c->r]);
+}
+
+/* Advance c to the run holding pos (pos >= the current run's start). */
+static inline void cur_seek(Cursor *c, int64_t pos) {
+    while (pos >= c->rpos[c->r + 1]) c->r++;
+}
+
+/* The accesses of positions [a, b) pass (hit or served): Belady keys and prefetch use. */
+static void pass_range(SimState *s, Cursor c, int64_t a, int64_t b, double *key, const int64_t *next) {
+    for (int64_t i = a; i < b; ) {
+        cur_seek(&c, i);
+        int64_t end = c.rpos[c.r + 1] < b ? c.rpos[c.r + 1] : b;
+        int64_t p = cur_page(&c, i);
+        for (; i < end; i++, p++) {
+            if (key) key[p >> PB_SHIFT] = -(double)next[i];
+            if (s->pf_tag[p]) {
+                s->pf_tag[p] = 0;
+                s->stats[ST_PF_USED]++;
+            }
+        }
+    }
+}
+
 /*
- * Run kernel accesses pages[pos..n) on GPU g. t(pos) = start + compute*pos/n + *stall.
+ * Run kernel accesses [pos, hi) of stream positions [lo, hi) on GPU g (runs rpage/rwrite/rpos,
+ * nruns of them). t(pos) = start + compute*(pos-lo)/(hi-lo) + *stall.
  * `next` (or NULL) gives, per access, the position of the next access to its block on g.
  * `win` (or NULL) gives, per access, the accesses left in its recorded fault batch (0: none).
  * With out->collect the events of each batch are appended to `out`, and it returns after
@@ -786,76 +846,86 @@ static double service(SimState *s, int g, const int64_t *fp, const uint8_t *fw, 
  * caller can deliver them; otherwise it runs to the end. Returns the position reached;
  * -1 if the GPU has no chunk for managed data at all.
  */
-int64_t sim_kernel(SimState *s, int g, const int64_t *pages, const uint8_t *writes, const int64_t *next,
-                   const int32_t *win, int64_t n, int64_t pos, double start, double compute, double *stall, double deadline,
-                   EventOut *out) {
+int64_t sim_kernel(SimState *s, int g, const int64_t *rpage, const uint8_t *rwrite, const int64_t *rpos,
+                   int64_t nruns, const int64_t *next, const int32_t *win, int64_t lo, int64_t hi, int64_t pos,
+                   double start, double compute, double *stall, double deadline, EventOut *out) {
     uint8_t bit = (uint8_t)(1u << g);
     /* replay-only Belady order: as access i passes, its block's key becomes minus the
      * position of the block's next access on this GPU (farthest next use evicted first) */
     double *key = next ? s->evict_key + GB(s, g, 0) : NULL;
+    int64_t n = hi - lo;
     double rate = n > 0 ? compute / (double)n : 0.0;
     int64_t bmax = s->batch_max < MAXB ? s->batch_max : MAXB;
     static int64_t bk[MAXB], fp[MAXB];
     static uint8_t fw[MAXB];
     if (s->maxblocks[g] < 1) return -1;
-    while (pos < n) {
-        double t = start + rate * (double)pos + *stall;
+    if (pos >= hi) return pos;
+    Cursor c = {rpage, rpos, rwrite, run_of(rpos, nruns, pos)};
+    while (pos < hi) {
+        double t = start + rate * (double)(pos - lo) + *stall;
         /* skip to the next access that misses; count prefetched pages used on the way */
-        while (pos < n) {
-            int64_t p = pages[pos];
-            if (is_miss(s, p, writes[pos], bit, t)) break;
-            if (key) key[p >> PB_SHIFT] = -(double)next[pos];
-            if (s->pf_tag[p]) {
-                s->pf_tag[p] = 0;
-                s->stats[ST_PF_USED]++;
+        for (;;) {
+            int64_t end = rpos[c.r + 1] < hi ? rpos[c.r + 1] : hi;
+            int64_t p = cur_page(&c, pos);
+            uint8_t w = rwrite[c.r];
+            for (; pos < end; pos++, p++) {
+                if (is_miss(s, p, w, bit, t)) goto miss;
+                if (key) key[p >> PB_SHIFT] = -(double)next[pos];
+                if (s->pf_tag[p]) {
+                    s->pf_tag[p] = 0;
+                    s->stats[ST_PF_USED]++;
+                }
+                t += rate;
             }
-            pos++;
-            t += rate;
+            if (pos >= hi) break;
+            c.r++;
         }
-        if (pos >= n) break;
+        break;
+    miss:;
         /* the window: the rest of the fault batch this access was recorded in, else the
          * calibrated window with its jitter */
         int64_t wlen = win && win[pos] > 0 ? (int64_t)win[pos]
                      : (int64_t)((double)s->window_pages * (1.0 + s->window_jitter * (2.0 * rng_unit(s) - 1.0)));
         if (wlen < 1) wlen = 1;
-        int64_t wend = pos + wlen < n ? pos + wlen : n;
+        int64_t wend = pos + wlen < hi ? pos + wlen : hi;
         int64_t nf = 0, nbk = 0, lastb = -1;
-        int64_t q;
-        for (q = pos; q < wend; q++) {
-            int64_t p = pages[q];
-            if (s->seen[p] || !is_miss(s, p, writes[q], bit, t)) continue;
-            if (nf == bmax) break;           /* batch full: it covers up to here */
-            int64_t b = p >> PB_SHIFT;
-            if (b != lastb) {
-                /* every block of a batch holds a chunk at once: never more than the GPU has */
-                int known = 0;
-                for (int64_t i = 0; i < nbk; i++) if (bk[i] == b) { known = 1; break; }
-                if (!known) {
-                    if (nbk == s->maxblocks[g]) break;
-                    bk[nbk++] = b;
+        int64_t q = pos;
+        Cursor wc = c;
+        while (q < wend) {
+            cur_seek(&wc, q);
+            int64_t end = wc.rpos[wc.r + 1] < wend ? wc.rpos[wc.r + 1] : wend;
+            int64_t p = cur_page(&wc, q);
+            uint8_t w = rwrite[wc.r];
+            for (; q < end; q++, p++) {
+                if (s->seen[p] || !is_miss(s, p, w, bit, t)) continue;
+                if (nf == bmax) goto window_done;   /* batch full: it covers up to here */
+                int64_t b = p >> PB_SHIFT;
+                if (b != lastb) {
+                    /* every block of a batch holds a chunk at once: never more than the GPU has */
+                    int known = 0;
+                    for (int64_t i = 0; i < nbk; i++) if (bk[i] == b) { known = 1; break; }
+                    if (!known) {
+                        if (nbk == s->maxblocks[g]) goto window_done;
+                        bk[nbk++] = b;
+                    }
+                    lastb = b;
                 }
-                lastb = b;
+                s->seen[p] = 1;
+                s->stats[fault_cause(s, p, bit, t)]++;
+                fp[nf] = p;
+                fw[nf] = w;
+                nf++;
             }
-            s->seen[p] = 1;
-            s->stats[fault_cause(s, p, bit, t)]++;
-            fp[nf] = p;
-            fw[nf] = writes[q];
-            nf++;
         }
+    window_done:
         wend = q;
         for (int64_t i = 0; i < nf; i++) s->seen[fp[i]] = 0;
         double d = service(s, g, fp, fw, nf, t, out);
         if (d < 0) return -1;
         *stall += d;
-        for (int64_t i = pos; i < wend; i++) {   /* other accesses of the window go through */
-            int64_t p = pages[i];
-            if (key) key[p >> PB_SHIFT] = -(double)next[i];
-            if (s->pf_tag[p]) {
-                s->pf_tag[p] = 0;
-                s->stats[ST_PF_USED]++;
-            }
-        }
+        pass_range(s, c, pos, wend, key, next);   /* other accesses of the window go through */
         pos = wend;
+        if (pos < hi) cur_seek(&c, pos);
         if (out->collect) {
             int64_t b = out->nb++;
             out->b_id[b] = s->stats[ST_BATCH_ID];

@@ -86,7 +86,8 @@ def _load() -> C.CDLL:
                          "on a machine with a C compiler (gcc)") from None
     lib = C.CDLL(_simcore.__file__)
     PS = C.POINTER(SimState)
-    lib.sim_kernel.argtypes = [PS, C.c_int, P, P, P, P, i64, i64, f64, f64, C.POINTER(f64), f64, C.POINTER(EventOut)]
+    lib.sim_kernel.argtypes = [PS, C.c_int, P, P, P, i64, P, P, i64, i64, i64, f64, f64, C.POINTER(f64), f64,
+                               C.POINTER(EventOut)]
     lib.sim_kernel.restype = i64
     lib.sim_release_chunk.argtypes = [PS, C.c_int, i64, f64]
     lib.sim_release_chunk.restype = None

@@ -65,7 +65,7 @@ import numpy as np
 from .. import UmctlError
 from ..controller.base import Controller, ControllerContext
 from ..events.schema import Access, Advice, AllocOp, Cause, EventBatch, Kind, Op, empty
-from ..sources.workload import Init, OpType, Workload
+from ..sources.workload import AccessRuns, Init, OpType, Workload
 from ..units import CPU, GiB, PAGE_SIZE, PAGE_TO_BLOCK_SHIFT, PAGES_PER_BLOCK
 from . import core
 from .calibration import DEFAULT, Calibration
@@ -215,14 +215,17 @@ class Simulator:
         if not 1 <= G <= 8:
             raise ValueError("the simulator models 1 to 8 GPUs")
         a = workload.allocations
+        # the access stream as runs within one 2 MiB block each, in compact pages: a run is
+        # contiguous there too, and the core walks runs instead of a per-access array
+        runs = workload.acc_runs.split_blocks(PAGE_TO_BLOCK_SHIFT)
         try:
             self.space = PageSpace(a["addr"], a["bytes"])
-            self.acc = self.space.to_local_pages(workload.acc_page)
+            local = self.space.to_local_pages(runs.page)
         except ValueError:  # accesses outside every allocation: map their blocks too
-            self.space = PageSpace(a["addr"], a["bytes"], workload.acc_page)
-            self.acc = self.space.to_local_pages(workload.acc_page)
+            self.space = PageSpace(a["addr"], a["bytes"], runs.page)
+            local = self.space.to_local_pages(runs.page)
+        self.runs = AccessRuns(local, runs.length, runs.write)
         npg, nbl = self.space.npages, self.space.nblocks
-        self.acc_write = np.ascontiguousarray(workload.acc_write, dtype=np.bool_)
         self.acc_win = (None if workload.acc_win is None
                         else np.ascontiguousarray(workload.acc_win, dtype=np.int32))
 
@@ -293,6 +296,8 @@ class Simulator:
         self.cs.drop_reason = _EVICTED
         self.csp = C.byref(self.cs)
         self.out = core.EventOut()
+        self._run_write = self.runs.write.view(np.uint8)
+        self._runs_c = (core.ptr(self.runs.page), core.ptr(self._run_write), core.ptr(self.runs.pos), len(self.runs))
         self._pf_out = (C.c_double * 6)()
         self._init_allocations()
         self.maxblocks[:] = self.cap - self.pinned.sum(1)
@@ -349,7 +354,7 @@ class Simulator:
         access as the kernels walk the stream; the smallest key is evicted first. Returns the
         (GPUs x blocks) key array, which the caller initialises (first access of each block)
         and may read."""
-        if len(next_access) != len(self.acc):
+        if len(next_access) != self.runs.n_accesses:
             raise ValueError("next_access must give one position per access")
         self._next_access = np.ascontiguousarray(next_access, dtype=np.int64)
         self._evict_key = np.full_like(self.lru, -np.inf)
@@ -449,21 +454,18 @@ class Simulator:
         self.r.accesses += hi - lo
         self._launch_event(i, op, g, pid, start)
         self._deliver(start, force=self.ctl.launch_sync)
-        pages = self.acc[lo:hi]
-        writes = self.acc_write[lo:hi]
-        n = hi - lo
         stall = C.c_double(0.0)
         faults0 = int(self.stats[core.ST["faults"]])
         causes0 = self.stats[core.FC].copy()
-        pos = 0
-        pp, wp = core.ptr(pages), core.ptr(writes)
-        nx = core.ptr(self._next_access[lo:hi]) if self._next_access is not None else None
-        wn = core.ptr(self.acc_win[lo:hi]) if self.acc_win is not None else None
+        pos = lo
+        rp, rw, rpos, nruns = self._runs_c
+        nx = core.ptr(self._next_access) if self._next_access is not None else None
+        wn = core.ptr(self.acc_win) if self.acc_win is not None else None
         out = self.out
-        while pos < n:
+        while pos < hi:
             deadline = max(self._next_drain, start) if self._timed else np.inf
-            pos = self.lib.sim_kernel(self.csp, g, pp, wp, nx, wn, n, pos, start, compute, C.byref(stall), deadline,
-                                      C.byref(out))
+            pos = self.lib.sim_kernel(self.csp, g, rp, rw, rpos, nruns, nx, wn, lo, hi, pos, start, compute,
+                                      C.byref(stall), deadline, C.byref(out))
             if pos < 0:
                 raise UmctlError(f"GPU {g} has no memory left for managed data ({self.cap[g]} chunks of "
                                  f"2 MiB, all held by device allocations); raise --gpu-mem")
@@ -550,7 +552,7 @@ class Simulator:
 
     def _host_write(self, op) -> None:
         lo, hi = int(op["acc_lo"]), int(op["acc_hi"])
-        pages = self.acc[lo:hi]
+        pages = self.runs.expand(lo, hi)[0]
         wait = self._protect_wait(pages, self.host, float(op["compute_ns"]))
         self.r.write_protect_wait_ns += int(wait)
         if self._tl is not None and wait > 0:

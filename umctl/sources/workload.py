@@ -3,14 +3,21 @@
 A :class:`Workload` is produced by a scenario generator (``umctl.sources.scenario``) or derived
 from a trace file (``umctl.sources.tracefile``) and consumed by the simulator. It is columnar:
 one structured array of operations (kernels, host work, copies, syncs, allocator events) and
-one flat array of page accesses that kernels index into by ``[acc_lo, acc_hi)``.
+one stream of page accesses that kernels index into by ``[acc_lo, acc_hi)``.
+
+The stream is kept as runs of consecutive pages (:class:`AccessRuns`): generators build it from
+tensors, i.e. contiguous page ranges, and at the DeepUM paper's scale a ResNet iteration makes
+hundreds of millions of accesses in a few hundred thousand runs, so a flat int64 array per
+access (and the simulator's per-access copy of it) would cost gigabytes. ``acc_page`` /
+``acc_write`` still give the flat arrays (built on first use) for code that wants them; a
+trace file's stream starts flat and is run-length encoded when the simulator asks for runs.
 """
 
 from __future__ import annotations
 
 import enum
 import hashlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Iterable, Sequence
 
 import numpy as np
@@ -68,28 +75,158 @@ def exec_hash(name: str, args: Sequence | None = None) -> int:
     return int.from_bytes(h.digest(), "little")
 
 
-@dataclass
-class Workload:
-    """A program's behaviour as the simulator replays it."""
+class AccessRuns:
+    """An access stream as runs: run k is pages ``page[k] .. page[k] + length[k] - 1``, in
+    order, all reads or all writes (``write[k]``); it holds stream positions
+    ``pos[k] .. pos[k + 1] - 1``. Runs are never empty."""
 
-    name: str
-    ops: np.ndarray
-    acc_page: np.ndarray
-    acc_write: np.ndarray
-    allocations: np.ndarray
-    names: list[str]
-    n_gpus: int = 1
-    gpu_mem: list[int] = field(default_factory=list)
-    params: dict = field(default_factory=dict)
-    meta: dict = field(default_factory=dict)
-    #: per kernel (index into ``ops``): its thread blocks and their static access ranges
-    #: (``threadblocks.KernelBlocks``), for grid-partitioning modes; empty when unknown
-    thread_blocks: dict = field(default_factory=dict)
-    #: per access, how many accesses from it to the end of the fault batch it was recorded in
-    #: (0: not recorded). A recorded trace knows which pages the GPU faulted on together, which
-    #: depends on the program's parallelism; the simulator then forms its batches from those
-    #: groups instead of the calibrated fault window. None: no access was recorded so.
-    acc_win: np.ndarray | None = None
+    __slots__ = ("page", "length", "write", "pos")
+
+    def __init__(self, page: np.ndarray, length: np.ndarray, write: np.ndarray):
+        self.page = np.ascontiguousarray(page, dtype=np.int64)
+        self.length = np.ascontiguousarray(length, dtype=np.int64)
+        self.write = np.ascontiguousarray(write, dtype=np.bool_)
+        if not len(self.page) == len(self.length) == len(self.write):
+            raise ValueError("run arrays differ in length")
+        if len(self.length) and self.length.min() < 1:
+            raise ValueError("an access run is empty")
+        self.pos = np.zeros(len(self.page) + 1, np.int64)
+        np.cumsum(self.length, out=self.pos[1:])
+
+    def __len__(self) -> int:
+        return len(self.page)
+
+    @property
+    def n_accesses(self) -> int:
+        return int(self.pos[-1])
+
+    @classmethod
+    def from_flat(cls, pages: np.ndarray, writes: np.ndarray) -> "AccessRuns":
+        """Run-length encode a flat stream: a run ends where the next page is not the next
+        page number or the access kind changes."""
+        pages = np.asarray(pages, dtype=np.int64)
+        writes = np.asarray(writes, dtype=np.bool_)
+        return cls._encode(pages, writes, (np.diff(pages) != 1) | (writes[1:] != writes[:-1]))
+
+    @classmethod
+    def of_pages(cls, pages: np.ndarray, write: bool) -> "AccessRuns":
+        """Runs of one page array accessed one way (a tensor read or written by a kernel)."""
+        pages = np.asarray(pages, dtype=np.int64)
+        return cls._encode(pages, np.full(min(len(pages), 1), write), np.diff(pages) != 1)
+
+    @classmethod
+    def _encode(cls, pages: np.ndarray, writes: np.ndarray, breaks: np.ndarray) -> "AccessRuns":
+        """Runs starting at 0 and after every true entry of ``breaks`` (between accesses i and
+        i + 1); ``writes`` gives the kind at each run start (one entry suffices if uniform)."""
+        if len(pages) == 0:
+            return cls(np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, np.bool_))
+        starts = np.concatenate([[0], np.flatnonzero(breaks) + 1])
+        kind = writes[starts] if len(writes) == len(pages) else np.repeat(writes, len(starts))
+        return cls(pages[starts], np.diff(starts, append=len(pages)), kind)
+
+    @classmethod
+    def concat(cls, parts: Sequence["AccessRuns"]) -> "AccessRuns":
+        if not parts:
+            return cls.from_flat(np.zeros(0, np.int64), np.zeros(0, np.bool_))
+        return cls(np.concatenate([p.page for p in parts]), np.concatenate([p.length for p in parts]),
+                   np.concatenate([p.write for p in parts]))
+
+    def expand(self, lo: int = 0, hi: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """(pages, writes) of stream positions [lo, hi), flat."""
+        hi = self.n_accesses if hi is None else hi
+        if hi <= lo:
+            return np.zeros(0, np.int64), np.zeros(0, np.bool_)
+        r0 = int(np.searchsorted(self.pos, lo, "right")) - 1
+        r1 = int(np.searchsorted(self.pos, hi, "left"))
+        pos = self.pos[r0:r1 + 1]
+        n = np.diff(pos)
+        first = self.page[r0:r1] - pos[:-1]          # page of run k at position q: first[k] + q
+        q = np.arange(pos[0], pos[-1], dtype=np.int64)
+        pages = np.repeat(first, n) + q
+        writes = np.repeat(self.write[r0:r1], n)
+        return pages[lo - pos[0]:hi - pos[0]], writes[lo - pos[0]:hi - pos[0]]
+
+    def split_blocks(self, shift: int) -> "AccessRuns":
+        """The same stream with every run cut where it crosses a multiple of ``1 << shift``
+        pages (the simulator's runs each lie in one 2 MiB block)."""
+        first_b = self.page >> shift
+        last_b = (self.page + self.length - 1) >> shift
+        pieces = last_b - first_b + 1
+        if len(pieces) == 0 or pieces.max() == 1:
+            return self
+        run = np.repeat(np.arange(len(self.page)), pieces)
+        k = np.arange(len(run)) - np.repeat(np.cumsum(pieces) - pieces, pieces)   # piece index in its run
+        start = np.maximum(self.page[run], (first_b[run] + k) << shift)
+        end = np.minimum(self.page[run] + self.length[run], (first_b[run] + k + 1) << shift)
+        return AccessRuns(start, end - start, self.write[run])
+
+
+class Workload:
+    """A program's behaviour as the simulator replays it.
+
+    The access stream is given either flat (``acc_page``, ``acc_write``) or as ``acc_runs``;
+    the other form is derived on first use."""
+
+    def __init__(self, name: str, ops: np.ndarray, acc_page: np.ndarray | None, acc_write: np.ndarray | None,
+                 allocations: np.ndarray, names: list[str], n_gpus: int = 1, gpu_mem: list[int] | None = None,
+                 params: dict | None = None, meta: dict | None = None, thread_blocks: dict | None = None,
+                 acc_win: np.ndarray | None = None, *, acc_runs: AccessRuns | None = None):
+        if acc_runs is None and (acc_page is None or acc_write is None):
+            raise ValueError("a workload needs its access stream (flat arrays or runs)")
+        self.name = name
+        self.ops = ops
+        self._acc_page = acc_page
+        self._acc_write = acc_write
+        self._acc_runs = acc_runs
+        self.allocations = allocations
+        self.names = names
+        self.n_gpus = n_gpus
+        self.gpu_mem = list(gpu_mem) if gpu_mem is not None else []
+        self.params = params if params is not None else {}
+        self.meta = meta if meta is not None else {}
+        #: per kernel (index into ``ops``): its thread blocks and their static access ranges
+        #: (``threadblocks.KernelBlocks``), for grid-partitioning modes; empty when unknown
+        self.thread_blocks = thread_blocks if thread_blocks is not None else {}
+        #: per access, how many accesses from it to the end of the fault batch it was recorded in
+        #: (0: not recorded). A recorded trace knows which pages the GPU faulted on together, which
+        #: depends on the program's parallelism; the simulator then forms its batches from those
+        #: groups instead of the calibrated fault window. None: no access was recorded so.
+        self.acc_win = acc_win
+
+    def __repr__(self) -> str:
+        return (f"Workload({self.name!r}, {len(self.ops)} ops, {self.n_accesses} accesses, "
+                f"{self.n_gpus} GPU(s))")
+
+    @property
+    def acc_page(self) -> np.ndarray:
+        """Page of every access, flat (built from the runs on first use)."""
+        if self._acc_page is None:
+            self._acc_page, self._acc_write = self._acc_runs.expand()
+        return self._acc_page
+
+    @acc_page.setter
+    def acc_page(self, pages: np.ndarray) -> None:
+        self.acc_write  # the other half of the flat stream, before the runs go
+        self._acc_page, self._acc_runs = pages, None
+
+    @property
+    def acc_write(self) -> np.ndarray:
+        """Whether each access writes, flat (built from the runs on first use)."""
+        if self._acc_write is None:
+            self._acc_page, self._acc_write = self._acc_runs.expand()
+        return self._acc_write
+
+    @acc_write.setter
+    def acc_write(self, writes: np.ndarray) -> None:
+        self.acc_page
+        self._acc_write, self._acc_runs = writes, None
+
+    @property
+    def acc_runs(self) -> AccessRuns:
+        """The access stream as runs of consecutive pages (encoded on first use)."""
+        if self._acc_runs is None:
+            self._acc_runs = AccessRuns.from_flat(self._acc_page, self._acc_write)
+        return self._acc_runs
 
     @property
     def kernels(self) -> np.ndarray:
@@ -97,7 +234,7 @@ class Workload:
 
     @property
     def n_accesses(self) -> int:
-        return int(len(self.acc_page))
+        return len(self._acc_page) if self._acc_page is not None else self._acc_runs.n_accesses
 
     @property
     def managed_bytes(self) -> int:
@@ -130,20 +267,25 @@ class Workload:
 
     def footprint_pages(self) -> np.ndarray:
         """Distinct pages the kernels touch."""
-        return np.unique(self.acc_page)
+        if self._acc_page is not None:
+            return np.unique(self._acc_page)
+        r = self.acc_runs
+        spans = AccessRuns(r.page, r.length, np.zeros(len(r), np.bool_))
+        return np.unique(spans.expand()[0]) if len(r) else np.zeros(0, np.int64)
 
     def page_span(self) -> tuple[int, int]:
         """Lowest page and one past the highest page of any allocation (for dense state)."""
         a = self.allocations
+        r = self.acc_runs
         if len(a) == 0:
-            if len(self.acc_page) == 0:
+            if len(r) == 0:
                 return 0, 0
-            return int(self.acc_page.min()), int(self.acc_page.max()) + 1
+            return int(r.page.min()), int((r.page + r.length).max())
         lo = int(a["addr"].min()) >> PAGE_SHIFT
         hi = int(((a["addr"] + a["bytes"] + PAGE_SIZE - 1) >> PAGE_SHIFT).max())
-        if len(self.acc_page):
-            lo = min(lo, int(self.acc_page.min()))
-            hi = max(hi, int(self.acc_page.max()) + 1)
+        if len(r):
+            lo = min(lo, int(r.page.min()))
+            hi = max(hi, int((r.page + r.length).max()))
         return lo, hi
 
     def exec_sequence(self) -> np.ndarray:
@@ -155,12 +297,12 @@ class Workload:
         ops = self.ops
         if ops.dtype != OP_DTYPE:
             raise ValueError("ops has the wrong dtype")
-        if len(self.acc_page) != len(self.acc_write):
+        if self._acc_page is not None and len(self._acc_page) != len(self._acc_write):
             raise ValueError("acc_page and acc_write differ in length")
-        if self.acc_win is not None and len(self.acc_win) != len(self.acc_page):
+        if self.acc_win is not None and len(self.acc_win) != self.n_accesses:
             raise ValueError("acc_win and acc_page differ in length")
         k = ops[(ops["type"] == OpType.KERNEL) | (ops["type"] == OpType.HOST_WRITE)]
-        if len(k) and ((k["acc_lo"] < 0).any() or (k["acc_hi"] > len(self.acc_page)).any()
+        if len(k) and ((k["acc_lo"] < 0).any() or (k["acc_hi"] > self.n_accesses).any()
                        or (k["acc_hi"] < k["acc_lo"]).any()):
             raise ValueError("an operation's access range is outside the access stream")
         if self.n_gpus < 1 or len(self.gpu_mem) != self.n_gpus:
@@ -177,8 +319,7 @@ class WorkloadBuilder:
         self.n_gpus = n_gpus
         self.gpu_mem = [int(gpu_mem)] * n_gpus if isinstance(gpu_mem, (int, np.integer)) else [int(x) for x in gpu_mem]
         self._ops: list[tuple] = []
-        self._acc_pages: list[np.ndarray] = []
-        self._acc_writes: list[np.ndarray] = []
+        self._acc_runs: list[AccessRuns] = []
         self._n_acc = 0
         self._allocs: list[tuple] = []
         self._names: dict[str, int] = {}
@@ -218,9 +359,9 @@ class WorkloadBuilder:
         lo = self._n_acc
         for pages, write in parts:
             pages = np.asarray(pages, dtype=np.int64)
-            self._acc_pages.append(pages)
-            self._acc_writes.append(np.full(len(pages), write, dtype=np.bool_))
-            self._n_acc += len(pages)
+            if len(pages):
+                self._acc_runs.append(AccessRuns.of_pages(pages, bool(write)))
+                self._n_acc += len(pages)
         return lo, self._n_acc
 
     def kernel(self, name: str, *, reads: Sequence = (), writes: Sequence = (), compute_ns: int = 0,
@@ -263,14 +404,13 @@ class WorkloadBuilder:
 
     def build(self, params: dict | None = None, meta: dict | None = None) -> Workload:
         ops = np.array(self._ops, dtype=OP_DTYPE) if self._ops else np.zeros(0, OP_DTYPE)
-        acc_page = np.concatenate(self._acc_pages) if self._acc_pages else np.zeros(0, np.int64)
-        acc_write = np.concatenate(self._acc_writes) if self._acc_writes else np.zeros(0, np.bool_)
+        runs = AccessRuns.concat(self._acc_runs)
         allocs = np.array(self._allocs, dtype=ALLOCATION_DTYPE) if self._allocs else np.zeros(0, ALLOCATION_DTYPE)
         names = [None] * len(self._names)
         for n, i in self._names.items():
             names[i] = n
-        w = Workload(self.name, ops, acc_page, acc_write, allocs, names, self.n_gpus, list(self.gpu_mem),
-                     dict(params or {}), dict(meta or {}), dict(self._thread_blocks))
+        w = Workload(self.name, ops, None, None, allocs, names, self.n_gpus, list(self.gpu_mem),
+                     dict(params or {}), dict(meta or {}), dict(self._thread_blocks), acc_runs=runs)
         w.validate()
         return w
 
