@@ -156,16 +156,18 @@ def test_attach_source_kprobe_on_this_kernel_says_which_source_to_use(capsys):
 
 
 def test_kprobe_source_has_the_interface_the_live_loop_calls():
-    """`umctl attach --source kprobe` drives KprobeSource through the same loop as the tools
-    source; a method missing here was a traceback in the VM (sample_fraction)."""
+    """`umctl attach --source kprobe` drives KprobeSource through the same session as the tools
+    source: both have every method of the declared Source protocol (a method missing here was a
+    traceback in the VM: sample_fraction) and name an actuator the session can build."""
     import inspect
 
+    from umctl.live.interfaces import Source
+    from umctl.live.spec import ACTUATORS
+    from umctl.sources.kprobes import KprobeSource
     from umctl.sources.uvmtools import UvmToolsSource
 
-    used = {"start", "drain", "stop", "close", "stats", "exited", "counters", "sample_fraction", "actuator"}
-    public = {n for n, _ in inspect.getmembers(UvmToolsSource, inspect.isfunction) if not n.startswith("_")}
-    assert used <= public
-    from umctl.sources.kprobes import KprobeSource
-
-    missing = sorted(n for n in used if not hasattr(KprobeSource, n))
-    assert missing == []
+    used = {n for n, _ in inspect.getmembers(Source, inspect.isfunction) if not n.startswith("_")}
+    assert {"drain", "stop", "close", "stats", "exited", "counters", "sample_fraction"} <= used
+    for cls in (UvmToolsSource, KprobeSource):
+        assert sorted(n for n in used | {"start"} if not callable(getattr(cls, n, None))) == [], cls
+        assert cls.actuator in ACTUATORS

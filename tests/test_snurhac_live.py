@@ -148,7 +148,7 @@ def cli(capsys, *args) -> tuple[int, str]:
     (["attach", "--pid", "1", "--mode", "snurhac"], "must start under umctl"),
 ])
 def test_cli_refusals_are_one_line(capsys, monkeypatch, args, msg):
-    monkeypatch.setattr("umctl.cli.live_cmd.gpus_present", lambda: 4)
+    monkeypatch.setattr("umctl.live.spec.gpus_present", lambda: 4)
     code, err = cli(capsys, *args)
     assert code != 0 and msg in err and "Traceback" not in err
     assert len(err.strip().splitlines()) == 1
@@ -156,9 +156,9 @@ def test_cli_refusals_are_one_line(capsys, monkeypatch, args, msg):
 
 def test_snurhac_run_sets_up_the_runtime(monkeypatch):
     """--gpus N: managed routing, partitioning over N GPUs, a controller with N GPUs' tables."""
-    from umctl.cli.live_cmd import ControlSpec
+    from umctl.live.spec import ControlSpec
 
-    monkeypatch.setattr("umctl.cli.live_cmd.gpus_present", lambda: 4)
+    monkeypatch.setattr("umctl.live.spec.gpus_present", lambda: 4)
     spec = ControlSpec("snurhac-dp", None, None, None, 0, None, 4, live_run=True)
     assert spec.gpus == 4 and spec.controller.name == "snurhac-dp"
     env = child_env({}, library="/x.so", managed=True, gpus="4")

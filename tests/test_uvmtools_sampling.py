@@ -166,12 +166,12 @@ def test_random_window_placement_is_not_fooled_by_a_workload_in_step_with_the_pe
 def test_views_sample_by_default_traces_and_controllers_never(fake_io, capsys, tmp_path):
     """A view (attach without -o/--mode, top) takes a 10 % sample unless told otherwise; a
     trace takes every event without being asked."""
-    from umctl.cli.live_cmd import _resolve_sample
+    from umctl.live.attach import resolve_sample
 
-    assert _resolve_sample(None, recording=False, control=False) == pytest.approx(0.1)
-    assert _resolve_sample(None, recording=True, control=False) == 1.0
-    assert _resolve_sample(None, recording=False, control=True) == 1.0
-    assert _resolve_sample("1", recording=False, control=False) == 1.0
+    assert resolve_sample(None, recording=False, control=False) == pytest.approx(0.1)
+    assert resolve_sample(None, recording=True, control=False) == 1.0
+    assert resolve_sample(None, recording=False, control=True) == 1.0
+    assert resolve_sample("1", recording=False, control=False) == 1.0
     rc, out, err = run_cli(capsys, "attach", "--pid", str(PID), "--no-launches", "--duration", "0.3")
     assert rc == 0, err
     assert "sampling     events and counters collected" in out

@@ -418,7 +418,7 @@ def test_attach_mode_needing_launches_without_probe_is_refused(fake_io, capsys):
 def test_attach_merges_launch_events_into_the_trace_and_summary(fake_io, tmp_path, capsys, monkeypatch):
     """The launch probe's LAUNCH records and kernel names join the tools-API batch: they reach
     the trace (with the names table) and the summary's top kernels by faults."""
-    import umctl.cli.live_cmd as live_cmd
+    import umctl.live.session as session
     from umctl.events.schema import EventBatch, empty
 
     class FakeProbe:
@@ -439,7 +439,7 @@ def test_attach_merges_launch_events_into_the_trace_and_summary(fake_io, tmp_pat
             self.closed = True
 
     probe = FakeProbe()
-    monkeypatch.setattr(live_cmd, "_start_launch_probe", lambda pid, enabled: probe)
+    monkeypatch.setattr(session, "start_launch_probe", lambda pid, warn: probe)
     fake_io.pending.append(gpu_faults(50, batch=1))
     trace = tmp_path / "l.parquet"
     code, out, err = run_cli(capsys, "attach", "--pid", str(PID), "-o", str(trace), "--duration", "0.5",

@@ -191,7 +191,7 @@ def main() -> None:
     a = ap.parse_args()
     t_start = time.monotonic()
 
-    from umctl.cli.live_cmd import gpus_present
+    from umctl.live.spec import gpus_present
 
     have = gpus_present()
     counts = [g for g in (int(x) for x in a.gpus.split(",")) if 1 <= g <= have]

@@ -36,7 +36,7 @@ import time
 import numpy as np
 
 from .. import UmctlError
-from . import result_records
+from .base import ActuatorBase
 from ..events.schema import COMMAND_DTYPE, Op, Status
 
 # -- protocol (kmod/umctl/umctl_genl.h) ------------------------------------------------------
@@ -131,7 +131,7 @@ def parse_attrs(buf: bytes, off: int, end: int) -> dict[int, bytes]:
     return out
 
 
-class KmodActuator:
+class KmodActuator(ActuatorBase):
     """Runs COMMAND batches through the umctl kernel module (see the module docstring)."""
 
     def __init__(self, *, family: int | None = None, rcvbuf: int = 8 << 20, start: bool = True,
@@ -150,11 +150,9 @@ class KmodActuator:
             except OSError:
                 continue
         self.sock.bind((0, 0))
-        self._lock = threading.Lock()
+        super().__init__(threading.Lock())
         self._cv = threading.Condition(self._lock)
-        self._results: list[tuple] = []
         self._seq_to_id: dict[int, int] = {}
-        self._next_id = 0
         self._outstanding = 0
         self._stop = False
         self.counts = {"submitted": 0, "sent": 0, "results": 0, "ok": 0, "failed": 0, "target_gone": 0,
@@ -178,8 +176,7 @@ class KmodActuator:
             return np.zeros(0, np.int64)
         if cmds.dtype != COMMAND_DTYPE:
             raise TypeError("commands must be a COMMAND batch")
-        ids = np.arange(self._next_id, self._next_id + len(cmds), dtype=np.int64)
-        self._next_id += len(cmds)
+        ids = self._new_ids(len(cmds))
         msgs = []
         with self._lock:
             for c, cid in zip(cmds.tolist(), ids.tolist()):
@@ -271,7 +268,7 @@ class KmodActuator:
         self._result(cid, _ERRNO_STATUS.get(err, Status.FAILED), 0, 0)
 
     def _result(self, cid: int, status: Status, nbytes: int, lat: int) -> None:
-        self._results.append((time.clock_gettime_ns(time.CLOCK_MONOTONIC), cid, int(status), nbytes, lat))
+        self._result_row(cid, status, nbytes, lat)
         self.counts["results"] += 1
         key = {Status.OK: "ok", Status.FAILED: "failed", Status.TARGET_GONE: "target_gone",
                Status.RANGE_INVALID: "range_invalid", Status.SKIPPED: "skipped"}[status]
@@ -280,15 +277,8 @@ class KmodActuator:
         self.latency_ns += lat
 
     # ------------------------------------------------------------------ results / lifecycle
-    def results(self) -> np.ndarray:
-        """RESULT records of everything answered since the last call."""
-        with self._lock:
-            rows, self._results = self._results, []
-        return result_records(rows)
-
-    def pending(self) -> int:
-        with self._lock:
-            return self._outstanding
+    def _pending_locked(self) -> int:
+        return self._outstanding
 
     def wait_idle(self, timeout: float = 10.0) -> bool:
         """Block until every sent command has been answered."""

@@ -31,7 +31,7 @@ from typing import Callable
 
 import numpy as np
 
-from . import result_records
+from .base import ActuatorBase
 from ..events.schema import COMMAND_DTYPE, Advice, Op, Status
 from ..sources.uvmtools import abi
 from ..units import BLOCK_SHIFT, BLOCK_SIZE, CPU
@@ -64,7 +64,7 @@ class _Item:
     live: bool = field(default=True, compare=False)
 
 
-class UvmActuator:
+class UvmActuator(ActuatorBase):
     """Runs command batches against one target's va_space, asynchronously.
 
     ``gpu_uuids`` maps our GPU numbers (0..N-1, as the source numbers them) to their 16-byte
@@ -91,11 +91,10 @@ class UvmActuator:
         self._heap: list[_Item] = []
         self._by_block: dict[int, _Item] = {}
         self._seq = 0
-        self._next_id = 0
         lock = threading.Lock()
+        super().__init__(lock)
         self._cv = threading.Condition(lock)        # workers wait for work on this one
         self._idle_cv = threading.Condition(lock)   # wait_idle waits on this one
-        self._results: list[tuple] = []
         self._stop = False
         self._busy = 0
         self._tokens_t = time.monotonic()
@@ -130,8 +129,7 @@ class UvmActuator:
         if cmds.dtype != COMMAND_DTYPE:
             raise TypeError("commands must be a COMMAND batch")
         now = time.monotonic_ns()
-        ids = np.arange(self._next_id, self._next_id + len(cmds), dtype=np.int64)
-        self._next_id += len(cmds)
+        ids = self._new_ids(len(cmds))
         with self._cv:
             for c, cid in zip(cmds, ids.tolist()):
                 self.counts["submitted"] += 1
@@ -387,20 +385,13 @@ class UvmActuator:
     def _result(self, cmd_id: int, status: Status, nbytes: int, latency_ns: int) -> None:
         if cmd_id < 0:   # our own follow-up work (what an invalidator kept), no command of the caller's
             return
-        self._results.append((time.clock_gettime_ns(time.CLOCK_MONOTONIC), cmd_id, int(status), nbytes, latency_ns))
+        self._result_row(cmd_id, status, nbytes, latency_ns)
         if status == Status.SKIPPED:
             self.counts["skipped"] += 1
 
     # ------------------------------------------------------------------ results / lifecycle
-    def results(self) -> np.ndarray:
-        """RESULT records of everything finished since the last call."""
-        with self._cv:
-            rows, self._results = self._results, []
-        return result_records(rows)
-
-    def pending(self) -> int:
-        with self._cv:
-            return sum(1 for it in self._heap if it.live)
+    def _pending_locked(self) -> int:
+        return sum(1 for it in self._heap if it.live)
 
     def wait_idle(self, timeout: float = 10.0) -> bool:
         """Block until the queue is empty and nothing is executing (tests, detach)."""
@@ -418,7 +409,7 @@ class UvmActuator:
             extra = {"invalidator": self.invalidator.stats()} if hasattr(self.invalidator, "stats") else {}
             return {**extra, "counts": dict(self.counts), "bytes": dict(self.bytes),
                     "latency_ms": {k: round(v / 1e6, 2) for k, v in self.latency_ns.items()},
-                    "errors": dict(self.errors), "pending": sum(1 for it in self._heap if it.live),
+                    "errors": dict(self.errors), "pending": self._pending_locked(),
                     "advice_set": len(self._advised)}
 
     def close(self, drain: bool = False, timeout: float = 5.0) -> None:

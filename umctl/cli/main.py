@@ -9,10 +9,12 @@ import sys
 from typing import List, Optional
 
 import typer
-from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from .. import UmctlError, __version__
+from .common import check_output_path, err, out
+from .common import describe as _describe
+from .common import overrides as _overrides
 
 app = typer.Typer(
     name="umctl",
@@ -23,10 +25,6 @@ app = typer.Typer(
     rich_markup_mode="rich",
     pretty_exceptions_enable=False,
 )
-out = Console()
-if not out.is_terminal:  # piped or captured: don't squeeze tables into 80 columns
-    out = Console(width=160)
-err = Console(stderr=True)
 
 
 _mounted = False
@@ -39,7 +37,8 @@ def _mount_subcommands() -> None:
     if _mounted:
         return
     _mounted = True
-    from .live_cmd import attach_command, record_command, run_command, top_command
+    from .live_cmd import attach_command, record_command, run_command
+    from .top_cmd import top_command
     from .exporter_cmd import exporter_command
     from .scenarios_cmd import scenarios_command
     from .sweep_cmd import sweep_command
@@ -54,38 +53,6 @@ def _mount_subcommands() -> None:
     app.command("scenarios", help="List the built-in scenarios and their parameters.\n\n"
                 "Example: [bold]umctl scenarios --family dnn[/bold]")(scenarios_command)
     app.add_typer(trace_app, name="trace", help="Inspect and export trace files.")
-
-
-def _overrides(oversub, gpu_mem, iters, seed, params) -> dict[str, str]:
-    from ..sources.scenario import parse_param
-
-    ov: dict[str, str] = {}
-    for p in params or []:
-        k, v = parse_param(p)
-        ov[k] = v
-    if oversub is not None:
-        ov["oversub"] = str(oversub)
-    if gpu_mem is not None:
-        ov["gpu_mem"] = gpu_mem
-    if iters is not None:
-        ov["iterations"] = str(iters)
-    if seed is not None:
-        ov["seed"] = str(seed)
-    return ov
-
-
-def check_output_path(path: str | None, what: str) -> None:
-    """Refuse an output file that cannot be written before any work is done (a replay or a
-    sweep can take minutes, and its figure is the last thing it writes)."""
-    if not path:
-        return
-    import os
-
-    parent = os.path.dirname(os.path.abspath(path)) or "."
-    if not os.path.isdir(parent):
-        raise UmctlError(f"{path}: cannot write the {what}: directory {parent} does not exist")
-    if not os.access(parent, os.W_OK) or (os.path.exists(path) and not os.access(path, os.W_OK)):
-        raise UmctlError(f"{path}: cannot write the {what}: permission denied")
 
 
 def _run_replay(target: str, modes: str, overrides: dict[str, str], seed: int, png: Optional[str],
@@ -168,17 +135,6 @@ def _run_replay(target: str, modes: str, overrides: dict[str, str], seed: int, p
 
         timeline_png(results, timeline, f"umctl replay — {workload.name}: host, copy and kernel timelines")
         err.print(f"wrote {timeline}")
-
-
-def _describe(w) -> str:
-    from ..units import format_bytes
-
-    cap = sum(w.gpu_mem)
-    peak, total = w.peak_managed_bytes, w.managed_bytes
-    allocated = f" ({format_bytes(total)} allocated in all)" if total > peak else ""
-    return (f"{w.name}: {format_bytes(peak)} managed at peak{allocated} on {w.n_gpus} GPU(s) of "
-            f"{format_bytes(w.gpu_mem[0])} ({peak / cap:.2f}× oversubscribed), "
-            f"{len(w.kernels):,} kernels, {w.n_accesses:,} page accesses")
 
 
 def _suffix(path: str, mode: str) -> str:

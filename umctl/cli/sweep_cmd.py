@@ -12,6 +12,7 @@ from rich.table import Table
 
 from .. import UmctlError
 from ..units import format_bytes
+from .common import check_output_path, describe, overrides
 
 
 def sweep_command(
@@ -31,18 +32,16 @@ def sweep_command(
     Example: [bold]umctl sweep resnet152 --iters 4 --png sweep.png[/bold]
     """
     from ..report.png import sweep_png
-    from .main import check_output_path
 
     check_output_path(png, "figure")
     from ..sources.target import resolve_target
     from ..sim.sweep import sweep
-    from .main import _describe, _overrides
 
     kinds = [w.strip() for w in what.split(",") if w.strip()]
     bad = [k for k in kinds if k not in ("table", "degree")]
     if bad or not kinds:
         raise UmctlError(f"unknown sweep {bad[0] if bad else what!r}: use table, degree or table,degree")
-    workload = resolve_target(target, _overrides(oversub, gpu_mem, iters, None, param))
+    workload = resolve_target(target, overrides(oversub, gpu_mem, iters, None, param))
     err = Console(stderr=True)
     out = Console(width=140)
     results: dict[str, list[dict]] = {}
@@ -58,7 +57,7 @@ def sweep_command(
         print(json.dumps(results, indent=2, default=float))
     else:
         for k, rows in results.items():
-            t = Table(title=f"{mode} {k} sweep — {_describe(workload)}", title_justify="left")
+            t = Table(title=f"{mode} {k} sweep — {describe(workload)}", title_justify="left")
             for col in ("point", "sim time", "steady time", "speedup", "GPU faults", "table size", "pf accuracy"):
                 t.add_column(col, justify="right")
             for r in rows:

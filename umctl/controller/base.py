@@ -57,8 +57,24 @@ class Controller:
     #: Event kinds the controller needs; sources skip building the others (cheaper replays,
     #: and live sources enable only these tracker event types).
     subscribes: ClassVar[frozenset[Kind]] = frozenset()
-    #: True if the mode needs perfect future knowledge and so cannot run live.
+    #: True if the mode cannot run live (it needs perfect future knowledge, or inputs a live
+    #: program does not give); ``replay_only_why`` is the refusal's reason.
     replay_only: ClassVar[bool] = False
+    replay_only_why: ClassVar[str] = "needs the future"
+    # -- what the mode needs live (umctl.live.spec reads these; no rule there names a mode) --
+    #: Part of the mode runs inside the program, in umctl's runtime (runtime/, LD_PRELOAD): the
+    #: program must start under ``umctl run``; ``runtime_why`` says what the runtime does.
+    needs_runtime: ClassVar[bool] = False
+    runtime_why: ClassVar[str] = ""
+    #: The runtime turns host-to-device copies into chunked migrations and that is the whole
+    #: mode: no controller steers (a --budget adds mode none's keeper).
+    runtime_copies: ClassVar[bool] = False
+    #: The runtime spreads the program's partitionable kernels over ``--gpus N`` GPUs.
+    live_gpus: ClassVar[bool] = False
+    #: Live, the mode is this other mode's controller plus the budget keeper (None: itself).
+    live_as: ClassVar[str | None] = None
+    #: Live, the mode needs ``--spare-gpus N`` (neighbour GPUs' memory; and so ``--budget``).
+    needs_spare_gpus: ClassVar[bool] = False
     #: True if the mode's in-process runtime wraps the launch call, so it sees every launch
     #: before the kernel runs (SnuRHAC issues its static prefetches there): replay then hands
     #: LAUNCH events over at each launch instead of in the next drain.

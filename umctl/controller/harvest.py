@@ -66,7 +66,14 @@ class _Base(Controller):
 
     subscribes: ClassVar[frozenset[Kind]] = frozenset({Kind.FAULT, Kind.EVICTION})
     replay_only: ClassVar[bool] = True
+    replay_only_why: ClassVar[str] = "needs the HUVM driver"
     features: ClassVar[frozenset[str]] = frozenset()
+    # Live, with the stock driver, memHarvester is its victim cache: what the budget evicts goes
+    # to the neighbours' spare memory (round-robin) and faults fetch it back over NVLink. The
+    # HUVM driver features (parallel fetch, large-page write-back, multi-path prefetch) exist
+    # only on replay.
+    live_as: ClassVar[str | None] = "none"
+    needs_spare_gpus: ClassVar[bool] = True
 
     def __init__(self, threshold_chunks: int = 0, prefetch_bytes: int = 32 << 20, stride_bytes: int = 2 << 20,
                  active_window_ns: int = 5_000_000, lend_limit: bool = True):
@@ -307,3 +314,5 @@ class PreEfHost(_Base):
 
     name = "pre-ef-host"
     features = frozenset({"pe", "lpf"})
+    live_as = None   # no neighbour's memory to spill to: nothing of it runs on the stock driver
+    needs_spare_gpus = False

@@ -143,6 +143,9 @@ class HumController(Controller):
 
     name = "hum"
     schedule = True
+    needs_runtime = True
+    runtime_why = "changes how the program copies"
+    runtime_copies = True
 
     def __init__(self, **options):
         super().__init__(**options)

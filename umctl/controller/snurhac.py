@@ -203,6 +203,9 @@ class SnuRHACController(Controller):
     drain_ns = 50_000
     static_prefetch = False
     dynamic_prefetch = False
+    needs_runtime = True
+    runtime_why = "partitions the program's kernels inside the program"
+    live_gpus = True
 
     def __init__(self, overlap_threshold: float = 0.5, host_copy_gbps: float = 20.0, num_rows: int = 65536,
                  assoc: int = 4, num_levels: int = 3, num_succs: int = 4, single_gpu: bool = False,
@@ -476,6 +479,9 @@ class SnuRHACStatic(SnuRHACController):
 
     name = "snurhac-sp"
     static_prefetch = True
+    replay_only = True
+    replay_only_why = ("prefetches from the compiler's access ranges, which a live program does not give umctl "
+                       "(live: snurhac, snurhac-dp)")
 
 
 @register
@@ -484,6 +490,8 @@ class SnuRHACStaticDynamic(SnuRHACController):
 
     name = "snurhac-sp-dp"
     static_prefetch = True
+    replay_only = True
+    replay_only_why = SnuRHACStatic.replay_only_why
     dynamic_prefetch = True
 
 

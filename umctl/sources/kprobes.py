@@ -298,13 +298,9 @@ class KprobeSource:
     # what the live loop (umctl attach) asks of a source -------------------------------------
     kinds = frozenset({Kind.FAULT, Kind.REPLAY, Kind.MIGRATION, Kind.EVICTION})
     gpus: list[dict] = []   # the probes see UVM processor ids, not the GPUs' names or sizes
-
-    def actuator(self, **kw):
-        """The actuator that goes with this source: the umctl kernel module (no fd of the target's
-        is held here, unlike the tools-API source)."""
-        from ..actuators.kmod import KmodActuator
-
-        return KmodActuator()
+    #: the actuator that goes with this source (umctl.live.spec.ACTUATORS): the umctl kernel
+    #: module, which finds the target's va_space itself (no fd of the target's is held here)
+    actuator = "kmod"
 
     def map_vaspace(self, vaspace: int, pid: int) -> None:
         """Name the owner of a va_space the kernel side could not resolve."""

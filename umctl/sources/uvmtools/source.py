@@ -19,7 +19,8 @@ from __future__ import annotations
 
 import errno
 import time
-from typing import Iterable
+from dataclasses import dataclass
+from typing import Callable, Iterable
 
 import numpy as np
 
@@ -72,6 +73,19 @@ def kinds_label(kinds: Iterable[Kind]) -> str:
 _TIMELY_TYPES = np.array([abi.EV_GPU_FAULT, abi.EV_CPU_FAULT], dtype=np.uint8)
 
 
+@dataclass(frozen=True)
+class VaSpace:
+    """A target's va_space as this attachment holds it: the duplicated fd, our GPU number ->
+    16-byte UUID (a callable: a GPU the target registers later appears in the table then), the
+    CPU's UUID, the ioctl layer and the target's pidfd (-1: none)."""
+
+    va_fd: int
+    gpu_uuid: Callable[[int], bytes | None]
+    cpu_uuid: bytes
+    io: abi.Ioctl
+    pidfd: int
+
+
 class UvmToolsSource:
     """Events of one process through the UVM tools API.
 
@@ -80,6 +94,10 @@ class UvmToolsSource:
     ``stop()`` ends collection after a final flush and drain (call ``drain()`` once more to
     get those), ``close()`` releases the driver objects. ``exited()`` says whether the target
     has exited; its events up to then are still drained."""
+
+    #: the actuator that reaches this source's target (umctl.live.spec.ACTUATORS builds it from
+    #: :meth:`va_space`): UVM ioctls on the borrowed va_space fd
+    actuator = "uvm"
 
     def __init__(self, pid: int, kinds: Iterable[Kind] = DEFAULT_KINDS, ring_entries: int = 2 ** 18,
                  flush_ms: float = 5.0, *, drain_ms: float = 2.0, counters: bool = True, sample: float = 1.0,
@@ -266,13 +284,12 @@ class UvmToolsSource:
         if status != abi.NV_OK:
             raise TrackerError(f"{what}: the driver returned {abi.nv_status_name(status)}")
 
-    def actuator(self, **kw):
-        """A ``uvm`` actuator on this attachment's va_space (the same duplicated fd), with
+    def va_space(self) -> VaSpace:
+        """What an actuator needs to act on the target's va_space: the same duplicated fd, and
         GPUs numbered as this source numbers them in events."""
-        from ...actuators.uvm import UvmActuator
-
         if self._borrowed is None:
             raise LiveError("not attached")
+
         def gpu_uuid(g: int) -> bytes | None:
             for attempt in range(2):
                 for info in self.gpus:
@@ -284,8 +301,8 @@ class UvmToolsSource:
                         self.decoder.processor_map = pmap.astype(np.int16)
             return None
 
-        return UvmActuator(self._borrowed.va_fd, gpu_uuid, self.processor_uuids.get(abi.UVM_CPU_INDEX, bytes(16)),
-                           io=self.io, pidfd=self._borrowed.pidfd, **kw)
+        return VaSpace(self._borrowed.va_fd, gpu_uuid, self.processor_uuids.get(abi.UVM_CPU_INDEX, bytes(16)),
+                       self.io, self._borrowed.pidfd)
 
     # -- running --------------------------------------------------------------------------
     def drain(self) -> EventBatch:
