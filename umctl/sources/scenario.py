@@ -37,7 +37,7 @@ from typing import Any, Callable, Iterable
 
 from .. import UmctlError
 from ..units import parse_size
-from .families import GENERATORS, ParamError, Params
+from .families import GENERATORS, JOBS, ParamError, Params, tenants
 from .workload import Workload
 
 #: Parameters every scenario accepts, with the defaults used when a file does not set them.
@@ -260,6 +260,17 @@ def resolve_params(info: ScenarioInfo, overrides: dict[str, Any] | None = None) 
         except ValueError as e:
             raise UmctlError(f"scenario {info.name}: bad value {text!r} for {name}: {_one_line(e)}") from None
     return params
+
+
+def _tenant_job(name: str):
+    """A tenant of a ``tenants`` scenario, by its scenario's name (families.tenants.find_job)."""
+    info = find_scenario(name)
+    if info.generator not in JOBS:
+        raise ParamError(f"{name} cannot run as a tenant (only {', '.join(JOBS)} scenarios can)")
+    return JOBS[info.generator], resolve_params(info, {})
+
+
+tenants.find_job = _tenant_job
 
 
 def load_scenario(target: str, overrides: dict[str, str] | None = None) -> Workload:

@@ -15,20 +15,22 @@ jobs started together; a replay's per-GPU clocks decide the real overlap.
 from __future__ import annotations
 
 import heapq
-from typing import Iterator
+from typing import Callable, Iterator
 
 from ..workload import Workload, WorkloadBuilder
 from .common import ParamError, Params, Tick, check, check_common
 
 
+#: name -> (the job generator of that scenario's family, its default parameters), ParamError if it
+#: cannot run as a tenant: set by umctl.sources.scenario, which owns the scenario files and the
+#: generator registry, so the imports run one way (scenario -> families)
+find_job: Callable[[str], tuple[Callable[..., Iterator[Tick]], dict]] | None = None
+
+
 def generate(params: dict) -> Workload:
     """The ``tenants`` family: one harvester and ``tenants - 1`` neighbours, one GPU each."""
-    from ..scenario import (  # the registry imports this module
-        find_scenario,
-        resolve_params,
-    )
-    from . import JOBS
-
+    if find_job is None:
+        raise ParamError("tenants scenarios are generated through umctl.sources.scenario (load_scenario)")
     check_common(params)
     n = params["tenants"]
     check(2 <= n <= 8, f"tenants must be between 2 and 8 (got {n})")
@@ -52,9 +54,8 @@ def generate(params: dict) -> Workload:
     for t in range(n):
         harvests = t < h
         name = harvesters[t] if harvests else params["neighbours"][(t - h) % len(params["neighbours"])]
-        info = find_scenario(name)
-        check(info.generator in JOBS, f"{name} cannot run as a tenant (only {', '.join(JOBS)} scenarios can)")
-        sub = Params(resolve_params(info, {}))
+        job, defaults = find_job(name)
+        sub = Params(defaults)
         sub.update(seed=params["seed"] + t,
                    iterations=params["iterations"] if harvests else params["neighbour_iterations"])
         if params.get("job_hbm_gbps", 0) > 0:   # the jobs run on another GPU than their own defaults'
@@ -65,7 +66,7 @@ def generate(params: dict) -> Workload:
             ratio = 1 - (nspare[t - h] if t - h < len(nspare) else params["spare"])
         footprint = ratio * params["gpu_mem"]
         meta = {"scenario": name, "pid": t, "gpu": t, "harvester": harvests, "ratio": ratio}
-        jobs.append(JOBS[info.generator](b, sub, footprint=int(footprint), pid=t, gpu=t, meta=meta))
+        jobs.append(job(b, sub, footprint=int(footprint), pid=t, gpu=t, meta=meta))
         tenants.append(meta)
     clock = [(0, t) for t in range(n)]
     while clock:
