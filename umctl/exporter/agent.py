@@ -44,6 +44,8 @@ from .metrics import ControlTotals, ExporterState, ProcessTotals
 #: sampling window writes ~11 K entries, which a 10 ms drain keeps well inside 16 K.
 #: Overflow is never silent (umctl_exporter_dropped_events_total); --ring-entries enlarges.
 RING_ENTRIES = 1 << 14
+#: What says the driver is there (the nvidia-uvm module creates it).
+TOOLS_PATH = abi.Ioctl.TOOLS_PATH
 DRAIN_MS = 10.0
 BACKOFF_S = (2.0, 60.0)
 
@@ -98,7 +100,7 @@ class Agent:
         self.state_dir = state_dir
         self.io_factory = io_factory
         self.proc_root = proc_root
-        self.driver_present = driver_present or (lambda: os.path.exists(abi.Ioctl.TOOLS_PATH))
+        self.driver_present = driver_present or (lambda: os.path.exists(TOOLS_PATH))
         self.log = log or _stderr_log
         self.clock = clock
         self.sessions: dict[int, _Session] = {}

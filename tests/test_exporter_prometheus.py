@@ -1,0 +1,209 @@
+"""``umctl exporter`` scraped by a real Prometheus server (Debian's ``prometheus`` package,
+installed by .ci/run): the exporter runs in a subprocess fed by the project's fake UVM tools
+device (a fake process faulting at a known rate), Prometheus scrapes it every second, and the
+rates and totals Prometheus computes through its HTTP query API must match what the fake
+produced; the fake target is then killed mid-run and its series must end cleanly (final total
+exact, no counter reset, gone after the grace period) while the exporter stays up.
+
+Run as a script (``--serve``), this file is the fake-fed exporter itself."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.parse
+import urllib.request
+
+import pytest
+
+RATE = 2000          # faults per second the fake target takes
+BATCH = 100          # faults per fault batch: 20 batches/s
+PID = 4242
+RUN_S = 16.0         # faulting, then killed
+GRACE_S = 4.0
+
+pytestmark = pytest.mark.skipif(shutil.which("prometheus") is None,
+                                reason="needs the prometheus server binary (apt install prometheus; .ci/run does)")
+
+
+# -- the fake-fed exporter (subprocess) -----------------------------------------------------
+
+def serve(port: int, workdir: str) -> int:
+    """The exporter on ``port`` over a fake node with one process that faults at RATE/s
+    for RUN_S seconds and is then killed; writes what it produced to workdir/produced.json."""
+    import pathlib
+
+    from umctl.cli.main import main
+    from umctl.exporter import agent as agent_mod
+    from umctl.sources.uvmtools import abi, process
+    from umctl.sources.uvmtools import source as source_mod
+
+    from test_exporter import NodeDriver, faults_for, spawn
+    from test_uvmtools_source import entries
+
+    tmp = pathlib.Path(workdir)
+    root = str(tmp / "proc")
+    os.makedirs(root, exist_ok=True)
+    drv = NodeDriver(root)
+    process.PROC_ROOT = root
+    abi.Ioctl = lambda: drv                              # the fake device at the Ioctl seam
+    process.nvidia_smi_gpus = source_mod.nvidia_smi_gpus = lambda: []
+    (tmp / "nvidia-uvm-tools").touch()
+    agent_mod.TOOLS_PATH = str(tmp / "nvidia-uvm-tools")
+    spawn(tmp, PID, comm="fake_train")
+
+    def produce() -> None:
+        while PID not in drv.ring_of:                    # until the exporter attaches
+            time.sleep(0.01)
+        t0 = time.monotonic()
+        sent = batch = 0
+        while (now := time.monotonic()) - t0 < RUN_S:
+            due = int((now - t0) * RATE) // BATCH * BATCH
+            while sent < due:
+                recs = faults_for(PID, BATCH, batch)
+                replay = entries({"type": abi.EV_GPU_FAULT_REPLAY, "r_gpu": 1, "r_batch": batch, "r_ts": 1})
+                n = drv.emit(PID, abi.concat_entries([recs, replay])) - 1
+                assert n == BATCH, "ring full"
+                sent += BATCH
+                batch += 1
+            time.sleep(0.05)
+        shutil.rmtree(tmp / "proc" / str(PID))           # the target is killed
+        doc = {"faults": sent, "batches": batch, "t_start": time.time() - (time.monotonic() - t0),
+               "t_kill": time.time()}
+        (tmp / "produced.json.tmp").write_text(json.dumps(doc))
+        os.replace(tmp / "produced.json.tmp", tmp / "produced.json")
+
+    threading.Thread(target=produce, daemon=True).start()
+    return main(["exporter", "--listen", f"127.0.0.1:{port}", "--sample", "1", "--interval", "250ms",
+                 "--grace", f"{GRACE_S}s", "--state-dir", str(tmp / "run")])
+
+
+# -- the test -------------------------------------------------------------------------------
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def get(url: str, timeout: float = 5.0) -> bytes:
+    with urllib.request.urlopen(url, timeout=timeout) as r:
+        return r.read()
+
+
+def query(base: str, expr: str, t: float | None = None) -> list:
+    q = {"query": expr} | ({"time": f"{t:.3f}"} if t is not None else {})
+    doc = json.loads(get(f"{base}/api/v1/query?{urllib.parse.urlencode(q)}"))
+    assert doc["status"] == "success", doc
+    return doc["data"]["result"]
+
+
+def query_range(base: str, expr: str, start: float, end: float, step: float = 1.0) -> list:
+    q = {"query": expr, "start": f"{start:.3f}", "end": f"{end:.3f}", "step": f"{step:g}"}
+    doc = json.loads(get(f"{base}/api/v1/query_range?{urllib.parse.urlencode(q)}"))
+    assert doc["status"] == "success", doc
+    return doc["data"]["result"]
+
+
+def wait_for(what: str, cond, timeout: float) -> None:
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        try:
+            if cond():
+                return
+        except OSError:
+            pass
+        time.sleep(0.2)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def stop(p: subprocess.Popen) -> None:
+    if p.poll() is None:
+        p.send_signal(signal.SIGTERM)
+        try:
+            p.wait(10)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
+
+
+def test_prometheus_rates_match_the_fake_and_a_killed_target_ends_cleanly(tmp_path):
+    eport, pport = free_port(), free_port()
+    exp_log = open(tmp_path / "exporter.log", "w")
+    exporter = subprocess.Popen([sys.executable, __file__, "--serve", str(eport), str(tmp_path)],
+                                stdout=exp_log, stderr=subprocess.STDOUT)
+    (tmp_path / "prometheus.yml").write_text(
+        "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\n"
+        f"scrape_configs:\n  - job_name: umctl\n    static_configs:\n      - targets: ['127.0.0.1:{eport}']\n")
+    prom_log = open(tmp_path / "prometheus.log", "w")
+    prom = subprocess.Popen(["prometheus", f"--config.file={tmp_path / 'prometheus.yml'}",
+                             f"--storage.tsdb.path={tmp_path / 'tsdb'}", f"--web.listen-address=127.0.0.1:{pport}"],
+                            stdout=prom_log, stderr=subprocess.STDOUT, cwd=tmp_path)
+    base = f"http://127.0.0.1:{pport}"
+    try:
+        wait_for("prometheus ready", lambda: get(f"{base}/-/ready") is not None, 60)
+        wait_for("the exporter's first scrape",
+                 lambda: any(r["value"][1] == "1" for r in query(base, 'up{job="umctl"}')), 60)
+        produced = tmp_path / "produced.json"
+        wait_for("the fake target to be killed", produced.exists, RUN_S + 60)
+        doc = json.loads(produced.read_text())
+        # the series must end: after the grace period and a scrape, no sample at "now"
+        sel = f'umctl_gpu_faults_total{{pid="{PID}"}}'
+        wait_for("the series to end", lambda: query(base, sel) == [], GRACE_S + 30)
+        t_end = time.time()
+
+        # rates while it ran (Prometheus's own rate()), over windows wholly inside the scraped
+        # run: a window the series only partly covers reads low (rate() divides by the window)
+        t0, tk = doc["t_start"], doc["t_kill"]
+        first = float(query_range(base, sel, t0 - 60, tk, 0.25)[0]["values"][0][0])
+        t0 = max(t0, first)
+        rates = query_range(base, f"rate({sel}[5s])", t0 + 6, tk - 1)
+        values = [float(v) for _, v in rates[0]["values"]]
+        assert len(values) >= 5, rates
+        mean = sum(values) / len(values)
+        assert mean == pytest.approx(RATE, rel=0.05), values
+        assert all(v == pytest.approx(RATE, rel=0.25) for v in values), values
+        b = query_range(base, f'rate(umctl_gpu_fault_batches_total{{pid="{PID}"}}[5s])', t0 + 6, tk - 1)
+        bmean = sum(float(v) for _, v in b[0]["values"]) / len(b[0]["values"])
+        assert bmean == pytest.approx(RATE / BATCH, rel=0.05)
+
+        # the ended series: the exact total, no reset, marked not attached during the grace
+        last = query(base, f"max_over_time({sel}[2m])", t_end)
+        assert float(last[0]["value"][1]) == doc["faults"]
+        assert float(query(base, f"resets({sel}[2m])", t_end)[0]["value"][1]) == 0
+        labels = last[0]["metric"]
+        assert labels["comm"] == "fake_train" and labels["gpu"] == "0" and labels["uuid"].startswith("GPU-")
+        attached = query(base, f'min_over_time(umctl_process_attached{{pid="{PID}"}}[2m])', t_end)
+        assert float(attached[0]["value"][1]) == 0
+        # and the exporter carried on: still scraped, nothing went wrong, its own series live
+        assert query(base, 'up{job="umctl"}')[0]["value"][1] == "1"
+        assert float(query(base, "umctl_exporter_errors_total")[0]["value"][1]) == 0
+        assert float(query(base, 'umctl_exporter_processes{state="attached"}')[0]["value"][1]) == 0
+        assert exporter.poll() is None
+    except BaseException:
+        exp_log.flush()
+        prom_log.flush()
+        print("--- exporter ---\n" + (tmp_path / "exporter.log").read_text()[-4000:])
+        print("--- prometheus ---\n" + (tmp_path / "prometheus.log").read_text()[-4000:])
+        raise
+    finally:
+        stop(exporter)
+        stop(prom)
+        exp_log.close()
+        prom_log.close()
+    assert exporter.returncode == 0
+
+
+if __name__ == "__main__":
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--serve", nargs=2, metavar=("PORT", "WORKDIR"), required=True)
+    a = ap.parse_args()
+    sys.exit(serve(int(a.serve[0]), a.serve[1]))
