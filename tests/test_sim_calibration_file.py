@@ -7,7 +7,8 @@ import pytest
 from simkit import sweep
 from umctl import UmctlError
 from umctl.controller import make_controller
-from umctl.sim.calibration import DEFAULT, Calibration, fit_fault_path
+from umctl.sim.calibration import DEFAULT, Calibration
+from umctl.sim.fit import fit_fault_path
 from umctl.sim.engine import simulate
 from umctl.units import GiB
 

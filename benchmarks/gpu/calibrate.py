@@ -9,7 +9,7 @@ host-written memory (read-only and read-write kernels), cuMemPrefetchAsync host-
 GPU->host, pinned and pageable cudaMemcpy host->GPU, and — with the tools API attached to
 this process — fault batches and distinct faulted pages per pass. Link rates are taken as
 measured; the per-batch cost of the fault path is fitted so the simulated cold pass takes the
-measured read-write time (umctl.sim.calibration.fit_fault_path); the cost of each extra 2 MiB
+measured read-write time (umctl.sim.fit.fit_fault_path); the cost of each extra 2 MiB
 block in a batch is the least-squares slope over the batches of strided passes (one page every
 32 KiB to 2 MiB). ``--refit FILE`` recomputes
 the calibration of an existing file from its measurements, without a GPU."""
@@ -163,7 +163,8 @@ def batch_shapes(batch) -> list[tuple[int, int, int]]:
 def calibration_from(measured: dict, meta: dict):
     """Link rates as measured; the fault path fitted to the read-write cold pass (training
     kernels write most of what they fault in, and write faults cost more than reads)."""
-    from umctl.sim.calibration import DEFAULT, fit_block_ns, fit_fault_path
+    from umctl.sim.calibration import DEFAULT, fit_block_ns
+    from umctl.sim.fit import fit_fault_path
 
     nb = measured["mib"] << 20
     med = {k: statistics.median(v) for k, v in measured.items() if k.endswith("_ms")}

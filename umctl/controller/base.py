@@ -175,13 +175,13 @@ def _load_builtin() -> None:
     if _LOADED:
         return
     import importlib
+    import os
     import pkgutil
 
-    from .. import controller as pkg
-
-    for info in pkgutil.iter_modules(pkg.__path__):
+    pkg = __name__.rpartition(".")[0]
+    for info in pkgutil.iter_modules([os.path.dirname(__file__)]):
         if info.name not in ("base", "tables", "options"):
-            importlib.import_module(f"{pkg.__name__}.{info.name}")
+            importlib.import_module(f"{pkg}.{info.name}")
     _LOADED = True
 
 
