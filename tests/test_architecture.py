@@ -1,0 +1,121 @@
+"""The package's shape, as ARCHITECTURE.md states it: imports run one way (no cycle, counting the
+imports inside functions too, which is where cycles hide), the mode registry is the controller
+package's own, and nothing outside the CLI leans on the CLI's private names."""
+
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+PKG = ROOT / "umctl"
+
+
+def _modules() -> dict[str, tuple[Path, bool]]:
+    mods = {}
+    for p in PKG.rglob("*.py"):
+        parts = list(p.relative_to(ROOT).with_suffix("").parts)
+        is_pkg = parts[-1] == "__init__"
+        mods[".".join(parts[:-1] if is_pkg else parts)] = (p, is_pkg)
+    return mods
+
+
+def import_graph() -> dict[str, set[str]]:
+    """module -> the umctl modules it imports anywhere in its text (``from a import b`` counts
+    as importing ``a.b`` where that is a module, else ``a``)."""
+    mods = _modules()
+    graph: dict[str, set[str]] = {}
+    for m, (path, is_pkg) in mods.items():
+        deps: set[str] = set()
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Import):
+                deps |= {a.name for a in node.names}
+            elif isinstance(node, ast.ImportFrom):
+                if node.level:
+                    base = m.split(".")[: None if is_pkg else -1]
+                    base = base[: len(base) - (node.level - 1)]
+                    target = ".".join(base + ([node.module] if node.module else []))
+                else:
+                    target = node.module or ""
+                for a in node.names:
+                    deps.add(f"{target}.{a.name}" if f"{target}.{a.name}" in mods else target)
+        graph[m] = {d for d in deps if d in mods and d != m}
+    return graph
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan, iterative)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on: set[str] = set()
+    out: list[list[str]] = []
+    for root in graph:
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph[root])))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        on.add(root)
+        while work:
+            v, it = work[-1]
+            w = next(it, None)
+            if w is not None:
+                if w not in index:
+                    index[w] = low[w] = len(index)
+                    stack.append(w)
+                    on.add(w)
+                    work.append((w, iter(sorted(graph[w]))))
+                elif w in on:
+                    low[v] = min(low[v], index[w])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[v])
+            if low[v] == index[v]:
+                comp = []
+                while True:
+                    x = stack.pop()
+                    on.discard(x)
+                    comp.append(x)
+                    if x == v:
+                        break
+                if len(comp) > 1:
+                    out.append(sorted(comp))
+    return out
+
+
+def test_cycle_finder_finds_a_cycle():
+    assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert cycles({"a": {"b"}, "b": set()}) == []
+
+
+def test_no_import_cycle_in_the_package():
+    assert cycles(import_graph()) == []
+
+
+def _py_files(*dirs: str):
+    for d in dirs:
+        yield from (ROOT / d).rglob("*.py")
+
+
+def test_the_mode_registry_is_read_only_inside_controller():
+    outside = [str(p.relative_to(ROOT)) for p in _py_files("umctl", "tests", "benchmarks", "tools")
+               if "_REGISTRY" in p.read_text() and p.parent != PKG / "controller"
+               and p.name != "test_architecture.py"]
+    assert outside == []
+
+
+def test_nothing_imports_a_private_name_from_the_cli():
+    private = re.compile(r"from umctl\.cli\.\w+ import [^\n]*\b_\w+|umctl\.cli\.\w+\._\w+|"
+                         r"import umctl\.cli\.\w+ as")
+    users = [str(p.relative_to(ROOT)) for p in _py_files("tests", "benchmarks", "tools", "umctl")
+             if p.name != "test_architecture.py" and private.search(p.read_text())]
+    assert users == []
+
+
+def test_live_side_does_not_import_the_cli():
+    graph = import_graph()
+    assert [m for m, deps in graph.items() if not m.startswith("umctl.cli")
+            and any(d.startswith("umctl.cli") for d in deps)] == []
