@@ -207,6 +207,19 @@ def run_window(config: str, pid: int, seconds: float) -> Window:
     return w
 
 
+def start_loop(seconds: float, extra: list[str]) -> tuple[subprocess.Popen, int, list[str]]:
+    """tests/gpu/wl_torch.py running for ``seconds``: started, its READY pid read, its STEP
+    lines gathered in the background into the returned list, and let go."""
+    cmd = [sys.executable, os.path.join(ROOT, "tests", "gpu", "wl_torch.py"), "--wait", "--seconds", str(seconds)]
+    p = subprocess.Popen(cmd + list(extra), stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, bufsize=1)
+    pid = int(p.stdout.readline().split()[1])
+    lines: list[str] = []
+    threading.Thread(target=lambda: lines.extend(iter(p.stdout.readline, "")), daemon=True).start()
+    p.stdin.write("GO\n")
+    p.stdin.flush()
+    return p, pid, lines
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--window", type=float, default=3.0, help="seconds per window")
@@ -223,14 +236,7 @@ def main() -> None:
     if bad:
         sys.exit(f"attach_overhead: unknown configuration(s) {bad}; choose from {CONFIGS}")
     total = a.warmup + a.rounds * (2 * len(configs) + 1) * (a.window + 0.3) + 30
-    cmd = [sys.executable, os.path.join(ROOT, "tests", "gpu", "wl_torch.py"), "--wait", "--seconds", str(total)]
-    p = subprocess.Popen(cmd + (["--no-touch"] if a.no_touch else []), stdin=subprocess.PIPE,
-                         stdout=subprocess.PIPE, text=True, bufsize=1)
-    pid = int(p.stdout.readline().split()[1])
-    lines: list[str] = []
-    threading.Thread(target=lambda: lines.extend(iter(p.stdout.readline, "")), daemon=True).start()
-    p.stdin.write("GO\n")
-    p.stdin.flush()
+    p, pid, lines = start_loop(total, ["--no-touch"] if a.no_touch else [])
     time.sleep(a.warmup)
     rng = random.Random(a.seed)
     windows: list[Window] = []

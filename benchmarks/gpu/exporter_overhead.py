@@ -35,9 +35,10 @@ import time
 import urllib.request
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, HERE)
-from attach_overhead import OFF, Window, paired_overheads, parse_steps, summarize, window_steps  # noqa: E402
+from attach_overhead import (  # noqa: E402
+    OFF, Window, paired_overheads, parse_steps, start_loop, summarize, window_steps,
+)
 
 CONFIGS = {"exporter, sampled 10% (default)": 0.1, "exporter, --sample 1": 1.0}
 
@@ -156,13 +157,7 @@ def main() -> None:
     a = ap.parse_args()
     configs = list(CONFIGS)
     total = a.warmup + a.rounds * (2 * len(configs) + 1) * (a.window + 1.0) + a.compare + 60
-    cmd = [sys.executable, os.path.join(ROOT, "tests", "gpu", "wl_torch.py"), "--wait", "--seconds", str(total)]
-    p = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, bufsize=1)
-    pid = int(p.stdout.readline().split()[1])
-    lines: list[str] = []
-    threading.Thread(target=lambda: lines.extend(iter(p.stdout.readline, "")), daemon=True).start()
-    p.stdin.write("GO\n")
-    p.stdin.flush()
+    p, pid, lines = start_loop(total, [])
     time.sleep(a.warmup)
     rng = random.Random(a.seed)
     windows: list[Window] = []
