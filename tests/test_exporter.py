@@ -491,3 +491,51 @@ def test_busy_port_is_one_line(capsys):
     finally:
         s.close()
     assert rc == 2 and "cannot listen on" in err and len(err.strip().splitlines()) == 1
+
+
+# -- deploy/ ----------------------------------------------------------------------------------
+
+DEPLOY = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "deploy")
+
+
+def test_grafana_dashboard_queries_only_metrics_the_exporter_serves():
+    import json
+    import re
+
+    from umctl.exporter.metrics import ControlTotals
+
+    state = ExporterState(sample=0.1, kinds="faults", version="t")
+    t = ProcessTotals(1, "x", faults={0: 1.0}, batches={0: 1.0}, thrashing={0: 1.0}, evictions={0: 1.0},
+                      bytes={("h2d", "fault"): 1.0})
+    state.processes[1] = t
+    state.controls[(1, 2)] = ControlTotals(1, 2, "deepum", sent={("prefetch", "under"): 1},
+                                           failed={("prefetch", "under"): 1}, moved={"prefetch": 1})
+    state.attach_failures["no_uvm"] = 1
+    served = set(scrape(state)) | {"process_resident_memory_bytes"}
+    with open(os.path.join(DEPLOY, "grafana-umctl.json")) as f:
+        dash = json.load(f)
+    exprs = [tg["expr"] for p in dash["panels"] for tg in p.get("targets", [])]
+    used = {m for e in exprs for m in re.findall(r"\b((?:umctl|process)_[a-z_]+)\b", e)}
+    assert len(exprs) >= 20 and used and not used - served, used - served
+    for name in ("umctl_gpu_faults_total", "umctl_migrated_bytes_total", "umctl_control_commands_sent_total",
+                 "umctl_exporter_dropped_events_total", "umctl_exporter_event_lag_seconds"):
+        assert name in used
+    ids = [p["id"] for p in dash["panels"]]
+    assert len(ids) == len(set(ids))
+
+
+def test_systemd_unit_runs_the_exporter_with_valid_options(capsys, tmp_path):
+    import shlex
+
+    with open(os.path.join(DEPLOY, "umctl-exporter.service")) as f:
+        unit = f.read()
+    exec_line = next(ln for ln in unit.splitlines() if ln.startswith("ExecStart="))
+    argv = shlex.split(exec_line.split("=", 1)[1])
+    assert os.path.basename(argv[0]) == "umctl" and argv[1] == "exporter"
+    assert argv[argv.index("--listen") + 1].startswith("127.0.0.1:")       # localhost by default
+    assert "RuntimeDirectory=umctl" in unit                               # the controllers' state dir
+    args = argv[2:]
+    args[args.index("--listen") + 1] = "127.0.0.1:0"
+    rc, out, err = run_cli(capsys, "exporter", *args, "--duration", "0.3", "--state-dir", str(tmp_path / "run"))
+    assert rc == 0, err
+    assert "serving http://127.0.0.1:" in err and "stopped after" in err
