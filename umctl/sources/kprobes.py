@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import ctypes as C
 import os
-import threading
 import time
 from typing import Any, Iterable
 
@@ -31,6 +30,7 @@ import numpy as np
 
 from .. import UmctlError
 from ..events.schema import Access, Cause, EventBatch, Kind, drops_record, empty
+from ..bpf.reader import RingReader
 from ..units import CPU
 
 # -- the record format of bpf/uvmfault.bpf.c (struct event) -----------------------------------
@@ -201,11 +201,6 @@ class KprobeSource:
         self._ring: Any = None
         self._counters_fd = -1
         self._vaspace_fd = -1
-        self._lock = threading.Lock()
-        self._pending: list[bytes] = []
-        self._thread: threading.Thread | None = None
-        self._stop = threading.Event()
-        self._error: BaseException | None = None
         self._drops_reported = 0
         self._final: dict[str, int] = {}
         self.records = 0
@@ -279,7 +274,8 @@ class KprobeSource:
                         lb.map_update(tf, C.c_int32(p), C.c_uint8(1))
                     lb.map_update(self._obj.map_fd("filter_on"), C.c_uint32(0), C.c_uint32(1))
                 self._attach_all()
-                self._ring = lb.RingBuffer(self._obj.map_fd("events"), self._on_record)
+                self._ring = RingReader(self._obj.map_fd("events"), name="umctl-kprobes", poll_ms=self.POLL_MS,
+                                        what="kprobe source")
                 break
             except UmctlError as e:
                 errors[str(name)] = str(e)
@@ -291,8 +287,7 @@ class KprobeSource:
         self.load_errors.update(errors)
         self.started_ns = time.monotonic_ns()
         self.attach_ms = (self.started_ns - t0) / 1e6
-        self._thread = threading.Thread(target=self._poll_loop, name="umctl-kprobes", daemon=True)
-        self._thread.start()
+        self._ring.start()
         return self
 
     # what the live loop (umctl attach) asks of a source -------------------------------------
@@ -306,21 +301,9 @@ class KprobeSource:
         """Name the owner of a va_space the kernel side could not resolve."""
         self._lb.map_update(self._vaspace_fd, C.c_uint64(vaspace), C.c_int32(pid))
 
-    def _on_record(self, data: bytes) -> None:
-        with self._lock:
-            self._pending.append(data)
-
-    def _poll_loop(self) -> None:
-        self._error = self._ring.poll_until(self._stop, self.POLL_MS)  # reported by the next drain()
-
     def drain(self) -> EventBatch:
         """Events since the last call, plus a DROPS record when the ring lost some."""
-        if self._error is not None:
-            err, self._error = self._error, None
-            raise err if isinstance(err, UmctlError) else UmctlError(f"kprobe source failed: {err}")
-        with self._lock:
-            chunks, self._pending = self._pending, []
-        raw, faults = split_records(chunks)
+        raw, faults = split_records(self._ring.take() if self._ring is not None else [])
         self.records += len(raw)
         self.faults += len(faults)
         batch = decode(raw, faults)
@@ -356,10 +339,7 @@ class KprobeSource:
     def stop(self) -> None:
         """Stop the drain thread after consuming what is in the ring (drain() once more)."""
         if self._ring is not None:
-            self._ring.finish(self._stop, self._thread)
-        else:
-            self._stop.set()
-        self._thread = None
+            self._ring.stop()
 
     def close(self) -> None:
         self.stop()
@@ -370,8 +350,8 @@ class KprobeSource:
             link.destroy()
         self._links = []
         if self._ring is not None:
-            self._ring.free()
-            self._ring = None
+            self._ring.stop()
+            self._ring.free()   # kept: records taken off the ring before it closed are still drained
         if self._obj is not None:
             if self._counters_fd >= 0:
                 self._final = self.counters()

@@ -27,7 +27,6 @@ import ctypes as C
 import os
 import platform
 import re
-import threading
 import time
 from dataclasses import dataclass
 from functools import lru_cache
@@ -37,6 +36,7 @@ from typing import Any
 import numpy as np
 
 from .. import UmctlError
+from ..bpf.reader import RingReader
 from ..events.schema import DTYPES, EventBatch, Kind, drops_record, empty
 from .workload import exec_hash as _exec_hash
 
@@ -457,16 +457,11 @@ class LaunchProbe:
 
         self.decoder = LaunchDecoder()
         self.names = self.decoder.names.names   # append-only, shared by every batch
-        self._lock = threading.Lock()
-        self._pending: list[bytes] = []
         self._obj: Any = None
         self._links: list[tuple[int, Any]] = []
         self.attached: list[str] = []
         self.not_attached: dict[str, str] = {}
         self._ring: Any = None
-        self._thread: threading.Thread | None = None
-        self._stop = threading.Event()
-        self._error: BaseException | None = None
         self._counters_fd = -1
         self._drops_reported = 0
         self._started = False
@@ -494,13 +489,13 @@ class LaunchProbe:
             if not any(spec.required and spec.label in self.attached for spec in PROBES):
                 raise UmctlError(f"cannot probe {self.libcuda}: "
                                  + "; ".join(f"{k}: {v}" for k, v in self.not_attached.items() if "cuLaunchKernel" in k))
-            self._ring = lb.RingBuffer(self._obj.map_fd("events"), self._on_record)
+            self._ring = RingReader(self._obj.map_fd("events"), name=f"umctl-uprobes-{self.pid}",
+                                    poll_ms=self.POLL_MS, what="launch probe", keep=self._keep)
         except BaseException:
             self._teardown()
             raise
         self._started = True
-        self._thread = threading.Thread(target=self._poll_loop, name=f"umctl-uprobes-{self.pid}", daemon=True)
-        self._thread.start()
+        self._ring.start()
 
     def _attach(self, probe_id: int, spec: ProbeSpec, path: str) -> None:
         try:
@@ -517,31 +512,23 @@ class LaunchProbe:
         if spec.label not in self.attached:
             self.attached.append(spec.label)
 
-    def _on_record(self, data: bytes) -> None:
-        """Ring-buffer callback (drain thread): keep launches raw for vectorised decoding at
-        drain(); apply names at once, while the target still holds the strings."""
-        kind = int.from_bytes(data[8:12], "little")
-        if kind == EV_LAUNCH:
-            with self._lock:
-                self._pending.append(data)
-        else:
-            rec = np.frombuffer(data[:RAW_DTYPE.itemsize], dtype=RAW_DTYPE)[0]
-            with self._lock:
-                self.decoder.handle_meta(rec)
-
-    def _poll_loop(self) -> None:
-        self._error = self._ring.poll_until(self._stop, self.POLL_MS)  # reported by the next drain()
+    def _keep(self, data: bytes) -> bool:
+        """Ring callback (poll thread, under the reader's lock): keep launches raw for vectorised
+        decoding at drain(); apply names at once, while the target still holds the strings."""
+        if int.from_bytes(data[8:12], "little") == EV_LAUNCH:
+            return True
+        self.decoder.handle_meta(np.frombuffer(data[:RAW_DTYPE.itemsize], dtype=RAW_DTYPE)[0])
+        return False
 
     def drain(self) -> EventBatch:
         """LAUNCH records that arrived since the last call (plus a DROPS record when the ring
         buffer lost some), with ``names`` = the probe's name list."""
-        if self._error is not None:
-            err, self._error = self._error, None
-            raise err if isinstance(err, UmctlError) else UmctlError(f"launch probe failed: {err}")
-        with self._lock:
-            chunks, self._pending = self._pending, []
+        def decode(chunks: list[bytes]) -> np.ndarray:
             raw = np.frombuffer(b"".join(chunks), dtype=RAW_DTYPE) if chunks else np.zeros(0, RAW_DTYPE)
-            launches = self.decoder.launches_from(raw)
+            return self.decoder.launches_from(raw)
+
+        launches = self._ring.take(decode) if self._ring is not None else self.decoder.launches_from(
+            np.zeros(0, RAW_DTYPE))
         batch = EventBatch(now_ns=time.monotonic_ns(), names=self.names)
         batch.add(Kind.LAUNCH, launches)
         if self._counters_fd >= 0:
@@ -583,10 +570,7 @@ class LaunchProbe:
         """Stop the drain thread and detach everything (idempotent). Records still in the ring
         are consumed first, so a drain() after close() returns the last launches."""
         if self._ring is not None:
-            self._ring.finish(self._stop, self._thread)
-        else:
-            self._stop.set()
-        self._thread = None
+            self._ring.stop()
         self._teardown()
 
     def _teardown(self) -> None:
@@ -594,8 +578,8 @@ class LaunchProbe:
             link.destroy()
         self._links = []
         if self._ring is not None:
-            self._ring.free()
-            self._ring = None
+            self._ring.stop()
+            self._ring.free()   # kept: records taken off the ring before it closed are still drained
         # keep the counters readable for a final stats(): copy them before closing the object
         if self._obj is not None and self._counters_fd >= 0:
             ids = list(range(len(PROBES))) + [CNT_RB_DROPS, CNT_FILTERED]
