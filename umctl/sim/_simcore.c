@@ -67,6 +67,12 @@ typedef struct {
      * and the reason the next drop records; the engine sets it around its own drops */
     uint8_t *gone;
     int64_t drop_reason;
+    /* LRU victim order as a tournament tree per GPU (ngpu x 2*lru_leaves; node 1 the root,
+     * leaf lru_leaves + b; each node the block of least lru below it, the lower block on a tie,
+     * -1: none), kept by lru_fix wherever has_chunk or lru changes; NULL: scan every block.
+     * With lru_check, every tree answer is compared with the scan and differences counted. */
+    int32_t *lru_tree;
+    int64_t lru_leaves, lru_check, lru_mismatch;
 } SimState;
 
 /* Why a page left (or was never on) a GPU; a fault on it is charged to ST_FC0 + this. */
@@ -152,9 +158,59 @@ static double min_pending(SimState *s, int g) {
     return m;
 }
 
+/* ------------------------------------------------------------------ LRU order
+ * The driver evicts the least recently migrated-into root chunk; a scan of every block per
+ * eviction made a full-scale replay (40 K blocks, tens of thousands of evictions) spend most
+ * of its time here. The tree gives the same block (least lru, lowest block on a tie). */
+
+static inline int32_t lru_min(const double *key, int32_t a, int32_t b) {   /* a: the left one */
+    if (a < 0) return b;
+    if (b < 0) return a;
+    return key[b] < key[a] ? b : a;
+}
+
+static inline int32_t lru_leaf(SimState *s, int g, int64_t b) {
+    int64_t ix = GB(s, g, b);
+    return s->has_chunk[ix] && !s->pinned[ix] && s->lru[ix] < INFINITY ? (int32_t)b : -1;
+}
+
+static void lru_set_leaf(SimState *s, int g, int64_t b, int32_t v) {
+    int64_t L = s->lru_leaves, i = L + b;
+    int32_t *t = s->lru_tree + (int64_t)g * 2 * L;
+    const double *key = s->lru + GB(s, g, 0);
+    t[i] = v;
+    for (i >>= 1; i >= 1; i >>= 1) t[i] = lru_min(key, t[2 * i], t[2 * i + 1]);
+}
+
+/* has_chunk, pinned or lru of (g, b) changed. */
+void sim_lru_fix(SimState *s, int g, int64_t b) {
+    if (s->lru_tree) lru_set_leaf(s, g, b, lru_leaf(s, g, b));
+}
+
+/* Build every GPU's tree from has_chunk, pinned and lru. */
+void sim_lru_build(SimState *s) {
+    int64_t L = s->lru_leaves;
+    for (int g = 0; g < s->ngpu; g++) {
+        int32_t *t = s->lru_tree + (int64_t)g * 2 * L;
+        const double *key = s->lru + GB(s, g, 0);
+        for (int64_t b = 0; b < L; b++) t[L + b] = b < s->nbl ? lru_leaf(s, g, b) : -1;
+        for (int64_t i = L - 1; i >= 1; i--) t[i] = lru_min(key, t[2 * i], t[2 * i + 1]);
+    }
+}
+
+static inline void set_chunk(SimState *s, int g, int64_t b, uint8_t on) {
+    s->has_chunk[GB(s, g, b)] = on;
+    sim_lru_fix(s, g, b);
+}
+
+static inline void set_lru(SimState *s, int g, int64_t b, double t) {
+    s->lru[GB(s, g, b)] = t;
+    sim_lru_fix(s, g, b);
+}
+
 /* A chunk leaves block b on GPU g; it is free at `done` (<0: now). */
 void sim_release_chunk(SimState *s, int g, int64_t b, double done) {
-    s->has_chunk[GB(s, g, b)] = 0;
+    set_chunk(s, g, b, 0);
     set_harvested(s, g, b, 0);
     if (done < 0) {
         s->used[g]--;
@@ -165,7 +221,7 @@ void sim_release_chunk(SimState *s, int g, int64_t b, double done) {
 
 /* Least recently migrated-into block holding a chunk on g, not pinned, not excluded (or
  * the smallest evict_key when a replay-only controller supplies one). */
-static int64_t sim_lru_victim(SimState *s, int g, const int64_t *exclude, int64_t nex) {
+static int64_t lru_scan(SimState *s, int g, const int64_t *exclude, int64_t nex) {
     const uint8_t *hc = s->has_chunk + GB(s, g, 0), *pin = s->pinned + GB(s, g, 0);
     const double *lru = (s->evict_key ? s->evict_key : s->lru) + GB(s, g, 0);
     int64_t best = -1;
@@ -178,6 +234,24 @@ static int64_t sim_lru_victim(SimState *s, int g, const int64_t *exclude, int64_
         best = b;
         bl = lru[b];
     }
+    return best;
+}
+
+static int64_t sim_lru_victim(SimState *s, int g, const int64_t *exclude, int64_t nex) {
+    if (s->evict_key || !s->lru_tree) return lru_scan(s, g, exclude, nex);
+    static int64_t out[MAXB + 1];
+    int64_t nout = 0, best;
+    const int32_t *root = s->lru_tree + (int64_t)g * 2 * s->lru_leaves + 1;
+    for (;;) {   /* the least one not excluded: take excluded ones out while looking */
+        best = *root;
+        int skip = 0;
+        for (int64_t i = 0; best >= 0 && i < nex; i++) if (exclude[i] == best) { skip = 1; break; }
+        if (!skip) break;
+        lru_set_leaf(s, g, best, -1);
+        out[nout++] = best;
+    }
+    for (int64_t i = 0; i < nout; i++) sim_lru_fix(s, g, out[i]);
+    if (s->lru_check && lru_scan(s, g, exclude, nex) != best) s->lru_mismatch++;
     return best;
 }
 
@@ -256,7 +330,7 @@ static double harvest_drop(SimState *s, int h, int64_t v, double t) {
         s->d2h_tail[h] = ready;
         s->stats[ST_BYTES_D2H] += w * 4096;
     }
-    s->has_chunk[ix] = 0;
+    set_chunk(s, h, v, 0);
     set_harvested(s, h, v, 0);
     s->stats[ST_HARVEST_DROPS]++;
     return ready;
@@ -282,7 +356,7 @@ double sim_take_spare(SimState *s, int h, int64_t b, double t) {
         if (v < 0 || s->removable_at[GB(s, h, v)] > t) return -1.0;
         ready = harvest_drop(s, h, v, t);
     }
-    s->has_chunk[GB(s, h, b)] = 1;
+    set_chunk(s, h, b, 1);
     set_harvested(s, h, b, 1);
     s->removable_at[GB(s, h, b)] = INFINITY;
     return ready;
@@ -328,7 +402,7 @@ static double spill_block(SimState *s, int g, int h, int64_t v, double t) {
     sim_drop_block(s, g, v, 1);
     s->drop_reason = why;
     double done = ready + (double)moved * PAGE / s->nvlink_Bpns;
-    s->lru[GB(s, h, v)] = done;
+    set_lru(s, h, v, done);
     s->stats[ST_BYTES_P2P] += moved * 4096;
     s->stats[ST_SPILLS]++;
     sim_harvest_writeback(s, h, v, done);
@@ -376,7 +450,7 @@ double sim_take_chunk_async(SimState *s, int g, int64_t b, double t, int64_t *vi
         double start = t > s->d2h_tail[g] ? t : s->d2h_tail[g];
         ready = start + s->transfer_latency_ns + (double)w * PAGE / s->d2h_Bpns;
         s->d2h_tail[g] = ready;
-        s->has_chunk[GB(s, g, v)] = 0;
+        set_chunk(s, g, v, 0);
         set_harvested(s, g, v, 0);
         s->stats[ST_PREEVICTIONS]++;
         s->stats[ST_PREEVICTED_BYTES] += w * 4096;
@@ -384,7 +458,7 @@ double sim_take_chunk_async(SimState *s, int g, int64_t b, double t, int64_t *vi
         *victim = v;
         *written = w;
     }
-    s->has_chunk[GB(s, g, b)] = 1;
+    set_chunk(s, g, b, 1);
     return ready;
 }
 
@@ -478,7 +552,7 @@ double sim_prefetch(SimState *s, int g, int64_t lo, int64_t hi, double t, int fi
         s->pf_tag[p] = 1;
     }
     s->rescount[ix] += (int32_t)npages;
-    s->lru[ix] = done;
+    set_lru(s, g, b, done);
     s->stats[ST_PF_PAGES] += npages;
     s->stats[ST_USER_PF_BYTES] += n_cpu * 4096;
     s->stats[ST_BYTES_H2D] += n_cpu * 4096;
@@ -548,36 +622,63 @@ static inline int fault_cause(SimState *s, int64_t p, uint8_t bit, double t) {
     return ST_FC_RM_WRITE;
 }
 
+#define ONES8 0x0101010101010101ull
+
+static inline uint64_t load8(const void *p) {
+    uint64_t v;
+    memcpy(&v, p, 8);
+    return v;
+}
+
+/* Pages p..p+7 (one run inside a block, so one read/write kind) all hit on GPU g with nothing
+ * to count: every managed one valid on g, none arriving by a transfer (pf_entry 0), none
+ * prefetched and unused. The per-access test (is_miss) then says "hit" for each of them
+ * whatever the time; anything else goes the per-access way. Word-wide, as the access walk
+ * spends its time on pages that hit. */
+static inline int clean8(const SimState *s, int64_t p, int g) {
+    uint64_t absent = load8(s->managed + p) & ~(load8(s->gmask + p) >> g) & ONES8;
+    const int32_t *e = s->pf_entry + p;
+    return !(absent | load8(s->pf_tag + p) | load8(e) | load8(e + 2) | load8(e + 4) | load8(e + 6));
+}
+
+static inline int popcount64(uint64_t x) { return __builtin_popcountll(x); }
+
 /* Pages the density prefetcher adds in block b given the faulted pages (offsets, ascending)
  * there: for each faulted page the largest aligned subregion whose resident+faulted share
  * exceeds the threshold. Marks them in s->seen (value 2) and appends to out.
- * The subregion counts are a tree of sums over the block's 512 pages (level k: aligned runs
- * of 2^k pages), as the driver's bitmap tree: ~1 K additions per block, where prefix sums
- * and a walk of each faulted page's subregion cost up to 512 per faulted page. */
+ * The counts come from a bitmap of the block's resident+faulted pages (as the driver's own
+ * page masks), and a subregion is walked once when several faulted pages pick it: prefix
+ * sums and a walk per faulted page cost up to 512 steps per faulted page. */
 static int64_t density(SimState *s, int g, int64_t b, const int64_t *offs, int64_t nf, int64_t *out) {
     uint8_t bit = (uint8_t)(1u << g);
     int64_t lo = b * PPB;
-    const uint8_t *gm = s->gmask + lo, *sn = s->seen + lo;
-    uint16_t lv[PPB * 2];                 /* level k at lv + PPB*2 - (PPB >> (k-1)) */
-    uint16_t *cur = lv;
-    for (int i = 0; i < PPB; i++) cur[i] = (uint16_t)(((gm[i] & bit) != 0) | (sn[i] == 1));
-    uint16_t *level[PB_SHIFT + 1];
-    level[0] = cur;
-    int len = PPB;
-    for (int k = 1; k <= PB_SHIFT; k++) {
-        uint16_t *nxt = cur + len;
-        len >>= 1;
-        for (int i = 0; i < len; i++) nxt[i] = (uint16_t)(cur[2 * i] + cur[2 * i + 1]);
-        level[k] = cur = nxt;
+    uint64_t map[PPB / 64];
+    int words[PPB / 64];
+    for (int w = 0; w < PPB / 64; w++) {
+        uint64_t m = 0;
+        for (int j = 0; j < 8; j++) {
+            int64_t p = lo + w * 64 + j * 8;
+            uint64_t sn = load8(s->seen + p);
+            uint64_t f = ((load8(s->gmask + p) >> g) | (sn & ~(sn >> 1))) & ONES8;   /* valid on g, or seen == 1 */
+            m |= ((f * 0x0102040810204080ull) >> 56) << (j * 8);
+        }
+        map[w] = m;
+        words[w] = popcount64(m);
     }
     int64_t n = 0, done_lo = 0, done_hi = 0;   /* the last subregion added */
     for (int64_t k = 0; k < nf; k++) {
         int64_t off = offs[k];
         int64_t best_start = -1, best_size = 0;
         for (int sh = 1; sh <= PB_SHIFT; sh++) {
-            int64_t size = (int64_t)1 << sh;
-            if ((double)level[sh][off >> sh] > s->density_threshold * (double)size) {
-                best_start = off & ~(size - 1);
+            int64_t size = (int64_t)1 << sh, st = off & ~(size - 1);
+            int cnt = 0;
+            if (size < 64) {
+                cnt = popcount64((map[st >> 6] >> (st & 63)) & ((1ull << size) - 1));
+            } else {
+                for (int64_t w = st >> 6; w < (st + size) >> 6; w++) cnt += words[w];
+            }
+            if ((double)cnt > s->density_threshold * (double)size) {
+                best_start = st;
                 best_size = size;
             }
         }
@@ -634,7 +735,9 @@ static double service(SimState *s, int g, const int64_t *fp, const uint8_t *fw, 
     }
     double stall = s->batch_ns + s->fault_ns * (double)nf;
     if (nn) {
-        qsort(need, (size_t)nn, sizeof(int64_t), cmp_i64);
+        int64_t sorted = 1;   /* a window walks runs upwards: usually in order already */
+        for (int64_t i = 1; i < nn && sorted; i++) sorted = need[i - 1] < need[i];
+        if (!sorted) qsort(need, (size_t)nn, sizeof(int64_t), cmp_i64);
         for (int64_t i = 0; i < nn; i++) s->seen[need[i]] = 1;
         /* distinct blocks, and the density prefetcher per block */
         int64_t nb = 0, nmove = 0;
@@ -678,7 +781,7 @@ static double service(SimState *s, int g, const int64_t *fp, const uint8_t *fw, 
                     /* evicted into a neighbour's spare memory over NVLink (victim cache); a
                      * neighbour that refused falls through to the host path below */
                     double done = spill_done;
-                    s->has_chunk[GB(s, g, v)] = 0;
+                    set_chunk(s, g, v, 0);
                     stall = done - t + s->evict_chunk_ns;
                     s->stats[ST_EVICTIONS]++;
                     if (out->collect && out->ne < OUT_E) {
@@ -692,7 +795,7 @@ static double service(SimState *s, int g, const int64_t *fp, const uint8_t *fw, 
                     if (d > stall) stall = d;
                 } else if (v >= 0) {
                     int64_t w = sim_drop_block(s, g, v, 0);
-                    s->has_chunk[GB(s, g, v)] = 0;
+                    set_chunk(s, g, v, 0);
                     stall += s->evict_chunk_ns + (double)w * PAGE / wb_rate(s, g);
                     s->stats[ST_EVICTIONS]++;
                     s->stats[ST_EVICTED_BYTES] += w * 4096;
@@ -708,7 +811,7 @@ static double service(SimState *s, int g, const int64_t *fp, const uint8_t *fw, 
                     return -1.0; /* one batch needs more chunks than the GPU has */
                 }
             }
-            s->has_chunk[ix] = 1;
+            set_chunk(s, g, b, 1);
         }
         /* the moves (per-block host->GPU bytes by cause, for migration events) */
         int64_t m0 = out->nm, rec = out->collect && out->nm + nb <= OUT_M;
@@ -772,7 +875,7 @@ static double service(SimState *s, int g, const int64_t *fp, const uint8_t *fw, 
         }
         preempt(s, g, t, (double)n_cpu * PAGE / s->fault_h2d_Bpns);
         stall += xfer;
-        for (int64_t i = 0; i < nb; i++) s->lru[GB(s, g, blocks[i])] = t + stall;
+        for (int64_t i = 0; i < nb; i++) set_lru(s, g, blocks[i], t + stall);
         s->stats[ST_DEMAND] += n_dem * 4096;
         s->stats[ST_DRIVER_PF] += (n_cpu - n_dem) * 4096;
         s->stats[ST_BYTES_H2D] += n_cpu * 4096;
@@ -826,6 +929,8 @@ static void pass_range(SimState *s, Cursor c, int64_t a, int64_t b, double *key,
         cur_seek(&c, i);
         int64_t end = c.rpos[c.r + 1] < b ? c.rpos[c.r + 1] : b;
         int64_t p = cur_page(&c, i);
+        if (!key)   /* nothing to do for pages without a prefetch tag */
+            while (end - i >= 8 && !load8(s->pf_tag + p)) { i += 8; p += 8; }
         for (; i < end; i++, p++) {
             if (key) key[p >> PB_SHIFT] = -(double)next[i];
             if (s->pf_tag[p]) {
@@ -868,7 +973,14 @@ int64_t sim_kernel(SimState *s, int g, const int64_t *rpage, const uint8_t *rwri
             int64_t end = rpos[c.r + 1] < hi ? rpos[c.r + 1] : hi;
             int64_t p = cur_page(&c, pos);
             uint8_t w = rwrite[c.r];
+            int fast = !key && !(s->any_read_mostly && w && s->read_mostly[p >> PB_SHIFT]);
             for (; pos < end; pos++, p++) {
+                if (fast && end - pos >= 8 && clean8(s, p, g)) {   /* eight hits */
+                    for (int i = 0; i < 8; i++) t += rate;
+                    pos += 7;
+                    p += 7;
+                    continue;
+                }
                 if (is_miss(s, p, w, bit, t)) goto miss;
                 if (key) key[p >> PB_SHIFT] = -(double)next[pos];
                 if (s->pf_tag[p]) {
@@ -896,7 +1008,13 @@ int64_t sim_kernel(SimState *s, int g, const int64_t *rpage, const uint8_t *rwri
             int64_t end = wc.rpos[wc.r + 1] < wend ? wc.rpos[wc.r + 1] : wend;
             int64_t p = cur_page(&wc, q);
             uint8_t w = rwrite[wc.r];
+            int fast = !(s->any_read_mostly && w && s->read_mostly[p >> PB_SHIFT]);
             for (; q < end; q++, p++) {
+                if (fast && end - q >= 8 && clean8(s, p, g)) {   /* eight hits */
+                    q += 7;
+                    p += 7;
+                    continue;
+                }
                 if (s->seen[p] || !is_miss(s, p, w, bit, t)) continue;
                 if (nf == bmax) goto window_done;   /* batch full: it covers up to here */
                 int64_t b = p >> PB_SHIFT;

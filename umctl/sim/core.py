@@ -49,6 +49,7 @@ class SimState(C.Structure):
         ("harvested", P), ("removable_at", P), ("spill_mask", P), ("spill_rr", P), ("fetch_via", P),
         ("wb_Bpns", P), ("p2p_tail", P), ("nlent", P), ("lend_cap", P), ("block_ns", f64),
         ("gone", P), ("drop_reason", i64),
+        ("lru_tree", P), ("lru_leaves", i64), ("lru_check", i64), ("lru_mismatch", i64),
     ]
 
 
@@ -103,6 +104,10 @@ def _load() -> C.CDLL:
     lib.sim_harvest_writeback.restype = None
     lib.sim_invalidate.argtypes = [PS, i64, i64]
     lib.sim_invalidate.restype = i64
+    lib.sim_lru_fix.argtypes = [PS, C.c_int, i64]
+    lib.sim_lru_fix.restype = None
+    lib.sim_lru_build.argtypes = [PS]
+    lib.sim_lru_build.restype = None
     lib.sim_state_size.restype = i64
     lib.sim_eventout_size.restype = i64
     if lib.sim_state_size() != C.sizeof(SimState) or lib.sim_eventout_size() != C.sizeof(EventOut):

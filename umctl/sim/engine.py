@@ -301,6 +301,10 @@ class Simulator:
         self._pf_out = (C.c_double * 6)()
         self._init_allocations()
         self.maxblocks[:] = self.cap - self.pinned.sum(1)
+        leaves = 1 << max(0, nbl - 1).bit_length()
+        self._lru_tree = np.full((G, 2 * leaves), -1, np.int32)
+        self.cs.lru_tree, self.cs.lru_leaves = core.ptr(self._lru_tree), leaves
+        self.lib.sim_lru_build(self.csp)
         self._managed_per_block = self.managed.reshape(-1, PAGES_PER_BLOCK).sum(1).astype(np.int32)
 
         self.emit = set(controller.subscribes)
@@ -327,13 +331,18 @@ class Simulator:
 
     # ------------------------------------------------------------------ set-up
     def _init_allocations(self) -> None:
+        host = int(Init.HOST)
         for rec in self.w.allocations:
-            for lo, hi in self.space.local_range(int(rec["addr"]), int(rec["bytes"])):
-                if rec["managed"]:
+            if rec["managed"]:
+                # one slice per run of consecutive compact blocks, not one per 2 MiB block: a
+                # full-scale model has tens of thousands of blocks in a few hundred allocations
+                for lo, hi in self.space.local_spans(int(rec["addr"]), int(rec["bytes"])):
                     self.managed[lo:hi] = True
-                    if rec["init"] == Init.HOST:
+                    if rec["init"] == host:
                         self.cpu_valid[lo:hi] = True
-                elif rec["gpu"] >= 0:
+                continue
+            for lo, hi in self.space.local_range(int(rec["addr"]), int(rec["bytes"])):
+                if rec["gpu"] >= 0:
                     # cudaMalloc device memory: resident for good, holds its chunks.
                     g = int(rec["gpu"])
                     b = lo >> PAGE_TO_BLOCK_SHIFT
@@ -660,6 +669,7 @@ class Simulator:
             self.pf_entry[lo:hi] = int(entries[k])
             self.rescount[g, b] += hi - lo
             self.lru[g, b] = c.done_ns[k]
+            self.lib.sim_lru_fix(self.csp, g, b)
         src = np.concatenate([np.arange(lo, hi) for lo, hi in self.space.local_range(int(op["addr"]), nbytes)])
         chunk_of = np.minimum(np.arange(len(src)) * PAGE_SIZE // (PAGES_PER_BLOCK * PAGE_SIZE), n_chunks - 1)
         self._protect[src] = np.maximum(self._protect[src], c.staged_ns[chunk_of])
@@ -790,6 +800,7 @@ class Simulator:
                 self.gmask[new] |= dbit
                 self.rescount[dst, b] += len(new)
                 self.lru[dst, b] = done
+                self.lib.sim_lru_fix(self.csp, dst, b)
                 self.pf_entry[new] = self._new_entry(done)
                 self.stats[core.ST["bytes_p2p"]] += nbytes
                 if self.harvested[dst, b]:
@@ -822,6 +833,7 @@ class Simulator:
         self.gmask[sel] |= np.uint8(1 << h)
         self.rescount[h, b] += len(sel)
         self.lru[h, b] = done
+        self.lib.sim_lru_fix(self.csp, h, b)
         self.removable_at[h, b] = done
         self.pf_entry[sel] = self._new_entry(done)
         self.stats[core.ST["bytes_h2d"]] += len(sel) * PAGE_SIZE

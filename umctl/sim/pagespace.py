@@ -85,3 +85,14 @@ class PageSpace:
             hi = min(last_page + 1, (gb + 1) << PAGE_TO_BLOCK_SHIFT) - (gb << PAGE_TO_BLOCK_SHIFT)
             out.append(((cb << PAGE_TO_BLOCK_SHIFT) + lo, (cb << PAGE_TO_BLOCK_SHIFT) + hi))
         return out
+
+    def local_spans(self, addr: int, nbytes: int) -> list[tuple[int, int]]:
+        """:meth:`local_range` with ranges that continue one another merged: the compact
+        page ranges of a byte range, as few as the mapping allows."""
+        out: list[tuple[int, int]] = []
+        for lo, hi in self.local_range(addr, nbytes):
+            if out and out[-1][1] == lo:
+                out[-1] = (out[-1][0], hi)
+            else:
+                out.append((lo, hi))
+        return out
