@@ -107,7 +107,8 @@ def print_table(rows: Sequence[Row], title: str, file=None) -> None:
 
 def figure(rows: Sequence[Row], path: str, title: str) -> None:
     """Paper value against umctl value, one point per row with both, the y = x line and the
-    ±25 % band: a point's distance from the line is its miss, whatever the metric's scale."""
+    ±25 % band: a point's distance from the line is its miss, whatever the metric's scale.
+    Points are coloured by metric, or by ``extra["group"]`` where a script sets one."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -116,7 +117,10 @@ def figure(rows: Sequence[Row], path: str, title: str) -> None:
     have = [r for r in rows if r.umctl_value is not None]
     if not have:
         raise SystemExit(f"error: no row has a umctl value to draw in {path}")
-    metrics = sorted({r.metric for r in have})
+    def group(r: Row) -> str:   # a script may colour by something finer than the metric
+        return str(r.extra.get("group", r.metric))
+
+    metrics = sorted({group(r) for r in have})
     markers = "osD^v<>p*h"
     fig, ax = plt.subplots(figsize=(6.4, 6.0))
     xs = [r.paper_value for r in have] + [r.umctl_value for r in have]
@@ -127,7 +131,7 @@ def figure(rows: Sequence[Row], path: str, title: str) -> None:
                     label=f"±{GOAL * 100:.0f} %")
     for i, m in enumerate(metrics):
         for fitted in (False, True):
-            pts = [r for r in have if r.metric == m and r.fitted == fitted]
+            pts = [r for r in have if group(r) == m and r.fitted == fitted]
             if pts:
                 ax.scatter([r.paper_value for r in pts], [r.umctl_value for r in pts],
                            marker=markers[i % len(markers)], s=36,

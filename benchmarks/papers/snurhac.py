@@ -94,6 +94,7 @@ def build(args) -> list[Row]:
         app, v = r.row.split(" / ")
         if (app, v) in speed:
             r.umctl_value = speed[app, v]
+            r.extra = {"group": v}
         elif app == "Geomean":   # not the same set of programs: shown, not compared
             r.note += f"; umctl geomean over the {len(apps)} modelled: {geomean(speed[a, v] for a in apps):.3f}"
     return rows
