@@ -98,7 +98,8 @@ def _run_replay(target: str, modes: str, overrides: dict[str, str], seed: int, p
 
     with Progress(TextColumn("[bold]{task.description:>10}"), BarColumn(), MofNCompleteColumn(),
                   TextColumn("ops"), TimeElapsedColumn(), console=err, transient=as_json,
-                  disable=not err.is_terminal and not os.environ.get("UMCTL_PROGRESS")) as prog:
+                  disable=not os.environ.get("UMCTL_PROGRESS") and (  # a long replay on a terminal only
+                      not err.is_terminal or workload.n_accesses * len(mode_list) < 20_000_000)) as prog:
         tasks = {m: prog.add_task(m, total=len(workload.ops)) for m in mode_list}
 
         def progress(mode: str, done: int, total: int) -> None:
