@@ -124,7 +124,7 @@ def build(args) -> list[Row]:
         named = [a for a, (su, _s, _w) in APPS.items() if suite in ("all", su)]
         total = sum(SUITE_SIZE.values()) if suite == "all" else SUITE_SIZE[suite]
         r.note += f"; umctl: mean over the {len(named)} of {total} applications §5.2 names"
-        r.extra = {"applications": {a: {"shape": APPS[a][1], stat[0]: round(speed[APPS[a][1]][stat[0]], 4)}
+        r.extra = {"group": r.row.split(",")[0], "applications": {a: {"shape": APPS[a][1], stat[0]: round(speed[APPS[a][1]][stat[0]], 4)}
                                     for a in named}}
     return rows
 
