@@ -117,3 +117,36 @@ def test_host_first_touch_is_host_time_and_resident_touches_are_modelled(tmp_pat
                                                            Kind.CPU_FAULT: np.concatenate([fresh, again])}))
     hw = w.ops[w.ops["type"] == OpType.HOST_WRITE]
     assert hw["compute_ns"].tolist() == [8 * MS, 0]
+
+
+def test_allocations_first_touched_by_a_gpu_start_untouched(tmp_path: Path) -> None:
+    """A recorded allocation whose first touch is a GPU fault zero-fills on the GPU (no
+    transfer); one the host touched first, or a copy filled, stays host-initialised."""
+    from umctl.sources.workload import Init
+    from umctl.units import BLOCK_SIZE
+
+    al = empty(Kind.ALLOC, 3)
+    al["t_ns"], al["pid"], al["op"], al["managed"] = 0, 42, 0, True
+    al["addr"] = [(BASE_PAGE << PAGE_SHIFT) + i * BLOCK_SIZE for i in range(3)]
+    al["bytes"], al["alloc_id"] = BLOCK_SIZE, [0, 1, 2]
+    la = _launches([10 * MS])
+    f = _faults([10 * MS + 10] * 3, [0, 512, 1024])                       # one fault in each allocation
+    cf = _cpu_faults([5 * MS], [512])                                      # the host wrote allocation 1 first
+    cp = empty(Kind.COPY, 1)
+    cp["t_ns"], cp["dst_addr"], cp["bytes"], cp["pid"] = 6 * MS, (BASE_PAGE + 1024) << PAGE_SHIFT, 4096, 42
+    w = workload_from_trace(_trace(tmp_path / "z.parquet", {Kind.ALLOC: al, Kind.LAUNCH: la, Kind.FAULT: f,
+                                                           Kind.CPU_FAULT: cf, Kind.COPY: cp}))
+    assert w.allocations["init"][:3].tolist() == [Init.UNTOUCHED, Init.HOST, Init.HOST]
+
+
+def test_reread_pages_ride_in_the_batch_that_faulted_their_block(tmp_path: Path) -> None:
+    """After the host fills a block, the first kernel faulting it is taken to read the block's
+    written pages: they join that fault's recorded batch (one simulated window), right after it."""
+    la = _launches([20 * MS])
+    f = _faults([20 * MS + 10, 20 * MS + 10], [3, 600])                  # one batch, blocks 0 and 1
+    cf = _cpu_faults([2 * MS, 3 * MS, 4 * MS], [0, 8, 16])                # the host filled pages 0..31 of block 0
+    w = workload_from_trace(_trace(tmp_path / "r.parquet", {Kind.LAUNCH: la, Kind.FAULT: f, Kind.CPU_FAULT: cf}))
+    k = w.kernels[0]
+    pages = (w.acc_page[k["acc_lo"]:k["acc_hi"]] - BASE_PAGE).tolist()
+    assert pages[0] == 3 and pages[-1] == 600 and sorted(pages[1:-1]) == [p for p in range(32) if p != 3]
+    assert w.acc_win[k["acc_lo"]] == len(pages)                            # the whole kernel is one window

@@ -251,6 +251,29 @@ def probe_run(mib: int) -> None:
     phase("host-touch-then-gpu-read", touch_reread)
     # 6. repeated passes over resident data: no faults, only kernel time
     phase("resident-passes", lambda: [x5.add_(1.0) for _ in range(20)])
+    # 7. host traffic inside the span (a replayed span starts with nothing on the GPU, so
+    # whatever the host touches must have come to the GPU within it):
+    # the host fills fresh memory, then the GPU reads all of it / gathers 1/8 of its pages
+    x6 = fresh(False)
+    h6 = host(x6)
+    phase("host-fill-then-gpu-read", lambda: (h6.__setitem__(slice(None), 5.0), x6.sum()))
+    x7 = fresh(False)
+    h7 = host(x7)
+    rows = x7.view(-1, 256)
+    idx = torch.randint(0, rows.shape[0], (rows.shape[0] // 32,), device=dev, generator=torch.Generator(device=dev).manual_seed(3))
+    phase("host-fill-then-gpu-gather", lambda: (h7.__setitem__(slice(None), 6.0), rows.index_select(0, idx).sum()))
+    # the GPU reads fresh host-filled memory, the host rewrites it (densely / one float per
+    # page), the GPU reads it again
+    for name, stride in (("gpu-read-host-rewrite-gpu-read", 1), ("gpu-read-host-touch-gpu-read", 1024)):
+        x8 = fresh(True)
+        h8 = host(x8)
+
+        def body(x8=x8, h8=h8, stride=stride):
+            x8.sum()
+            torch.cuda.synchronize()
+            h8[::stride] = 7.0
+            x8.sum()
+        phase(name, body)
 
 
 def probe(out: Path, mib: int, timeout: float = 300) -> Path:
@@ -272,6 +295,64 @@ def probe(out: Path, mib: int, timeout: float = 300) -> Path:
     return trace
 
 
+#: probe phases the fault path is fitted on, and the ones that check the fit
+FIT_PHASES = ("gpu-first-write", "host-then-gpu-read")
+CHECK_PHASES = ("host-then-gpu-rw", "gpu-reread-after-touch", "small-kernels-64k", "host-touch-then-gpu-read")
+
+
+def _bisect(f, lo: float, hi: float, want: float, increasing: bool, steps: int = 40) -> float:
+    for _ in range(steps):
+        mid = (lo + hi) / 2
+        if (f(mid) < want) == increasing:
+            lo = mid
+        else:
+            hi = mid
+    return (lo + hi) / 2
+
+
+def fit(probe_dir: Path) -> dict:
+    """The recorded fault path from the probe recording alone (never the validation runs), to
+    see whether the calibration's constants explain the probes (docs/fidelity-h100.md: they do
+    not transfer between phases, so the shipped calibration keeps its values):
+    ``batch_ns`` so the simulated stall of ``gpu-first-write`` (zero-fill, nothing moves)
+    equals the batch service the driver recorded, then ``fault_h2d_Bps`` so that of
+    ``host-then-gpu-read`` (every page moves) does; ``cpu_fault_ns_per_GiB`` is the measured
+    ``host-touch-resident`` phase (one float per page of GPU-resident memory) per GiB. Returns
+    the fitted fields, and prints the check phases under them."""
+    from umctl.controller.base import make_controller
+    from umctl.events.trace import read_trace
+    from umctl.sim.calibration import Calibration
+    from umctl.sim.engine import simulate
+    from umctl.sources.tracefile import workload_from_trace
+
+    info = json.loads((probe_dir / "probe.json").read_text())
+    phases = {ph["name"]: ph for ph in info["phases"]}
+    base = Calibration.load("h100-r580")
+    with read_trace(probe_dir / "probe.parquet") as tr:
+        wl = {n: workload_from_trace(tr, span=tuple(phases[n]["span_ns"])) for n in FIT_PHASES + CHECK_PHASES}
+    rec = {n: replay(probe_dir / "probe.parquet", tuple(phases[n]["span_ns"]))["rec_stall_ms"] * 1e6 for n in wl}
+
+    def stall(name, cal):
+        return simulate(wl[name], make_controller("none"), calib=cal).stall_ns
+
+    batch_ns = _bisect(lambda v: stall(FIT_PHASES[0], base.with_overrides(batch_ns=int(v))), 0, 1e6,
+                       rec[FIT_PHASES[0]], True)
+    cal = base.with_overrides(batch_ns=int(round(batch_ns)))
+    inv = _bisect(lambda v: stall(FIT_PHASES[1], cal.with_overrides(fault_h2d_Bps=1e9 / v)), 1e-3, 1.0,
+                  rec[FIT_PHASES[1]], True)   # ns per byte
+    cal = cal.with_overrides(fault_h2d_Bps=round(1e9 / inv, -6))
+    touch = phases["host-touch-resident"]
+    cal = cal.with_overrides(cpu_fault_ns_per_GiB=round(touch["measured_ms"] * 1e6 * 1024 / info["mib"], -5))
+    print(f"{'phase':<28} {'recorded':>9} {'before':>9} {'fitted':>9}")
+    for n in FIT_PHASES + CHECK_PHASES:
+        print(f"{n:<28} {rec[n] / 1e6:>7.1f}ms {stall(n, base) / 1e6:>7.1f}ms {stall(n, cal) / 1e6:>7.1f}ms"
+              f"{'   (fitted on)' if n in FIT_PHASES else ''}")
+    keys = ("batch_ns", "fault_h2d_Bps", "cpu_fault_ns_per_GiB")
+    out = {k: getattr(cal, k) for k in keys}
+    print("fitted:", out, "(was", {k: getattr(base, k) for k in keys}, ")")
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -285,7 +366,12 @@ def main() -> None:
     pr.add_argument("--mib", type=int, default=256)
     rp = sub.add_parser("replay")
     rp.add_argument("dirs", nargs="+")
+    ft = sub.add_parser("fit")
+    ft.add_argument("dir", help="folder with probe.json and probe.parquet")
     a = ap.parse_args()
+    if a.cmd == "fit":
+        fit(Path(a.dir))
+        return
     if a.cmd == "probe-run":
         probe_run(a.mib)
         return

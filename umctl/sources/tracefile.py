@@ -102,7 +102,9 @@ def workload_from_trace(trace: Trace, *, gpu_mem: int | None = None, oversub: fl
     else:
         raise TraceError(f"{trace.path}: nothing to replay (the trace has no access or fault events"
                          f"{' in its measured span' if span is not None else ''})")
-    gpu_first = _first_gpu_fault(ev(Kind.FAULT) if counts[Kind.FAULT] else ev(Kind.ACCESS))
+    # which blocks a GPU had faulted before each CPU fault: the whole recording counts, a span
+    # may start with data a GPU faulted in before it
+    gpu_first = _first_gpu_fault(trace.events(Kind.FAULT) if counts[Kind.FAULT] else ev(Kind.ACCESS))
     bursts = _host_bursts(ev(Kind.CPU_FAULT), kernels, launches, len(acc_page), gpu_first)
     if bursts is not None and acc_batch is not None:
         acc_page, acc_write, acc_batch = _reread_after_bursts(kernels, acc_page, acc_write, acc_batch, bursts)
@@ -120,6 +122,10 @@ def workload_from_trace(trace: Trace, *, gpu_mem: int | None = None, oversub: fl
     if bursts is not None:
         acc_pid = np.concatenate([acc_pid, bursts.page_pid])
     allocations = _allocations(alloc_events, acc_page, acc_pid, names)
+    if counts[Kind.FAULT]:
+        n_recorded = int((alloc_events["op"] == AllocOp.ALLOC).sum())   # _allocations puts them first
+        _zero_filled(allocations[:n_recorded], trace.events(Kind.FAULT), trace.events(Kind.CPU_FAULT),
+                     trace.events(Kind.COPY))
     ops = _program_order(kernels, alloc_events, allocations, copies, bursts)
     if span is not None:
         ops = _lead_in(ops, span, kernels, copies, bursts)
@@ -543,16 +549,32 @@ def _reread_after_bursts(kernels: np.ndarray, acc_page: np.ndarray, acc_write: n
         p, wr, bt = acc_page[lo:hi], acc_write[lo:hi], acc_batch[lo:hi]
         if k in add:
             extra = np.concatenate(add[k])
-            extra = extra[~np.isin(extra, p)]
-            p = np.concatenate([p, extra])
-            wr = np.concatenate([wr, np.zeros(len(extra), np.bool_)])
-            bt = np.concatenate([bt, np.full(len(extra), -1, np.int64)])
+            extra = np.sort(extra[~np.isin(extra, p)])
+            p, wr, bt = _ride_along(p, wr, bt, extra)
         pages_out.append(p)
         write_out.append(wr)
         batch_out.append(bt)
         kernels["acc_lo"][k], kernels["acc_hi"][k] = pos, pos + len(p)
         pos += len(p)
     return np.concatenate(pages_out), np.concatenate(write_out), np.concatenate(batch_out)
+
+
+def _ride_along(p: np.ndarray, wr: np.ndarray, bt: np.ndarray, extra: np.ndarray
+                ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Insert a kernel's re-read pages (sorted) right after its first access to their block,
+    in that access's recorded fault batch: the driver brought them with the batch that
+    faulted the block (the gather's first step moved its 256 MiB table in 60 batches with
+    2.8 K faults), so they belong to that batch's window, not to windows of their own (which
+    made 1.1 K simulated batches of it). Read accesses, as before."""
+    blk = p >> PAGE_TO_BLOCK_SHIFT
+    ublk, first = np.unique(blk, return_index=True)
+    eblk = extra >> PAGE_TO_BLOCK_SHIFT
+    at = np.minimum(np.searchsorted(ublk, eblk), len(ublk) - 1)
+    if not (ublk[at] == eblk).all():   # _reread_after_bursts only adds blocks the kernel faulted
+        raise AssertionError("re-read page outside the kernel's faulted blocks")
+    pos = first[at] + 1
+    return (np.insert(p, pos, extra), np.insert(wr, pos, np.zeros(len(extra), np.bool_)),
+            np.insert(bt, pos, bt[first[at]]))
 
 
 def _cap_at_bursts(kernels: np.ndarray, launches: np.ndarray, bursts: _Bursts) -> None:
@@ -629,6 +651,36 @@ def _allocations(alloc_events: np.ndarray, acc_page: np.ndarray, acc_pid: np.nda
     out = np.concatenate([recorded, inferred])
     out["init"] = Init.HOST
     return out
+
+
+def _first_in(allocations: np.ndarray, addr: np.ndarray, t: np.ndarray) -> np.ndarray:
+    """Per allocation, the earliest ``t`` of the events whose ``addr`` falls in it (int64 max
+    where none)."""
+    out = np.full(len(allocations), np.iinfo(np.int64).max, np.int64)
+    if len(allocations) == 0 or len(addr) == 0:
+        return out
+    order = np.argsort(allocations["addr"], kind="stable")
+    start = allocations["addr"][order]
+    end = start + allocations["bytes"][order]
+    idx = np.searchsorted(start, addr, side="right") - 1
+    ok = (idx >= 0) & (addr < end[np.maximum(idx, 0)])
+    first = np.full(len(allocations), np.iinfo(np.int64).max, np.int64)
+    np.minimum.at(first, idx[ok], t[ok])
+    out[order] = first
+    return out
+
+
+def _zero_filled(recorded: np.ndarray, faults: np.ndarray, cpu: np.ndarray, copies: np.ndarray) -> None:
+    """Recorded allocations whose first touch was a GPU fault -- no CPU fault and no copy into
+    them before it -- start untouched: the driver zero-fills those pages on the GPU without a
+    transfer (torch's fresh blocks for activations and optimizer state; the probe phase
+    ``gpu-first-write`` of benchmarks/gpu/fidelity_real.py). Everything else stays
+    host-initialised, the conservative default (see :func:`_allocations`). In place (a view)."""
+    gpu = _first_in(recorded, faults["addr"], faults["t_ns"])
+    host = np.minimum(_first_in(recorded, cpu["addr"], cpu["t_ns"]),
+                      _first_in(recorded, copies["dst_addr"], copies["t_ns"]))
+    untouched = (gpu < np.iinfo(np.int64).max) & (gpu < host)
+    recorded["init"][untouched] = Init.UNTOUCHED
 
 
 def _alloc_id_of(events: np.ndarray, allocations: np.ndarray) -> np.ndarray:
