@@ -62,6 +62,17 @@ def pages_in(addr: int, nbytes: int) -> np.ndarray:
     return np.arange(first, last + 1, dtype=np.int64)
 
 
+def ranges(starts: np.ndarray | list[int], lengths: np.ndarray | list[int]) -> np.ndarray:
+    """Concatenation of ``arange(s, s + n)`` over pairs, without a Python loop."""
+    starts = np.asarray(starts, dtype=np.int64)
+    lengths = np.asarray(lengths, dtype=np.int64)
+    total = int(lengths.sum())
+    if total == 0:
+        return np.zeros(0, dtype=np.int64)
+    seg_start = np.cumsum(lengths) - lengths
+    return np.repeat(starts - seg_start, lengths) + np.arange(total, dtype=np.int64)
+
+
 _SIZE_RE = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*([kmgt]?)(i?)b?\s*$", re.IGNORECASE)
 _MULT = {"": 0, "k": 1, "m": 2, "g": 3, "t": 4}
 

@@ -38,10 +38,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..events.schema import COMMAND_DTYPE, Advice, CopyKind, EventBatch, Kind, Op, commands
-from ..sources.families.common import ranges
 from ..sources.threadblocks import KernelBlocks
 from ..sources.workload import OP_DTYPE, Init, OpType, Workload
-from ..units import BLOCK_SHIFT, BLOCK_SIZE, PAGE_SHIFT, PAGE_SIZE, PAGES_PER_BLOCK
+from ..units import BLOCK_SHIFT, BLOCK_SIZE, PAGE_SHIFT, PAGE_SIZE, PAGES_PER_BLOCK, ranges
 from .base import Controller, register
 from .tables import PairCorrelationTable
 

@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Iterable, Iterator, NoReturn, Sequence
+from typing import Iterator, NoReturn, Sequence
 
 import numpy as np
 
-from ...units import PAGE_SIZE
+from ...units import PAGE_SIZE, ranges  # noqa: F401 - ranges: the generators use it from here
 from ..workload import Buffer, Init, WorkloadBuilder
 
 #: What a job yields between the operations it emits: the estimated time in ns (compute only,
@@ -155,17 +155,6 @@ def pareto_weights(rng: np.random.Generator, n: int, alpha: float) -> np.ndarray
 
 
 # -- page ranges ------------------------------------------------------------------------------
-def ranges(starts: Iterable[int] | np.ndarray, lengths: Iterable[int] | np.ndarray) -> np.ndarray:
-    """Concatenation of ``arange(s, s + n)`` over pairs, without a Python loop."""
-    starts = np.asarray(starts, dtype=np.int64)
-    lengths = np.asarray(lengths, dtype=np.int64)
-    total = int(lengths.sum())
-    if total == 0:
-        return np.zeros(0, dtype=np.int64)
-    seg_start = np.cumsum(lengths) - lengths
-    return np.repeat(starts - seg_start, lengths) + np.arange(total, dtype=np.int64)
-
-
 def byte_pages(base_page: int, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
     """Pages covering byte ranges [lo, hi) of a buffer starting at ``base_page``."""
     lo = np.asarray(lo, dtype=np.int64)
