@@ -35,7 +35,7 @@ from typing import Callable, Iterable
 from ..events.schema import Kind
 from ..sources.uvmtools import LiveError, UvmToolsSource, list_uvm_processes
 from ..sources.uvmtools import abi
-from ..sources.uvmtools.process import NoDriver, NoSuchProcess, TargetExited, nvidia_smi_gpus
+from ..sources.uvmtools.process import NoDriver, NoSuchProcess, TargetExited, nvidia_smi_gpus, process_alive
 from .control_state import read_published
 from .metrics import ControlTotals, ExporterState, ProcessTotals
 
@@ -105,6 +105,7 @@ class Agent:
         self.clock = clock
         self.sessions: dict[int, _Session] = {}
         self.refused: dict[int, _Refused] = {}
+        self.umctl_pids: set[int] = set()      # umctl's own processes, not looked at again
         self._smi: list[dict] | None = None
         self._smi_t = -1e9
         self._migrations = Kind.MIGRATION in self.kinds
@@ -144,18 +145,17 @@ class Agent:
     def _scan(self) -> int:
         """Attach to new UVM processes; forget refusals of processes that are gone. Returns
         how many fd tables could not be read."""
-        procs, hidden = list_uvm_processes(self.proc_root)
-        alive = {p.pid for p in procs}
-        for pid in [p for p in self.refused if p not in alive]:
-            del self.refused[pid]
         now = self.clock()
+        for pid in [p for p in self.refused if not process_alive(p, self.proc_root)]:
+            del self.refused[pid]
+        self.umctl_pids = {p for p in self.umctl_pids if process_alive(p, self.proc_root)}
+        waiting = {p for p, r in self.refused.items() if now < r.retry_at}
+        procs, hidden = list_uvm_processes(self.proc_root, skip=self.sessions.keys() | waiting | self.umctl_pids)
         for p in procs:
-            if p.pid in self.sessions or is_umctl(p.cmdline):
-                continue
-            r = self.refused.get(p.pid)
-            if r is not None and now < r.retry_at:
-                continue
-            self._attach(p.pid, p.comm, r)
+            if is_umctl(p.cmdline):
+                self.umctl_pids.add(p.pid)
+            else:
+                self._attach(p.pid, p.comm, self.refused.get(p.pid))
         return hidden
 
     def _gpus(self) -> list[dict]:

@@ -18,7 +18,7 @@ import os
 import shutil
 import subprocess
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Callable, Container
 
 import numpy as np
 
@@ -135,9 +135,11 @@ class UvmProcess:
     fds: list[int] = field(default_factory=list)
 
 
-def list_uvm_processes(proc_root: str | None = None) -> tuple[list[UvmProcess], int]:
+def list_uvm_processes(proc_root: str | None = None, skip: Container[int] = ()) -> tuple[list[UvmProcess], int]:
     """Every process with /dev/nvidia-uvm open, and how many processes' fd tables could not
-    be read (non-root sees only its own: top says so rather than showing an empty list)."""
+    be read (non-root sees only its own: top says so rather than showing an empty list).
+    ``skip``: pids not to look at (the exporter's attached ones: their fd tables are the
+    scan's cost, and it knows them already)."""
     proc_root = proc_root or PROC_ROOT
     found: list[UvmProcess] = []
     hidden = 0
@@ -147,7 +149,7 @@ def list_uvm_processes(proc_root: str | None = None) -> tuple[list[UvmProcess], 
     except OSError:
         return [], 0
     for name in entries:
-        if not name.isdigit() or int(name) == me:
+        if not name.isdigit() or int(name) == me or int(name) in skip:
             continue
         pid = int(name)
         try:
