@@ -1,4 +1,4 @@
-"""The simulator reproduces the figures measured on the H100/H200 (DESIGN §7)."""
+"""The simulator reproduces the figures measured on the H100/H200 (docs/measurements.md)."""
 
 import numpy as np
 import pytest

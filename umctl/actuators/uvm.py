@@ -3,7 +3,7 @@
 The commands go through the target's own va_space, duplicated into umctl (the tools-API
 source already holds that fd): UVM_MIGRATE to a GPU's UUID prefetches, to the CPU's (or a
 neighbour GPU's) pre-evicts, UVM_DISCARD invalidates, SET/UNSET_PREFERRED_LOCATION and
-ENABLE/DISABLE_READ_DUPLICATION advise. DESIGN §7 measured each on driver 580.
+ENABLE/DISABLE_READ_DUPLICATION advise (each measured on driver 580: docs/measurements.md).
 
 Why a worker thread and a queue rather than calling ioctls from the controller:
   * a 64 MiB UVM_MIGRATE takes ~1.5 ms and the controller must keep draining the ring;

@@ -168,7 +168,7 @@ def replay(
                                              "controller, as a live source drains its ring (default 1000)."),
     calibration: Optional[str] = typer.Option(None, "--calibration", help="Calibration file written by "
                                               "benchmarks/gpu/calibrate.py, or a shipped one by name (h100-r580, h200-r580); default: for a recorded trace "
-                                              "the shipped one of its GPU and driver, else the H100 figures of DESIGN §7."),
+                                              "the shipped one of its GPU and driver, else the H100 figures of docs/measurements.md."),
     timeline: Optional[str] = typer.Option(None, "--timeline", help="Write host / copy / kernel timelines of every mode "
                                            "to this PNG (HUM figure 8 style); for short programs."),
 ) -> None:

@@ -9,7 +9,7 @@ pre-evicts to stay inside it, and when the controller lets residency overflow an
 budget keeper evicts the least recently migrated blocks itself — exactly what the driver does
 on the fault path when a GPU is really full, which is the "naive UM" baseline (``--mode none
 --budget``). That is how oversubscription policies run on a real GPU without ever asking the
-driver for more memory than the card has (DESIGN §6).
+driver for more memory than the card has (docs/measurements.md).
 
 Why block granularity is right for the estimate: the driver backs and evicts managed memory
 in 2 MiB root chunks, so a block with any page on the GPU holds a whole chunk there.

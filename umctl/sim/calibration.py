@@ -1,9 +1,8 @@
 """Calibration constants of the UVM simulator, each with where it comes from.
 
 All figures were measured on the GPU machine (H100 / H200, driver 580.159.04 open modules,
-CUDA 13.0, PCIe 5) by the investigation probes in ../shared/reference/uvm-probes
-(results/h100_run2/d_result.json, h200_run1/d_result.json, ab.log) and summarised in
-DESIGN.md §7. The live-observation issue re-measures them with a script; a new measurement
+CUDA 13.0, PCIe 5), summarised in docs/measurements.md; benchmarks/gpu/calibrate.py
+re-measures them and writes a calibration file. A new measurement
 becomes a new :class:`Calibration` instance here, never a constant scattered elsewhere.
 
 The fault-path model is fitted, not measured directly: per batch the driver spends
@@ -36,7 +35,7 @@ class Calibration:
     d2h_Bps: float = 13.0e9
     #: Fixed start-up of one migration command on a copy engine (ioctl + DMA setup).
     transfer_latency_ns: int = 10_000
-    #: Pinned cudaMemcpy H2D 54.9 GB/s; pageable 7.7 GB/s (DESIGN §7, physical limits).
+    #: Pinned cudaMemcpy H2D 54.9 GB/s; pageable 7.7 GB/s (docs/measurements.md, physical limits).
     pinned_copy_Bps: float = 54.9e9
     pageable_copy_Bps: float = 7.7e9
     #: GPU<->GPU migration over NVLink 4 (H100/H200 SXM: 450 GB/s per direction peak);
