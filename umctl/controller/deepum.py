@@ -439,9 +439,8 @@ class DeepUMController(Controller):
         first (least recently migrated first among them), then those needed furthest ahead.
         Why not the paper's "least recently migrated and not expected by the next N": for the
         budget keeper that is LRU over everything beyond N kernels, and on a training loop's
-        cycle LRU loses exactly the blocks needed soonest (measured on the H100 torch loop:
-        blocks it evicted came back a median of 17 kernels later, of ~60 a step, and 71-79 %
-        of the faults left under deepum were blocks prefetched and evicted again)."""
+        cycle LRU loses exactly the blocks needed soonest (docs/control.md has the H100
+        measurement: evicted blocks came back a median of ~17 kernels later)."""
         if not self.enabled("preevict"):
             return blocks
         if self._horizon_cache is None:

@@ -223,20 +223,14 @@ class Budget:
         """Send away again, every ``sweep_ms``, the blocks umctl evicted at least
         ``sweep_age_ms`` ago and has not seen come back.
 
-        Why: the budget only holds if the estimate is right, and the estimate learns of
-        arrivals from fault events only. Measured on the H100 (a 1 GiB buffer rewritten every
-        step under a 256 MiB budget): fault events reached the controller up to 250 ms late,
-        about half of the evictions moved nothing, and 16 of 20 steps then ran with the whole
-        buffer resident and no fault at all, at full speed -- the budget was not enforced, and
-        a fault-free steady state looked like success for every mode. A block that came back
-        unseen is moved out again here; if the program still uses it, it faults, which is how
-        umctl learns it is there. A block already on the host costs the driver a residency
-        check (one ioctl per address-contiguous run). 0 (the default) turns the sweep off.
-
-        Off by default because the stall above was the trace writer's (fixed: it has a thread
-        of its own); with a loop that keeps up, the sweep re-evicts blocks that did come back
-        and are in use but whose faults the loop has not seen yet (measured on the H100 torch
-        loop: none --budget 565 ms/step with a 50 ms sweep, 321 ms without)."""
+        Why: the budget holds only if the estimate is right, and the estimate learns of
+        arrivals from fault events only; a control loop that falls behind its events would let
+        evicted blocks come back unseen, and the budget would silently not be enforced. A block
+        moved out again here faults if the program still uses it, which is how umctl learns it
+        is there; one already on the host costs the driver a residency check (one ioctl per
+        address-contiguous run). Off (0) by default: with a loop that keeps up it re-evicts
+        blocks that did come back and are in use. The measurements behind both halves are in
+        docs/control.md (*Measured*, the ``--budget-sweep`` item)."""
         if not self.sweep_ns or now - self._last_sweep < self.sweep_ns:
             return None
         self._last_sweep = now
