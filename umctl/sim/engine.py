@@ -428,13 +428,24 @@ class Simulator:
         self._emit(Kind.MIGRATION, m)
 
     def _eviction_event(self, g, b, written, t, critical) -> None:
+        self._eviction_events(g, np.array([b], np.int64), np.array([written], np.int64), np.array([float(t)]),
+                              critical)
+
+    def _eviction_events(self, g: int, b: np.ndarray, written: np.ndarray, t: np.ndarray, critical: bool) -> None:
+        """EVICTION records of chunks evicted from g (blocks b, pages written back, times), and
+        the MIGRATION of each write-back; one array per kind (a fault-heavy drain evicts many)."""
         if Kind.EVICTION in self.emit:
-            ev = empty(Kind.EVICTION, 1)
-            ev["t_ns"], ev["gpu"], ev["addr"] = int(t), g, int(self.space.global_blocks[b]) << 21
+            ev = empty(Kind.EVICTION, len(b))
+            ev["t_ns"], ev["gpu"], ev["addr"] = t.astype(np.int64), g, self.space.global_blocks[b] << 21
             ev["bytes_written"], ev["pages"], ev["critical"] = written * PAGE_SIZE, written, critical
             self._emit(Kind.EVICTION, ev)
-        if written and Kind.MIGRATION in self.emit:
-            self._migration(t, t, g, CPU, b, written * PAGE_SIZE, Cause.EVICTION)
+        sel = written > 0
+        if Kind.MIGRATION in self.emit and sel.any():
+            m = empty(Kind.MIGRATION, int(sel.sum()))
+            m["t_ns"] = m["t_end_ns"] = t[sel].astype(np.int64)
+            m["src"], m["dst"], m["cause"], m["exec_id"] = g, CPU, int(Cause.EVICTION), -1
+            m["addr"], m["bytes"] = self.space.global_blocks[b[sel]] << 21, written[sel] * PAGE_SIZE
+            self._emit(Kind.MIGRATION, m)
 
     def _release_block(self, g: int, b: int, n_pages: int) -> None:
         """n_pages of block b left GPU g; free the chunk when none remain."""
@@ -494,9 +505,8 @@ class Simulator:
         """Turn the core's drain buffers into event records (vectorised) and empty them."""
         o = self.out
         b_id, b_nf, b_t, b_end = o.view("b_id"), o.view("b_nf"), o.view("b_t"), o.view("b_end")
-        if Kind.EVICTION in self.emit or Kind.MIGRATION in self.emit:
-            for blk, w, t in zip(o.view("e_block").tolist(), o.view("e_written").tolist(), o.view("e_t").tolist()):
-                self._eviction_event(g, blk, w, t, True)
+        if o.ne and (Kind.EVICTION in self.emit or Kind.MIGRATION in self.emit):
+            self._eviction_events(g, o.view("e_block"), o.view("e_written"), o.view("e_t"), True)
         if Kind.FAULT in self.emit:
             fb = o.view("f_batch")
             f = empty(Kind.FAULT, len(fb))
@@ -713,7 +723,7 @@ class Simulator:
         if not self._pending:
             return
         self._next_drain = t + self.drain
-        arrays = {k: (v[0] if len(v) == 1 else np.concatenate(v)) for k, v in self._pending.items()}
+        arrays = {k: (v[0] if len(v) == 1 else _concat(v)) for k, v in self._pending.items()}
         self._pending = {}
         ev = EventBatch(now_ns=int(t), arrays=arrays, names=self.w.names)
         if self.recorder is not None:
@@ -737,20 +747,21 @@ class Simulator:
             b = EventBatch(now_ns=int(t), names=self.w.names)
             b.add(Kind.COMMAND, rec)
             self.recorder.write(b)
-        for cmd in cmds:
-            op = int(cmd["op"])
-            for j, (lo, hi) in enumerate(self.space.local_range(int(cmd["addr"]), int(cmd["bytes"]))):
+        cols = (cmds["op"].tolist(), cmds["addr"].tolist(), cmds["bytes"].tolist(), cmds["dst"].tolist(),
+                cmds["exec_id"].tolist(), cmds["advice"].tolist())
+        for op, addr, nbytes, dst, exec_id, advice in zip(*cols):
+            for j, (lo, hi) in enumerate(self.space.local_range(addr, nbytes)):
                 if op == Op.PREFETCH:
                     # one command is one pipelined DMA stream: its start-up is paid once
-                    self._prefetch(lo, hi, int(cmd["dst"]), t, int(cmd["exec_id"]), first=j == 0)
+                    self._prefetch(lo, hi, dst, t, exec_id, first=j == 0)
                 elif op == Op.PREEVICT:
-                    self._preevict(lo, hi, int(cmd["dst"]), t)
+                    self._preevict(lo, hi, dst, t)
                 elif op == Op.INVALIDATE:
                     self._invalidate(lo, hi)
                 elif op == Op.STAGE:
-                    self._stage(lo, hi, int(cmd["dst"]), t)
+                    self._stage(lo, hi, dst, t)
                 elif op == Op.ADVISE:
-                    self._advise(lo, hi, int(cmd["advice"]), int(cmd["dst"]))
+                    self._advise(lo, hi, advice, dst)
 
     def _prefetch(self, lo: int, hi: int, g: int, t: float, exec_id: int, first: bool = True) -> None:
         """UVM_MIGRATE of one block's pages to GPU g (executed by the core)."""
@@ -992,6 +1003,17 @@ class Simulator:
             orphans = int((on & ~self.has_chunk[g]).sum())
             if orphans:
                 raise AssertionError(f"GPU {g} has valid pages in {orphans} blocks without a chunk")
+
+
+def _concat(parts: list[np.ndarray]) -> np.ndarray:
+    """np.concatenate of record arrays of one dtype, without its field-by-field dtype
+    promotion (which cost more than the copy on every drain)."""
+    out = np.empty(sum(len(p) for p in parts), parts[0].dtype)
+    i = 0
+    for p in parts:
+        out[i:i + len(p)] = p
+        i += len(p)
+    return out
 
 
 def simulate(workload: Workload, controller: Controller, **kw) -> SimResult:
