@@ -1,0 +1,195 @@
+/* reports: the datagrams to umctl (launches, allocations, copies), batched and non-blocking.
+ * Part of umctl_rt.c's translation unit (included there, not compiled alone). */
+
+/* ---------------------------------------------------------------- reports */
+
+#define RBUF_BYTES 12288
+struct rbuf {
+    pthread_mutex_t mu;
+    uint8_t kind;
+    size_t recsz;
+    uint32_t n;
+    char data[RBUF_BYTES];
+};
+static struct rbuf rb[3] = {
+    {PTHREAD_MUTEX_INITIALIZER, UMRT_LAUNCH, sizeof(struct umrt_launch), 0, {0}},
+    {PTHREAD_MUTEX_INITIALIZER, UMRT_ALLOC, sizeof(struct umrt_alloc), 0, {0}},
+    {PTHREAD_MUTEX_INITIALIZER, UMRT_COPY, sizeof(struct umrt_copy), 0, {0}},
+};
+static _Atomic u64 drops[3];
+static int32_t my_pid;
+
+static pthread_mutex_t names_mu = PTHREAD_MUTEX_INITIALIZER;
+static char **names;
+static uint16_t *name_lens;
+static int n_names, cap_names, names_sent;
+
+static int send_dgram(uint8_t kind, uint32_t count, const void *body, size_t len)
+{
+    struct umrt_header h = {UMRT_MAGIC, UMRT_VERSION, kind, 0, count, my_pid, {0, 0, 0}};
+    for (int i = 0; i < 3; i++)
+        h.drops[i] = atomic_load(&drops[i]);
+    struct iovec iov[2] = {{&h, sizeof h}, {(void *)body, len}};
+    struct msghdr m = {0};
+    m.msg_name = &sock_addr;
+    m.msg_namelen = sock_len;
+    m.msg_iov = iov;
+    m.msg_iovlen = 2;
+    return sendmsg(sock_fd, &m, MSG_DONTWAIT | MSG_NOSIGNAL) < 0 ? -1 : 0;
+}
+
+/* Names go before the launches that use them; a name that could not be sent is retried at the
+   next flush (never dropped), since every later launch of that kernel needs it. */
+static void flush_names(void)
+{
+    char buf[RBUF_BYTES];
+    pthread_mutex_lock(&names_mu);
+    while (names_sent < n_names) {
+        size_t len = 0;
+        uint32_t cnt = 0;
+        int i = names_sent;
+        while (i < n_names && len + 6 + name_lens[i] <= sizeof buf) {
+            int32_t id = i;
+            memcpy(buf + len, &id, 4);
+            memcpy(buf + len + 4, &name_lens[i], 2);
+            memcpy(buf + len + 6, names[i], name_lens[i]);
+            len += 6 + name_lens[i];
+            cnt++;
+            i++;
+        }
+        if (!cnt || send_dgram(UMRT_NAMES, cnt, buf, len) < 0)
+            break;
+        names_sent = i;
+    }
+    pthread_mutex_unlock(&names_mu);
+}
+
+static void flush_kind(int k)
+{
+    char buf[RBUF_BYTES];
+    struct rbuf *b = &rb[k];
+    pthread_mutex_lock(&b->mu);
+    uint32_t n = b->n;
+    memcpy(buf, b->data, n * b->recsz);
+    b->n = 0;
+    pthread_mutex_unlock(&b->mu);
+    if (n && send_dgram(b->kind, n, buf, n * b->recsz) < 0)
+        atomic_fetch_add(&drops[k], n);
+}
+
+static void flush_all(void)
+{
+    if (sock_fd < 0)
+        return;
+    flush_names();
+    for (int k = 0; k < 3; k++)
+        flush_kind(k);
+}
+
+static void *flusher(void *arg)
+{
+    (void)arg;
+    tl_internal = 1;
+    struct timespec ts = {0, 2 * 1000 * 1000};
+    for (;;) {
+        nanosleep(&ts, NULL);
+        flush_all();
+    }
+    return NULL;
+}
+
+/* Start one of the runtime's own threads, detached, with every signal blocked (the program's
+   signals go to its own threads). Returns whether it started. */
+static int spawn_detached(void *(*fn)(void *))
+{
+    pthread_t t;
+    pthread_attr_t a;
+    pthread_attr_init(&a);
+    pthread_attr_setdetachstate(&a, PTHREAD_CREATE_DETACHED);
+    sigset_t all, old;
+    sigfillset(&all);
+    pthread_sigmask(SIG_SETMASK, &all, &old);
+    int ok = pthread_create(&t, &a, fn, NULL) == 0;
+    pthread_sigmask(SIG_SETMASK, &old, NULL);
+    pthread_attr_destroy(&a);
+    return ok;
+}
+
+static pthread_once_t flusher_once = PTHREAD_ONCE_INIT;
+static void start_flusher(void)
+{
+    spawn_detached(flusher);
+}
+
+static void push(int k, const void *rec)
+{
+    struct rbuf *b = &rb[k];
+    pthread_once(&flusher_once, start_flusher);
+    int full;
+    pthread_mutex_lock(&b->mu);
+    memcpy(b->data + b->n * b->recsz, rec, b->recsz);
+    b->n++;
+    full = (b->n + 1) * b->recsz > RBUF_BYTES;
+    pthread_mutex_unlock(&b->mu);
+    if (full) {
+        if (k == 0)
+            flush_names();
+        flush_kind(k);
+    }
+}
+
+static int intern_name(const char *s)
+{
+    pthread_mutex_lock(&names_mu);
+    for (int i = n_names - 1; i >= 0; i--)   /* called once per new kernel (cached by caller) */
+        if (strcmp(names[i], s) == 0) {
+            pthread_mutex_unlock(&names_mu);
+            return i;
+        }
+    if (n_names == cap_names) {
+        int nc = cap_names ? 2 * cap_names : 256;
+        char **nn = realloc(names, nc * sizeof *nn);
+        uint16_t *nl = realloc(name_lens, nc * sizeof *nl);
+        if (!nn || !nl) {
+            if (nn) names = nn;
+            if (nl) name_lens = nl;
+            pthread_mutex_unlock(&names_mu);
+            return -1;
+        }
+        names = nn, name_lens = nl, cap_names = nc;
+    }
+    size_t len = strlen(s);
+    if (len > 4000)
+        len = 4000;
+    names[n_names] = strndup(s, len);
+    name_lens[n_names] = (uint16_t)len;
+    int id = names[n_names] ? n_names++ : -1;
+    pthread_mutex_unlock(&names_mu);
+    return id;
+}
+
+static void report_alloc(uint8_t op, const void *p, size_t n, int64_t id, int managed)
+{
+    if (sock_fd < 0 || tl_internal)
+        return;
+    struct umrt_alloc r = {now_ns(), my_pid, op, (u64)(uintptr_t)p, n, id, (uint8_t)managed};
+    push(1, &r);
+}
+
+static int current_device(void)
+{
+    int d = 0;
+    if (get_cudaGetDevice())
+        real_cudaGetDevice(&d);
+    return d;
+}
+
+static void report_copy(int64_t t0, int64_t t1, int kind, const void *dst, const void *src, size_t n, void *s,
+                        int is_async, int dev)
+{
+    if (sock_fd < 0)
+        return;
+    struct umrt_copy r = {t0, t1, (int16_t)dev, my_pid, (u64)(uintptr_t)s, (uint8_t)kind,
+                          (u64)(uintptr_t)src, (u64)(uintptr_t)dst, n, (uint8_t)is_async};
+    push(2, &r);
+}

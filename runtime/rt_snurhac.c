@@ -1,0 +1,472 @@
+/* SnuRHAC partitioning: a partitionable kernel's grid spread over the GPUs.
+ * Part of umctl_rt.c's translation unit (included there, not compiled alone). */
+
+/* ---------------------------------------------------------------- SnuRHAC: grid partitioning
+
+   UMCTL_RT_GPUS=N (N >= 2; `umctl run --mode snurhac --gpus N`): each launch of a kernel that
+   follows the umctl_snurhac.h convention is cut into N contiguous slabs of thread blocks along
+   one dimension, by the rule of umctl.controller.snurhac.partition (thesis §6.2): z if the grid
+   has at least N blocks there, else y, else x; slab g is [dim*g/N, dim*(g+1)/N). Slab g runs on
+   GPU g, on a non-blocking stream of ours, with the kernel's umctl_part_t offset set to the
+   slab's first block. Stream order is kept without host syncs: the slab streams wait on an
+   event recorded on the caller's stream, and the caller's stream waits on an event recorded
+   after each slab, so whatever the program issues next on its stream follows all slabs (which
+   is SnuRHAC's "all GPUs finish a kernel before the next starts"). The caller's current device
+   is restored. Anything not set up (fewer GPUs than N, a stream being captured, a setup call
+   failing, a launch on a device >= N) takes the original single launch. With
+   UMCTL_RT_READ_ONLY (default on), the buffers the convention marks read-only are advised
+   READ_MOSTLY for the kernel (duplicated on every GPU that reads them, §6.4) and the advice is
+   taken back when a later partitioned kernel passes them without the mark. */
+struct umctl_part { unsigned off[3], grid[3], ro_mask, magic; };
+#define UMCTL_PART_MAGIC 0x54504d55u
+static int part_ok;
+static cudaStream_t part_stream[MAX_DEV];
+static cudaEvent_t part_done[MAX_DEV], part_start[MAX_DEV];
+#define MAX_RO 256
+static uintptr_t ro_flagged[MAX_RO];
+static int n_ro;
+
+/* Streams, events and peer access on every GPU, once (the program's first cudaMalloc calls
+   this, so context creation on the other GPUs happens outside its timed region). */
+static void part_setup(void)
+{
+    if (cfg_gpus < 2 || cfg_gpus > MAX_DEV || !get_cudaGetDeviceCount() || !get_cudaSetDevice() ||
+        !get_cudaGetDevice() || !get_cudaStreamCreateWithFlags() || !get_cudaEventCreateWithFlags() ||
+        !get_cudaEventRecord() || !get_cudaStreamWaitEvent() || !get_cudaLaunchKernel())
+        return;
+    tl_internal++;
+    int n = 0, cur = current_device(), ok = 1;
+    if (real_cudaGetDeviceCount(&n) != 0 || n < cfg_gpus) {
+        fprintf(stderr, "umctl runtime: UMCTL_RT_GPUS=%d but %d GPUs visible: kernels are not partitioned\n", cfg_gpus, n);
+        ok = 0;
+    }
+    for (int g = 0; ok && g < cfg_gpus; g++) {
+        ok = real_cudaSetDevice(g) == 0 && real_cudaStreamCreateWithFlags(&part_stream[g], 1 /* non-blocking */) == 0 &&
+             real_cudaEventCreateWithFlags(&part_done[g], 2 /* disable timing */) == 0 &&
+             real_cudaEventCreateWithFlags(&part_start[g], 2) == 0;
+        /* managed memory needs no peer mappings; a device buffer of GPU h (cudaMalloc beyond the
+           managed cap) does, so map every pair that can be mapped */
+        for (int h = 0; ok && h < cfg_gpus; h++) {
+            int can = 0;
+            if (h != g && get_cudaDeviceCanAccessPeer() && get_cudaDeviceEnablePeerAccess() &&
+                real_cudaDeviceCanAccessPeer(&can, g, h) == 0 && can)
+                real_cudaDeviceEnablePeerAccess(h, 0);   /* "already enabled" is fine */
+        }
+    }
+    real_cudaSetDevice(cur);
+    if (get_cudaGetLastError())
+        real_cudaGetLastError();
+    part_ok = ok;
+    tl_internal--;
+}
+
+/* The allocation of ours holding p: its start and size (0 if none). */
+static uintptr_t alloc_base(const void *p, size_t *n)
+{
+    uintptr_t a = (uintptr_t)p, base = 0;
+    pthread_mutex_lock(&allocs_mu);
+    size_t i = alloc_pos(a + 1);
+    if (i > 0 && a < allocs[i - 1].addr + allocs[i - 1].n && allocs[i - 1].managed)
+        base = allocs[i - 1].addr, *n = allocs[i - 1].n;
+    pthread_mutex_unlock(&allocs_mu);
+    return base;
+}
+
+static int mem_advise(uintptr_t p, size_t n, int advice, int dev)
+{
+    pthread_once(&driver_once, load_driver);
+    if (cu_advise_v2) {
+        cu_mem_location_t loc = {1 /* device */, dev};
+        return cu_advise_v2((u64)p, n, advice, loc);
+    }
+    return cu_advise ? cu_advise((u64)p, n, advice, dev) : -1;
+}
+
+/* Index of a READ_MOSTLY-flagged allocation in ro_flagged, or n_ro when it is not flagged. */
+static int ro_find(uintptr_t base)
+{
+    int k = 0;
+    while (k < n_ro && ro_flagged[k] != base)
+        k++;
+    return k;
+}
+
+static void ro_set(uintptr_t base, size_t n, int dev)
+{
+    int rc = mem_advise(base, n, 1 /* SET_READ_MOSTLY */, dev);
+    if (rc == 0) {
+        ro_flagged[n_ro++] = base;
+        atomic_fetch_add(&st_ro_set, 1);
+    } else if (getenv("UMCTL_RT_DEBUG")) {
+        static int told;
+        if (!told++)
+            fprintf(stderr, "umctl_rt: READ_MOSTLY advice failed (CUresult %d)\n", rc);
+    }
+}
+
+static void ro_unset(int k, int dev)
+{
+    size_t n = 0;
+    uintptr_t base = ro_flagged[k];
+    if (alloc_base((void *)base, &n) == base)
+        mem_advise(base, n, 2 /* UNSET_READ_MOSTLY */, dev);
+    ro_flagged[k] = ro_flagged[--n_ro];
+    atomic_fetch_add(&st_ro_unset, 1);
+}
+
+/* §6.4: flag the buffers the kernel only reads, unflag the flagged ones it may write (a pointer
+   argument into one of our managed allocations without its ro bit). Which arguments are
+   pointers comes from the parameter sizes (cuFuncGetParamInfo), else from the ro_mask alone.
+   Called under part_mu. */
+static void part_read_only(struct finfo *fi, void **args, unsigned mask, int dev)
+{
+    if (!cfg_ro || !fi)
+        return;
+    int known = fi->nparams > 1 && fi->sizes;
+    static int said;
+    if (getenv("UMCTL_RT_DEBUG") && !said) {
+        said = 1;
+        fprintf(stderr, "umctl_rt: read-only advice: %s\n", known ? "parameter sizes known" : "from ro_mask only");
+    }
+    if (!known) {
+        /* Without parameter sizes (no cuFuncGetParamInfo for this function) only the arguments
+           the program marked read-only are known to be pointers (the convention); any other
+           argument might be a pointer the kernel writes through, so every flagged buffer this
+           launch does not mark read-only loses its flag (a written READ_MOSTLY buffer makes
+           every GPU's copy bounce: 100x slower on the stencil over 2 H200s). */
+        uintptr_t keep[32];
+        int nk = 0;
+        for (int i = 1; i < 32; i++) {
+            if (!((mask >> i) & 1) || !args[i])
+                continue;
+            size_t n = 0;
+            uintptr_t base = alloc_base(*(void **)args[i], &n);
+            if (!base)
+                continue;
+            keep[nk++] = base;
+            if (ro_find(base) == n_ro && n_ro < MAX_RO)
+                ro_set(base, n, dev);
+        }
+        for (int k = n_ro - 1; k >= 0; k--) {
+            int kept = 0;
+            for (int j = 0; j < nk; j++)
+                kept |= keep[j] == ro_flagged[k];
+            if (!kept)
+                ro_unset(k, dev);
+        }
+        return;
+    }
+    for (int i = 1; i < fi->nparams && i < 32; i++) {
+        if (fi->sizes[i] != sizeof(void *) || !args[i])
+            continue;
+        size_t n = 0;
+        uintptr_t base = alloc_base(*(void **)args[i], &n);
+        if (!base)
+            continue;
+        int k = ro_find(base);
+        int flagged = k < n_ro, ro = (mask >> i) & 1;
+        if (ro && !flagged && n_ro < MAX_RO)
+            ro_set(base, n, dev);
+        else if (!ro && flagged)
+            ro_unset(k, dev);
+    }
+}
+
+/* A freed allocation loses its flag (its address may come back as another buffer). */
+static void part_forget(const void *p)
+{
+    if (cfg_gpus < 2)
+        return;
+    pthread_mutex_lock(&part_mu);
+    int k = ro_find((uintptr_t)p);
+    if (k < n_ro)
+        ro_flagged[k] = ro_flagged[--n_ro];
+    pthread_mutex_unlock(&part_mu);
+}
+
+/* First block of slab k of G along a dimension of n blocks (partition()'s edges g*n//G). */
+static unsigned slab_edge(unsigned n, int k, int G)
+{
+    return (unsigned)((u64)n * k / G);
+}
+
+/* 1: the launch was taken (partitioned; *res its result); 0: launch it as it is. `ptsz`: a
+   per-thread-default-stream entry point (stream 0 means cudaStreamPerThread there). */
+static int part_launch(const void *f, dim3 g, dim3 b, void **args, size_t smem, cudaStream_t s, int ptsz,
+                       cudaError_t *res)
+{
+    if (cfg_gpus < 2 || tl_internal || !args || !args[0])
+        return 0;
+    struct finfo *fi = func_info(f, 0);
+    if (!fi || fi->part != 1)
+        return 0;
+    struct umctl_part *p = args[0];
+    if (p->magic != UMCTL_PART_MAGIC || p->off[0] || p->off[1] || p->off[2] || p->grid[0] != g.x ||
+        p->grid[1] != g.y || p->grid[2] != g.z) {
+        atomic_fetch_add(&st_part_fallback, 1);
+        return 0;
+    }
+    pthread_once(&part_once, part_setup);
+    int d = current_device(), capturing = 0;
+    if (!s && ptsz)
+        s = STREAM_PER_THREAD;
+    if (!part_ok || d < 0 || d >= cfg_gpus ||
+        (get_cudaStreamIsCapturing() && (real_cudaStreamIsCapturing(s, &capturing) != 0 || capturing))) {
+        if (get_cudaGetLastError())
+            real_cudaGetLastError();
+        atomic_fetch_add(&st_part_fallback, 1);
+        return 0;
+    }
+    const int G = cfg_gpus;
+    unsigned dims[3] = {g.x, g.y, g.z};
+    int dim = g.z >= (unsigned)G ? 2 : g.y >= (unsigned)G ? 1 : 0;
+    pthread_mutex_lock(&part_mu);
+    tl_internal++;
+    part_read_only(fi, args, p->ro_mask, d);
+    int ok = real_cudaEventRecord(part_start[d], s) == 0;
+    for (int k = 0; ok && k < G; k++) {
+        unsigned lo = slab_edge(dims[dim], k, G), hi = slab_edge(dims[dim], k + 1, G);
+        if (hi > lo)
+            ok = real_cudaSetDevice(k) == 0 && real_cudaStreamWaitEvent(part_stream[k], part_start[d], 0) == 0;
+    }
+    cudaError_t r = 0;
+    int launched = 0, done[MAX_DEV] = {0};
+    struct umctl_part save = *p;
+    for (int k = 0; ok && k < G; k++) {
+        unsigned lo = slab_edge(dims[dim], k, G), hi = slab_edge(dims[dim], k + 1, G);
+        if (hi <= lo)
+            continue;
+        unsigned sd[3] = {g.x, g.y, g.z};
+        sd[dim] = hi - lo;
+        dim3 sg = {sd[0], sd[1], sd[2]};
+        p->off[dim] = lo;   /* the runtime copies argument values at the launch call */
+        if (real_cudaSetDevice(k) != 0) {
+            ok = launched > 0;
+            r = 1;
+            break;
+        }
+        tl_internal--;
+        int64_t q = report_launch(f, sg, b, args, smem, part_stream[k]);
+        tl_internal++;
+        cudaError_t e = real_cudaLaunchKernel(f, sg, b, args, smem, part_stream[k]);
+        if (e != 0) {
+            /* nothing launched yet: the original launch instead; else the error is the launch's */
+            ok = launched > 0;
+            r = e;
+            break;
+        }
+        launched++;
+        tl_internal--;
+        track_end(q, part_stream[k]);
+        tl_internal++;
+        done[k] = real_cudaEventRecord(part_done[k], part_stream[k]) == 0;
+        if (!done[k])
+            r = 1;
+    }
+    *p = save;
+    real_cudaSetDevice(d);
+    for (int k = 0; k < G; k++)
+        if (done[k] && real_cudaStreamWaitEvent(s, part_done[k], 0) != 0)
+            r = r ? r : 1;
+    if (!ok && get_cudaGetLastError())
+        real_cudaGetLastError();
+    tl_internal--;
+    pthread_mutex_unlock(&part_mu);
+    if (!ok) {
+        atomic_fetch_add(&st_part_fallback, 1);
+        return 0;
+    }
+    atomic_fetch_add(&st_part, 1);
+    *res = r;
+    return 1;
+}
+
+typedef cudaError_t (*launch_plain_t)(const void *, dim3, dim3, void **, size_t, cudaStream_t);
+
+/* A launch through an entry point with cudaLaunchKernel's signature: wait for pending HUM
+   copies, report it, launch, and track its end. */
+static cudaError_t launch_plain(launch_plain_t real, const void *f, dim3 g, dim3 b, void **args, size_t smem,
+                                cudaStream_t s, int ptsz)
+{
+    hum_barrier();
+    cudaError_t pr;
+    if (part_launch(f, g, b, args, smem, s, ptsz, &pr))
+        return pr;
+    int64_t q = report_launch(f, g, b, args, smem, s);
+    tl_rt_launch++;   /* its driver launch is this one */
+    cudaError_t r = real(f, g, b, args, smem, s);
+    tl_rt_launch--;
+    if (r == 0)
+        track_end(q, s);
+    return r;
+}
+
+API cudaError_t cudaLaunchKernel(const void *f, dim3 g, dim3 b, void **args, size_t smem, cudaStream_t s)
+{
+    if (!get_cudaLaunchKernel())
+        return 1;
+    return launch_plain(real_cudaLaunchKernel, f, g, b, args, smem, s, 0);
+}
+
+/* cudaLaunchConfig_t of cuda_runtime_api.h (CUDA >= 11.8): the layout the ExC entry points
+   take. PyTorch 2.11 on CUDA 13 launches every kernel through cudaLaunchKernelExC (measured on
+   the H100: libtorch_cuda imports it and not cudaLaunchKernel), so it must be reported too. */
+typedef struct {
+    dim3 gridDim;
+    dim3 blockDim;
+    size_t dynamicSmemBytes;
+    cudaStream_t stream;
+    void *attrs;
+    unsigned int numAttrs;
+} umrt_launch_config;
+
+typedef cudaError_t (*launch_exc_t)(const umrt_launch_config *, const void *, void **);
+
+static cudaError_t launch_exc(const char *name, launch_exc_t *real, const umrt_launch_config *c, const void *f,
+                              void **args, int ptsz)
+{
+    if (!*real)
+        *real = (launch_exc_t)next_sym(name);
+    if (!*real)
+        return 1;
+    hum_barrier();
+    cudaError_t pr;   /* launch attributes (clusters, ...) are not carried over to slabs: never split those */
+    if (c && !c->numAttrs && part_launch(f, c->gridDim, c->blockDim, args, c->dynamicSmemBytes, c->stream, ptsz, &pr))
+        return pr;
+    int64_t q = c ? report_launch(f, c->gridDim, c->blockDim, args, c->dynamicSmemBytes, c->stream) : -1;
+    tl_rt_launch++;
+    cudaError_t r = (*real)(c, f, args);
+    tl_rt_launch--;
+    if (r == 0 && c)
+        track_end(q, c->stream);
+    return r;
+}
+
+API cudaError_t cudaLaunchKernelExC(const umrt_launch_config *c, const void *f, void **args)
+{
+    static launch_exc_t real;
+    return launch_exc("cudaLaunchKernelExC", &real, c, f, args, 0);
+}
+
+API cudaError_t cudaLaunchKernelExC_ptsz(const umrt_launch_config *c, const void *f, void **args)
+{
+    static launch_exc_t real;
+    return launch_exc("cudaLaunchKernelExC_ptsz", &real, c, f, args, 1);
+}
+
+/* The <<<>>> stub of CUDA >= 12.8 calls __cudaLaunchKernel(func, grid, block, args, smem, stream)
+   (PyTorch 2.11 on CUDA 13 launches its kernels this way: on the H100 the runtime saw 0 launches
+   through the public entry points). It is forwarded with the generic trampoline, so the call
+   is exact whatever the signature; the report decodes the registers as the header declares
+   them: rdi func, rsi grid.x|grid.y<<32, rdx grid.z, rcx block.x|block.y<<32, r8 block.z,
+   r9 args, then smem and stream on the stack. */
+static u64 stub_launch(const char *name, fn12 *real, u64 a, u64 b, u64 c, u64 d, u64 e, u64 f, u64 g, u64 h,
+                       u64 i, u64 j, u64 k, u64 l, int ptsz)
+{
+    if (!*real)
+        *real = (fn12)next_sym(name);
+    if (!*real)
+        return 1;
+    hum_barrier();
+    dim3 gd = {(unsigned)b, (unsigned)(b >> 32), (unsigned)c};
+    dim3 bd = {(unsigned)d, (unsigned)(d >> 32), (unsigned)e};
+    cudaError_t pr;
+    if (part_launch((const void *)(uintptr_t)a, gd, bd, (void **)(uintptr_t)f, (size_t)g, (cudaStream_t)(uintptr_t)h,
+                    ptsz, &pr))
+        return (u64)(unsigned)pr;
+    int64_t q = report_launch((const void *)(uintptr_t)a, gd, bd, (void **)(uintptr_t)f, (size_t)g,
+                              (cudaStream_t)(uintptr_t)h);
+    tl_rt_launch++;
+    u64 r = (*real)(a, b, c, d, e, f, g, h, i, j, k, l);
+    tl_rt_launch--;
+    if ((cudaError_t)r == 0)
+        track_end(q, (cudaStream_t)(uintptr_t)h);
+    return r;
+}
+
+API u64 __cudaLaunchKernel(u64 a, u64 b, u64 c, u64 d, u64 e, u64 f, u64 g, u64 h, u64 i, u64 j, u64 k, u64 l)
+{
+    static fn12 real;
+    return stub_launch("__cudaLaunchKernel", &real, a, b, c, d, e, f, g, h, i, j, k, l, 0);
+}
+
+API u64 __cudaLaunchKernel_ptsz(u64 a, u64 b, u64 c, u64 d, u64 e, u64 f, u64 g, u64 h, u64 i, u64 j, u64 k, u64 l)
+{
+    static fn12 real;
+    return stub_launch("__cudaLaunchKernel_ptsz", &real, a, b, c, d, e, f, g, h, i, j, k, l, 1);
+}
+
+API cudaError_t cudaLaunchKernel_ptsz(const void *f, dim3 g, dim3 b, void **args, size_t smem, cudaStream_t s)
+{
+    static launch_plain_t real;
+    if (!real)
+        real = (launch_plain_t)next_sym("cudaLaunchKernel_ptsz");
+    if (!real)
+        return 1;
+    return launch_plain(real, f, g, b, args, smem, s, 1);
+}
+
+/* Everything else that enqueues work, synchronises or touches memory: barrier, then the real
+   call, arguments passed through unchanged (see the trampolines above for why this is exact). */
+#define PASS_THEN(name, after)                                                                         \
+    API u64 name(u64 a, u64 b, u64 c, u64 d, u64 e, u64 f, u64 g, u64 h, u64 i, u64 j, u64 k, u64 l)   \
+    {                                                                                                  \
+        static fn12 real;                                                                              \
+        if (!real)                                                                                     \
+            real = (fn12)next_sym(#name);                                                              \
+        if (!real)                                                                                     \
+            return 1;                                                                                  \
+        hum_barrier();                                                                                 \
+        u64 r = real(a, b, c, d, e, f, g, h, i, j, k, l);                                              \
+        after;                                                                                         \
+        return r;                                                                                      \
+    }
+#define PASS(name) PASS_THEN(name, (void)0)
+/* the host waited for the GPU to drain: an iteration boundary for exec_hash's occurrence counts */
+#define PASS_SYNC(name) PASS_THEN(name, if (!tl_internal) occ_reset())
+PASS_SYNC(cudaDeviceSynchronize)
+PASS_SYNC(cudaStreamSynchronize)
+PASS(cudaStreamQuery)
+PASS(cudaStreamWaitEvent)
+PASS(cudaStreamAddCallback)
+PASS(cudaStreamDestroy)
+PASS(cudaStreamBeginCapture)
+PASS(cudaEventRecord)
+PASS(cudaEventRecordWithFlags)
+PASS(cudaEventSynchronize)
+PASS(cudaEventQuery)
+PASS(cudaLaunchHostFunc)
+PASS(cudaLaunchCooperativeKernel)
+PASS(cudaGraphLaunch)
+PASS(cudaMemset)
+PASS(cudaMemsetAsync)
+PASS(cudaMemset2D)
+PASS(cudaMemset2DAsync)
+PASS(cudaMemcpy2D)
+PASS(cudaMemcpy2DAsync)
+PASS(cudaMemcpy3D)
+PASS(cudaMemcpy3DAsync)
+PASS(cudaMemcpyPeer)
+PASS(cudaMemcpyPeerAsync)
+PASS(cudaMemcpyToSymbol)
+PASS(cudaMemcpyFromSymbol)
+PASS(cudaMemcpyToSymbolAsync)
+PASS(cudaMemcpyFromSymbolAsync)
+PASS(cudaMemPrefetchAsync)
+PASS(cudaMemAdvise)
+PASS(cudaFreeAsync)
+PASS(cudaDeviceReset)
+PASS(cudaHostUnregister)
+PASS(cudaIpcGetMemHandle)
+PASS(cudaMemcpy_ptds)
+PASS(cudaMemcpyAsync_ptsz)
+PASS(cudaMemset_ptds)
+PASS(cudaMemsetAsync_ptsz)
+PASS_SYNC(cudaStreamSynchronize_ptsz)
+PASS(cudaStreamQuery_ptsz)
+PASS(cudaStreamWaitEvent_ptsz)
+PASS(cudaEventRecord_ptsz)
+PASS(cudaGraphLaunch_ptsz)
+PASS(cudaMemcpy2D_ptds)
+PASS(cudaMemcpy2DAsync_ptsz)
+PASS(cudaMemPrefetchAsync_ptsz)
