@@ -77,3 +77,17 @@ def test_lru_tree_root_is_least_recently_migrated_block():
     key = np.where(sim.has_chunk[0] & ~sim.pinned[0], sim.lru[0], np.inf)
     assert np.isfinite(key).any()
     assert sim._lru_tree[0, 1] == int(np.argmin(key))   # argmin: the lowest block on a tie
+
+
+def test_local_span_is_the_union_of_local_range():
+    from umctl.sim.pagespace import PageSpace
+    rng = np.random.default_rng(2)
+    for _ in range(200):
+        n = int(rng.integers(1, 6))
+        addrs = np.sort(rng.choice(200, n, replace=False)) * (2 << 20) + rng.integers(0, 512, n) * 4096
+        space = PageSpace(addrs, rng.integers(1, 5 * (2 << 20), n))
+        for _ in range(5):
+            a, nbytes = int(rng.integers(0, 210 * (2 << 20))), int(rng.integers(-5, 8 * (2 << 20)))
+            pieces = space.local_range(a, nbytes)
+            assert all(x[1] == y[0] for x, y in zip(pieces, pieces[1:]))   # they continue one another
+            assert space.local_span(a, nbytes) == ((pieces[0][0], pieces[-1][1]) if pieces else (0, 0))

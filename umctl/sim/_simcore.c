@@ -665,26 +665,32 @@ static int64_t density(SimState *s, int g, int64_t b, const int64_t *offs, int64
         map[w] = m;
         words[w] = popcount64(m);
     }
+    /* a count c passes at size 2^sh when c > threshold * 2^sh, i.e. when c > floor(that) */
+    int64_t need[PB_SHIFT + 1];
+    for (int sh = 1; sh <= PB_SHIFT; sh++) need[sh] = (int64_t)floor(s->density_threshold * (double)((int64_t)1 << sh));
     int64_t n = 0, done_lo = 0, done_hi = 0;   /* the last subregion added */
     for (int64_t k = 0; k < nf; k++) {
         int64_t off = offs[k];
         int64_t best_start = -1, best_size = 0;
-        for (int sh = 1; sh <= PB_SHIFT; sh++) {
+        /* the largest passing subregion; those no larger than the last one added and holding
+         * off lie inside it, where every page is resident, faulted or added already */
+        int inside = off >= done_lo && off < done_hi, stop = 0;
+        if (inside) while (((int64_t)1 << (stop + 1)) <= done_hi - done_lo) stop++;
+        for (int sh = PB_SHIFT; sh > stop; sh--) {
             int64_t size = (int64_t)1 << sh, st = off & ~(size - 1);
-            int cnt = 0;
+            int64_t cnt = 0;
             if (size < 64) {
                 cnt = popcount64((map[st >> 6] >> (st & 63)) & ((1ull << size) - 1));
             } else {
                 for (int64_t w = st >> 6; w < (st + size) >> 6; w++) cnt += words[w];
             }
-            if ((double)cnt > s->density_threshold * (double)size) {
+            if (cnt > need[sh]) {
                 best_start = st;
                 best_size = size;
+                break;
             }
         }
         if (best_size == 0) continue;
-        /* inside the last one added: every page there is resident, faulted or added */
-        if (best_start >= done_lo && best_start + best_size <= done_hi) continue;
         done_lo = best_start;
         done_hi = best_start + best_size;
         for (int64_t i = best_start; i < best_start + best_size; i++) {

@@ -334,12 +334,12 @@ class Simulator:
         host = int(Init.HOST)
         for rec in self.w.allocations:
             if rec["managed"]:
-                # one slice per run of consecutive compact blocks, not one per 2 MiB block: a
-                # full-scale model has tens of thousands of blocks in a few hundred allocations
-                for lo, hi in self.space.local_spans(int(rec["addr"]), int(rec["bytes"])):
-                    self.managed[lo:hi] = True
-                    if rec["init"] == host:
-                        self.cpu_valid[lo:hi] = True
+                # one slice, not one per 2 MiB block: a full-scale model has tens of thousands
+                # of blocks in a few hundred allocations
+                lo, hi = self.space.local_span(int(rec["addr"]), int(rec["bytes"]))
+                self.managed[lo:hi] = True
+                if rec["init"] == host:
+                    self.cpu_valid[lo:hi] = True
                 continue
             for lo, hi in self.space.local_range(int(rec["addr"]), int(rec["bytes"])):
                 if rec["gpu"] >= 0:

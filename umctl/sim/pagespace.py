@@ -86,13 +86,19 @@ class PageSpace:
             out.append(((cb << PAGE_TO_BLOCK_SHIFT) + lo, (cb << PAGE_TO_BLOCK_SHIFT) + hi))
         return out
 
-    def local_spans(self, addr: int, nbytes: int) -> list[tuple[int, int]]:
-        """:meth:`local_range` with ranges that continue one another merged: the compact
-        page ranges of a byte range, as few as the mapping allows."""
-        out: list[tuple[int, int]] = []
-        for lo, hi in self.local_range(addr, nbytes):
-            if out and out[-1][1] == lo:
-                out[-1] = (out[-1][0], hi)
-            else:
-                out.append((lo, hi))
-        return out
+    def local_span(self, addr: int, nbytes: int) -> tuple[int, int]:
+        """The union of :meth:`local_range`'s ranges, as one compact page range: compact
+        blocks are numbered without gaps, so the pieces of a byte range on consecutive compact
+        blocks continue one another (an allocation of tens of thousands of blocks is one
+        slice, not one per block). (0, 0) when nothing is mapped."""
+        if nbytes <= 0:
+            return 0, 0
+        first_page, end_page = addr >> 12, ((addr + nbytes - 1) >> 12) + 1
+        i0 = int(np.searchsorted(self.global_blocks, first_page >> PAGE_TO_BLOCK_SHIFT))
+        i1 = int(np.searchsorted(self.global_blocks, (end_page - 1) >> PAGE_TO_BLOCK_SHIFT, side="right"))
+        if i1 <= i0:
+            return 0, 0
+        g0, g1 = int(self.global_blocks[i0]), int(self.global_blocks[i1 - 1])
+        lo = max(first_page, g0 << PAGE_TO_BLOCK_SHIFT) - (g0 << PAGE_TO_BLOCK_SHIFT)
+        hi = min(end_page, (g1 + 1) << PAGE_TO_BLOCK_SHIFT) - (g1 << PAGE_TO_BLOCK_SHIFT)
+        return (i0 << PAGE_TO_BLOCK_SHIFT) + lo, ((i1 - 1) << PAGE_TO_BLOCK_SHIFT) + hi
