@@ -4,10 +4,13 @@ from live-shaped event batches, and refusal of replay-only modes."""
 
 from __future__ import annotations
 
+import threading
+
 import numpy as np
 import pytest
 
 from umctl import UmctlError
+from umctl.actuators.base import ActuatorBase
 from umctl.controller.base import make_controller
 from umctl.events.schema import AllocOp, EventBatch, Kind, Op, Status, empty
 from umctl.live.control import Budget, LiveControl, Residency
@@ -17,30 +20,26 @@ BASE = 0x7F00_0000_0000
 GPUS = [{"gpu": 0, "uuid": "GPU-x", "memory_bytes": 80 << 30}]
 
 
-class FakeActuator:
+class FakeActuator(ActuatorBase):
     """Executes everything at once, successfully (or not, per op)."""
 
     def __init__(self, fail_ops=()):
+        super().__init__(threading.Lock())
         self.submitted: list[np.ndarray] = []
-        self._results: list[tuple] = []
         self.fail_ops = set(fail_ops)
         self.closed = False
-        self._id = 0
 
     def submit(self, cmds):
-        ids = np.arange(self._id, self._id + len(cmds))
-        self._id += len(cmds)
+        ids = self._new_ids(len(cmds))
         self.submitted.append(cmds.copy())
-        for c, i in zip(cmds, ids):
-            st = Status.RANGE_INVALID if int(c["op"]) in self.fail_ops else Status.OK
-            self._results.append((0, i, st, int(c["bytes"]), 1000))
+        with self._lock:
+            for c, i in zip(cmds, ids.tolist()):
+                st = Status.RANGE_INVALID if int(c["op"]) in self.fail_ops else Status.OK
+                self._result_row(i, st, int(c["bytes"]), 1000)
         return ids
 
-    def results(self):
-        from umctl.actuators import result_records
-
-        rows, self._results = self._results, []
-        return result_records(rows)
+    def _pending_locked(self):
+        return 0
 
     def close(self, drain=False, timeout=0):
         self.closed = True

@@ -5,19 +5,19 @@ involved; the mode rules of umctl.live.spec come from the controller classes."""
 from __future__ import annotations
 
 import os
-import threading
 
 import numpy as np
 import pytest
 
 from umctl import UmctlError
-from umctl.actuators.base import ActuatorBase
-from umctl.events.schema import EventBatch, Kind, Op, Status, empty
+from umctl.events.schema import EventBatch, Kind, Op, empty
 from umctl.events.trace import read_trace
 from umctl.live.interfaces import Actuator, LaunchSource, Source
 from umctl.live.session import Session
 from umctl.live.spec import ACTUATORS, ControlSpec
 from umctl.units import BLOCK_SIZE
+
+from test_live_control import FakeActuator   # an ActuatorBase: the shared bookkeeping
 
 BASE = 0x7F00_0000_0000
 
@@ -65,32 +65,6 @@ class ScriptedSource:
         self.closed = True
 
 
-class RecordingActuator(ActuatorBase):
-    """Carries every command out at once and keeps it (the shared bookkeeping: ActuatorBase)."""
-
-    def __init__(self) -> None:
-        super().__init__(threading.Lock())
-        self.done: list[np.ndarray] = []
-        self.closed = False
-
-    def submit(self, cmds: np.ndarray) -> np.ndarray:
-        ids = self._new_ids(len(cmds))
-        with self._lock:
-            for c, i in zip(cmds, ids.tolist()):
-                self._result_row(i, Status.OK, int(c["bytes"]), 1000)
-        self.done.append(cmds.copy())
-        return ids
-
-    def _pending_locked(self) -> int:
-        return 0
-
-    def stats(self) -> dict:
-        return {"commands": sum(len(d) for d in self.done)}
-
-    def close(self, drain: bool = False, timeout: float = 5.0) -> None:
-        self.closed = True
-
-
 class NoLaunches:
     def drain(self) -> EventBatch:
         return EventBatch()
@@ -101,14 +75,14 @@ class NoLaunches:
 
 def test_fakes_satisfy_the_declared_protocols():
     assert isinstance(ScriptedSource([]), Source)
-    assert isinstance(RecordingActuator(), Actuator)
+    assert isinstance(FakeActuator(), Actuator)
     assert isinstance(NoLaunches(), LaunchSource)
 
 
 def test_a_new_source_and_actuator_run_a_controlled_session(tmp_path, monkeypatch):
     """Mode none under a 32 MiB budget: 40 blocks fault in, the budget keeper pre-evicts the
     oldest through the registered actuator, and every command's RESULT reaches the trace."""
-    act = RecordingActuator()
+    act = FakeActuator()
     monkeypatch.setitem(ACTUATORS, "scripted", lambda src, rate: act)
     src = ScriptedSource([list(range(i, i + 8)) for i in range(0, 40, 8)])
     spec = ControlSpec("none", "32MiB", None, None, 0, None)
@@ -118,7 +92,7 @@ def test_a_new_source_and_actuator_run_a_controlled_session(tmp_path, monkeypatc
                 on_tick=lambda s: ticks.append(s.elapsed())).run()
     assert r.reason == "target exited" and src.stopped and src.closed and act.closed
     assert r.stats.faults == 40 and ticks
-    cmds = np.concatenate(act.done)
+    cmds = np.concatenate(act.submitted)
     assert (cmds["op"] == Op.PREEVICT).all() and len(cmds) >= 40 - 16
     assert r.source["control"]["commands"] == len(cmds) and r.source["scripted"]
     t = read_trace(trace)
@@ -128,11 +102,11 @@ def test_a_new_source_and_actuator_run_a_controlled_session(tmp_path, monkeypatc
 
 
 def test_an_actuator_instance_needs_no_registration():
-    act = RecordingActuator()
+    act = FakeActuator()
     src = ScriptedSource([[0, 1, 2]])
     src.actuator = "nowhere"
     r = Session(src, control=ControlSpec("none", "2MiB", None, None, 0, None), actuator=act).run()
-    assert r.stats.faults == 3 and act.closed and len(np.concatenate(act.done)) >= 2
+    assert r.stats.faults == 3 and act.closed and len(np.concatenate(act.submitted)) >= 2
 
 
 def test_a_source_without_actuator_can_observe_but_not_control():
