@@ -290,10 +290,9 @@ class UvmActuator(ActuatorBase):
         queued, ...) with its data, so the victim leaves the GPU either way and no live data is
         lost -- unless a newer command for a block is queued by then (the newer intent wins, as
         in :meth:`submit`). Why evict what was dropped: left unmapped and resident nowhere, a
-        dropped block's next use was populated by the GPU fault by fault (measured on the H100
-        torch loop: 290-297 ms a step and 2.9-3.8 M faults, against 160-165 ms and 2.3-2.4 M
-        with the eviction, and 170-186 ms / 2.4-2.5 M with no invalidation at all). No request
-        possible: everything is pre-evicted at once. Returns (status, bytes pre-evicted now)."""
+        dropped block's next use is populated by the GPU fault by fault, which cost more than the
+        invalidation saved (docs/control.md has the H100 figures). No request possible:
+        everything is pre-evicted at once. Returns (status, bytes pre-evicted now)."""
 
         def answered(done: list[tuple[int, int]]) -> None:
             now = time.monotonic_ns()

@@ -131,9 +131,8 @@ class DeepUMController(Controller):
         # Live, an invalidation from umctl's thread (UVM_DISCARD on the borrowed fd) is ordered
         # neither with the program's stream (the allocator reports a block free as soon as the
         # host drops the tensor, while kernels queued before may still read it) nor with the
-        # allocator handing the block out again before the discard lands. Measured on the H100
-        # torch loop with the runtime's pluggable allocator: it changed the trained parameters
-        # (checksum bc50aaa2c5c6a0fc, not 6cb022768fc3448b). So live, DeepUM invalidates only
+        # allocator handing the block out again before the discard lands: on a torch loop it
+        # changed the trained parameters (docs/control.md). So live, DeepUM invalidates only
         # when the program's runtime carries the discard out itself (ctx.options
         # "safe_invalidate": actuators/runtime_discard.py), unless -O live_invalidate=false;
         # otherwise it pre-evicts those victims (their data is kept).
