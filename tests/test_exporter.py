@@ -303,12 +303,13 @@ def test_a_failing_source_or_a_missing_driver_never_stops_the_agent(node):
     spawn(tmp, 702)
     agent, state, logs = make_agent(drv, root)
     agent.step()
+    drv.emit(702, faults_for(702, 3, batch=1))
+    settle(agent, lambda: value(scrape(state), "umctl_gpu_faults_total", pid=702) == 3)
 
     def broken():
         raise OSError(5, "Input/output error")
 
     agent.sessions[701].src.drain = broken             # e.g. the GPU fell off the bus
-    drv.emit(702, faults_for(702, 3, batch=1))
     agent.step()
     assert 701 not in agent.sessions and 702 in agent.sessions
     assert state.errors == 1 and any("OSError" in ln for ln in logs)
