@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import signal
 import subprocess
-import threading
 import time
 from dataclasses import dataclass
 from typing import Callable
@@ -161,7 +160,6 @@ class Session:
         self.control = None
         self.t0 = time.monotonic()
         self._stop_reason = ""
-        self._stop_lock = threading.Lock()
         self._writer = None
         self._had_launches = False
 
@@ -176,9 +174,10 @@ class Session:
         return None if v is None else v / 1e6
 
     def stop(self, reason: str = "stopped") -> None:
-        """End the session at its next step (thread- and signal-safe)."""
-        with self._stop_lock:
-            self._stop_reason = self._stop_reason or reason
+        """End the session at its next step. Safe from another thread and from a signal handler
+        (no lock: a handler that waited for one its own thread holds would never return)."""
+        if not self._stop_reason:
+            self._stop_reason = reason
 
     def _warn(self, text: str) -> None:
         self.warnings.append(text)
