@@ -65,8 +65,8 @@ def annotate(src: Path, dst: Path, extra: dict) -> None:
         w.write(batch)
 
 
-def umctl_run(trace: Path, argv: list[str], timeout: float) -> subprocess.CompletedProcess:
-    cmd = ["umctl", "run", "-q", "--runtime", "--managed", "-o", str(trace), "--", sys.executable, *argv]
+def umctl_run(trace: Path, argv: list[str], timeout: float, kinds: str = "default") -> subprocess.CompletedProcess:
+    cmd = ["umctl", "run", "-q", "--runtime", "--managed", "--kinds", kinds, "-o", str(trace), "--", sys.executable, *argv]
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=ROOT)
 
 
@@ -274,24 +274,40 @@ def probe_run(mib: int) -> None:
             h8[::stride] = 7.0
             x8.sum()
         phase(name, body)
+    # ... or updates 512 random rows of 1 KiB (a sparse optimizer on the host, as wl_gather)
+    x9 = fresh(True)
+    h9 = host(x9).reshape(-1, 256)
+    upd = np.random.default_rng(9).choice(len(h9), 512, replace=False)
+
+    def update():
+        x9.sum()
+        torch.cuda.synchronize()
+        h9[upd] = 8.0
+        x9.sum()
+    phase("gpu-read-host-update-gpu-read", update)
 
 
-def probe(out: Path, mib: int, timeout: float = 300) -> Path:
-    raw = out / "probe.raw.parquet"
-    p = umctl_run(raw, [str(Path(__file__).resolve()), "probe-run", "--mib", str(mib)], timeout)
-    (out / "probe.log").write_text(p.stdout + p.stderr)
+def probe(out: Path, mib: int, timeout: float = 300, kinds: str = "default") -> Path:
+    """Record the probe phases (``kinds`` "+migrations" also records the bytes each CPU fault
+    and fault batch moved; it slows fault service, so its times are not the probe's)."""
+    name = "probe" if kinds == "default" else "probe-migrations"
+    raw = out / f"{name}.raw.parquet"
+    p = umctl_run(raw, [str(Path(__file__).resolve()), "probe-run", "--mib", str(mib)], timeout, kinds)
+    (out / f"{name}.log").write_text(p.stdout + p.stderr)
     if p.returncode != 0:
         raise RuntimeError(f"probe: exit {p.returncode}: {(p.stderr or p.stdout).strip().splitlines()[-1:]}")
     phases = [{"name": m.group(1), "measured_ms": float(m.group(2)), "span_ns": [int(m.group(3)), int(m.group(4))]}
               for m in _PHASE.finditer(p.stdout)]
-    b = bare_run([str(Path(__file__).resolve()), "probe-run", "--mib", str(mib)], timeout)
-    bare_ms = {m.group(1): float(m.group(2)) for m in _PHASE.finditer(b.stdout)}
-    for ph in phases:
-        ph["bare_ms"] = [bare_ms[ph["name"]]] if ph["name"] in bare_ms else []
-    trace = out / "probe.parquet"
-    annotate(raw, trace, {"workload": "probe"})
+    if kinds == "default":
+        b = bare_run([str(Path(__file__).resolve()), "probe-run", "--mib", str(mib)], timeout)
+        bare_ms = {m.group(1): float(m.group(2)) for m in _PHASE.finditer(b.stdout)}
+        for ph in phases:
+            ph["bare_ms"] = [bare_ms[ph["name"]]] if ph["name"] in bare_ms else []
+    trace = out / f"{name}.parquet"
+    annotate(raw, trace, {"workload": name})
     raw.unlink()
-    (out / "probe.json").write_text(json.dumps({"workload": "probe", "mib": mib, "phases": phases}, indent=1) + "\n")
+    (out / f"{name}.json").write_text(json.dumps({"workload": name, "mib": mib, "kinds": kinds, "phases": phases},
+                                                 indent=1) + "\n")
     return trace
 
 
@@ -362,6 +378,7 @@ def main() -> None:
     p = sub.add_parser("probe")
     p.add_argument("--out", required=True)
     p.add_argument("--mib", type=int, default=256)
+    p.add_argument("--kinds", default="default", help="event kinds to record (+migrations: bytes moved)")
     pr = sub.add_parser("probe-run")
     pr.add_argument("--mib", type=int, default=256)
     rp = sub.add_parser("replay")
@@ -384,7 +401,7 @@ def main() -> None:
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     if a.cmd == "probe":
-        probe(out, a.mib)
+        probe(out, a.mib, kinds=a.kinds)
     else:
         bad = [n for n in a.only.split(",") if n not in WORKLOADS]
         if bad:

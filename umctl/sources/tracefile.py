@@ -21,7 +21,7 @@ import numpy as np
 from .. import UmctlError
 from ..events.schema import Access, AllocOp, Kind
 from ..events.trace import Trace, TraceError
-from ..units import BLOCK_SHIFT, BLOCK_SIZE, PAGE_SHIFT, PAGE_TO_BLOCK_SHIFT, parse_size
+from ..units import BLOCK_SHIFT, BLOCK_SIZE, PAGE_SHIFT, PAGE_TO_BLOCK_SHIFT, PAGES_PER_BLOCK, parse_size
 from .workload import ALLOCATION_DTYPE, OP_DTYPE, Init, OpType, Workload, exec_hash
 
 #: Name of the kernel that carries faults seen before a GPU's first recorded launch (the
@@ -97,7 +97,6 @@ def workload_from_trace(trace: Trace, *, gpu_mem: int | None = None, oversub: fl
         derived_from = "access events"
     elif counts[Kind.FAULT]:
         kernels, acc_page, acc_write, acc_batch = _from_faults(ev(Kind.FAULT), launches, names, t_end)
-        _subtract_recorded_stalls(kernels, ev(Kind.REPLAY))
         derived_from = "fault events"
     else:
         raise TraceError(f"{trace.path}: nothing to replay (the trace has no access or fault events"
@@ -111,6 +110,12 @@ def workload_from_trace(trace: Trace, *, gpu_mem: int | None = None, oversub: fl
         bursts = _host_bursts(ev(Kind.CPU_FAULT), kernels, launches, len(acc_page), gpu_first)
     if bursts is not None:
         _cap_at_bursts(kernels, launches, bursts)
+    if derived_from == "fault events":
+        # after the cap: a kernel's time is its launch-to-next-event gap less the batches
+        # serviced in it (subtracting first and capping after lost the stall of a kernel the
+        # host waited for before a burst: the gemm's cold 4096 GEMM kept its 21.9 ms twice)
+        _subtract_recorded_stalls(kernels, ev(Kind.REPLAY))
+    if bursts is not None:
         acc_page = np.concatenate([acc_page, bursts.pages])
         acc_write = np.concatenate([acc_write, np.ones(len(bursts.pages), np.bool_)])
         if acc_batch is not None:
@@ -474,33 +479,48 @@ def _host_bursts(cpu: np.ndarray, kernels: np.ndarray, launches: np.ndarray, acc
     return _Bursts(t0, t1, cpu["pid"][starts], lo, hi, host_ns, pages, page_pid, write_ns)
 
 
+#: The driver's density threshold (uvm_perf_prefetch_threshold, 51 %) and its smallest
+#: migration region on the CPU fault path (64 KiB: benchmarks/gpu/fidelity_real.py's probe,
+#: 476 scattered CPU faults on GPU-resident memory moved 31.1 MiB, 65 KiB each).
+_CPU_DENSITY = 0.51
+_CPU_REGION_PAGES = 16
+
+
 def _fill_host_runs(pages: np.ndarray) -> np.ndarray:
     """The pages a burst of CPU faults really moved, from the faulted ones (sorted, unique).
 
-    One CPU fault migrates a run of pages, not one (on the H100, 4 KiB strided host writes over
-    a 64 MiB GPU-resident batch raised 192 CPU faults per pass yet moved all 64 MiB back), and
-    the tools API reports only the faulting address. The driver grows the run it migrates as a
-    host sweeps a block: the faults of one block landed at page offsets 0, 16, 32, 64, 128, 256,
-    each moving the pages up to about twice its distance from the previous fault. So within
-    each 2 MiB block the burst covers its first faulted page to its last one plus twice the
-    last gap (one median gap for a block with one fault), clipped to the block: the whole
-    block for that sweep, and never more than the blocks it faulted in."""
-    if len(pages) < 2:
+    One CPU fault migrates a region of pages, not one, and the tools API reports only the
+    faulting address. The driver picks the region as its density prefetcher does on the GPU
+    side: the 64 KiB-aligned region of the fault, or the largest aligned subtree of the 2 MiB
+    block (32 .. 512 pages) of which more than 51 % would then be on the host. A host sweeping a
+    GPU-resident block so faults at page offsets 0, 16, 32, 64, 128, 256 and moves the whole
+    block (measured on the H100: 768 CPU faults moved a 256 MiB buffer back; 192 per 64 MiB in
+    the torch loop), while scattered writes (a sparse update of random rows) move 64 KiB per
+    fault (probe: 476 faults, 31.1 MiB). Faults are taken in page order within a block; a page
+    an earlier fault of the burst moved does not fault again."""
+    if len(pages) == 0:
         return pages
     blk = pages >> PAGE_TO_BLOCK_SHIFT
-    same = blk[1:] == blk[:-1]
-    gaps = np.diff(pages)[same]
-    step = int(np.median(gaps)) if len(gaps) else 1
-    starts = np.flatnonzero(np.r_[True, ~same])
+    starts = np.flatnonzero(np.r_[True, blk[1:] != blk[:-1]])
     ends = np.r_[starts[1:], len(pages)]
     out = []
     for a, b in zip(starts.tolist(), ends.tolist()):
-        lo = int(pages[a])
-        block_end = (int(blk[a]) + 1) << PAGE_TO_BLOCK_SHIFT
-        reach = 2 * int(pages[b - 1] - pages[b - 2]) if b - a >= 2 else step
-        hi = min(block_end, int(pages[b - 1]) + max(reach, 1))
-        out.append(np.arange(lo, hi, dtype=np.int64))
-    return np.concatenate(out)
+        on_host = np.zeros(PAGES_PER_BLOCK, np.bool_)
+        for o in (pages[a:b] & (PAGES_PER_BLOCK - 1)).tolist():
+            if on_host[o]:
+                continue
+            lo = o & ~(_CPU_REGION_PAGES - 1)
+            hi = lo + _CPU_REGION_PAGES
+            region = _CPU_REGION_PAGES - int(on_host[lo:hi].sum())
+            size = 2 * _CPU_REGION_PAGES
+            while size <= PAGES_PER_BLOCK:
+                s_lo = o & ~(size - 1)
+                if int(on_host[s_lo:s_lo + size].sum()) + region > _CPU_DENSITY * size:
+                    lo, hi = s_lo, s_lo + size
+                size *= 2
+            on_host[lo:hi] = True
+        out.append((int(blk[a]) << PAGE_TO_BLOCK_SHIFT) + np.flatnonzero(on_host))
+    return np.concatenate(out).astype(np.int64)
 
 
 def _reread_after_bursts(kernels: np.ndarray, acc_page: np.ndarray, acc_write: np.ndarray, acc_batch: np.ndarray,
