@@ -37,8 +37,9 @@ pytestmark = pytest.mark.skipif(shutil.which("prometheus") is None,
 # -- the fake-fed exporter (subprocess) -----------------------------------------------------
 
 def serve(port: int, workdir: str) -> int:
-    """The exporter on ``port`` over a fake node with one process that faults at RATE/s
-    for RUN_S seconds and is then killed; writes what it produced to workdir/produced.json."""
+    """The exporter on ``port`` over a fake node with one process that, once workdir/go
+    exists, faults at RATE/s for RUN_S seconds and is then killed; writes what it produced to
+    workdir/produced.json."""
     import pathlib
 
     from umctl.cli.main import main
@@ -61,7 +62,7 @@ def serve(port: int, workdir: str) -> int:
     spawn(tmp, PID, comm="fake_train")
 
     def produce() -> None:
-        while PID not in drv.ring_of:                    # until the exporter attaches
+        while PID not in drv.ring_of or not (tmp / "go").exists():   # attached, and Prometheus scraping
             time.sleep(0.01)
         t0 = time.monotonic()
         sent = batch = 0
@@ -152,6 +153,7 @@ def test_prometheus_rates_match_the_fake_and_a_killed_target_ends_cleanly(tmp_pa
         wait_for("prometheus ready", lambda: get(f"{base}/-/ready") is not None, 60)
         wait_for("the exporter's first scrape",
                  lambda: any(r["value"][1] == "1" for r in query(base, 'up{job="umctl"}')), 60)
+        (tmp_path / "go").touch()                        # the fake target starts faulting
         produced = tmp_path / "produced.json"
         wait_for("the fake target to be killed", produced.exists, RUN_S + 60)
         doc = json.loads(produced.read_text())
