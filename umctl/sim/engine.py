@@ -464,11 +464,8 @@ class Simulator:
 
     # ------------------------------------------------------------------ kernels
     def _kernel(self, i: int, op) -> None:
-        g = int(op["gpu"])
-        pid = int(op["pid"])
-        lo, hi = int(op["acc_lo"]), int(op["acc_hi"])
+        g, pid, lo, hi, compute = self._kcols[i]
         start = max(self.stream[g], self.host)
-        compute = float(op["compute_ns"])
         self.r.kernels += 1
         self.r.compute_ns += int(compute)
         self.r.accesses += hi - lo
@@ -919,10 +916,16 @@ class Simulator:
         iters = ops["iteration"]
         n_it = int(iters.max()) + 1 if nk else 0
         it_end = np.zeros(max(n_it, 1))
+        # per-op fields as Python scalars once: reading them from the record array cost
+        # more than a short kernel's walk
+        types, it_list = ops["type"].tolist(), iters.tolist()
+        self._kcols = list(zip(ops["gpu"].tolist(), ops["pid"].tolist(), ops["acc_lo"].tolist(),
+                               ops["acc_hi"].tolist(), ops["compute_ns"].astype(np.float64).tolist()))
+        kernel = int(OpType.KERNEL)
         for i in range(nk):
             op = ops[i]
-            typ = int(op["type"])
-            if typ == OpType.KERNEL:
+            typ = types[i]
+            if typ == kernel:
                 self._kernel(i, op)
             elif typ == OpType.HOST:
                 if self._tl is not None:
@@ -944,8 +947,8 @@ class Simulator:
                 self._mem(i, op)
             if self.progress is not None and (i % every == 0 or i == nk - 1):
                 self.progress(i + 1, nk)
-            if i == nk - 1 or iters[i + 1] != iters[i]:
-                it_end[iters[i]] = max([self.host, self._um_tail()] + self.stream)
+            if i == nk - 1 or it_list[i + 1] != it_list[i]:
+                it_end[it_list[i]] = max([self.host, self._um_tail()] + self.stream)
         end = max([self.host, self._um_tail()] + self.stream)
         self._deliver(end)
         self._check_capacity()
