@@ -12,7 +12,9 @@ is the slower of its GPUs' (the job ends when both halves do). A tenant's time i
 kernel time (compute plus fault stalls), as in benchmarks/harvest_eval.py. Nothing is fitted:
 every row is a prediction from ``p3-v100-nvlink.json`` (HUVM Table 1's link rates) and the
 scenarios' Table 2 memory ratios. Figure 10's intra-job (pipeline-parallel) rows are listed
-as not modelled. About 5 minutes on two cores.
+as not modelled. 16 GiB GPUs take long: 5-30 minutes per replay on two busy cores, an
+hour or more for the four cases; ``--cache FILE`` keeps each replay's result so a run can be
+split over processes (``--cases 1,2`` and ``--cases 3,4``) and then printed whole from the cache.
 """
 
 from __future__ import annotations
@@ -73,16 +75,41 @@ def paper_rows() -> list[Row]:
     return rows
 
 
-def case_times(case: int, overrides: dict, calib, progress: Progress) -> dict[str, list[float]]:
-    """Per-GPU kernel time (ns) of the case under each mode."""
+def case_times(case: int, overrides: dict, calib, progress: Progress, cache: str | None = None) -> dict[str, list[float]]:
+    """Per-GPU kernel time (ns) of the case under each mode. With ``cache`` (a JSON file) each
+    replay's times are kept as soon as it ends, keyed by case, mode, overrides and calibration,
+    and reused: one case at 16 GiB takes 5-30 minutes on two busy cores, so a run can be split
+    over several processes or resumed."""
+    import json
+    import os
+
     from umctl.controller import make_controller
     from umctl.sim.engine import simulate
     from umctl.sources.scenario import load_scenario
 
-    w = load_scenario(f"huvm-case{case}", overrides)
+    def key(m: str) -> str:
+        return json.dumps([case, m, sorted(overrides.items()), calib.as_dict()], sort_keys=True)
+
+    def stored() -> dict:
+        if cache and os.path.exists(cache):
+            with open(cache) as f:
+                return json.load(f)
+        return {}
+
+    w = None
     out = {}
     for m in MODES:
-        out[m] = [float(x) for x in simulate(w, make_controller(m), calib=calib).gpu_kernel_ns]
+        hit = stored().get(key(m))
+        if hit is None:
+            w = w or load_scenario(f"huvm-case{case}", overrides)
+            hit = [float(x) for x in simulate(w, make_controller(m), calib=calib).gpu_kernel_ns]
+            if cache:   # re-read: another process may have added its cases meanwhile
+                kept = stored()
+                kept[key(m)] = hit
+                with open(cache + ".tmp", "w") as f:
+                    json.dump(kept, f)
+                os.replace(cache + ".tmp", cache)
+        out[m] = hit
         progress.step(f"huvm-case{case} {m}")
     return out
 
@@ -94,7 +121,7 @@ def build(args) -> list[Row]:
     cases = sorted({int(c) for c in args.cases.split(",")})
     overrides = {**PAPER_SCALE, "gpu_mem": args.gpu_mem}
     progress = Progress(len(cases) * len(MODES))
-    times = {c: case_times(c, overrides, calib, progress) for c in cases}
+    times = {c: case_times(c, overrides, calib, progress, args.cache) for c in cases}
     rows = paper_rows()
     for r, (c, _job, gpus, role, metric, _v, _n) in zip(rows, CLAIMS):
         if c not in times:
@@ -116,6 +143,8 @@ def configure(ap) -> None:
     ap.add_argument("--cases", default="1,2,3,4", help="Table 2 cases to replay")
     ap.add_argument("--gpu-mem", default=PAPER_SCALE["gpu_mem"], help="per-GPU memory (the paper's V100: 16GiB)")
     ap.add_argument("--calibration", default=CALIBRATION, help="calibration file or shipped name")
+    ap.add_argument("--cache", default=None, metavar="FILE",
+                    help="keep each replay's times in this JSON file and reuse them (split or resume a run)")
 
 
 if __name__ == "__main__":
