@@ -73,6 +73,13 @@ typedef struct {
      * With lru_check, every tree answer is compared with the scan and differences counted. */
     int32_t *lru_tree;
     int64_t lru_leaves, lru_check, lru_mismatch;
+    /* thrashing detection and throttling (nvidia-uvm's uvm_perf_thrashing.c): per-block state
+     * the core allocates (sim_thr_init / sim_thr_free); thr_threshold 0 switches it off */
+    void *thr;
+    int64_t thr_threshold, thr_max_resets;
+    double thr_lapse_ns, thr_nap_ns, thr_epoch_ns;
+    /* 0: a prefetch into a full GPU is dropped instead of evicting (calibration.prefetch_evicts) */
+    int64_t prefetch_evicts;
 } SimState;
 
 /* Why a page left (or was never on) a GPU; a fault on it is charged to ST_FC0 + this. */
@@ -90,7 +97,7 @@ enum {
     ST_FAULTS, ST_BATCHES, ST_BYTES_H2D, ST_BYTES_D2H, ST_BYTES_P2P, ST_DEMAND, ST_DRIVER_PF,
     ST_EVICTIONS, ST_EVICTED_BYTES, ST_PREEVICTIONS, ST_PREEVICTED_BYTES, ST_PF_USED,
     ST_PF_WASTED, ST_EPOCH, ST_BATCH_ID, ST_USER_PF_BYTES, ST_PF_PAGES,
-    ST_RECLAIMS, ST_SPILLS, ST_HARVEST_WB, ST_HARVEST_DROPS,
+    ST_RECLAIMS, ST_SPILLS, ST_HARVEST_WB, ST_HARVEST_DROPS, ST_THRASHING, ST_THROTTLES,
     /* faults by cause: the GONE_* reasons in order, then the page was on the GPU but not
      * usable yet (a controller's prefetch in flight; another transfer in flight; a write to
      * a read-duplicated page) */
@@ -478,6 +485,154 @@ static void preempt(SimState *s, int g, double t, double d) {
     if (s->h2d_tail[g] > t) s->h2d_tail[g] += d;
 }
 
+/* ------------------------------------------------------------------ thrashing
+ * nvidia-uvm's thrashing detection (uvm_perf_thrashing.c, defaults in calibration.py). A
+ * page thrashes when migrations into it by faults (demand or the fault path's prefetch) come
+ * within `lapse` of one another `threshold` times in a row; evictions are not such events,
+ * and per-page tracking starts only in a block whose previous migration went to another
+ * processor within the lapse, so one GPU evicting and re-faulting its own data never thrashes.
+ * A processor faulting on a thrashing page, other than the one spared in the current
+ * throttling period, is throttled: it waits until the period ends (`nap` after it began). A
+ * block's tracking is reset `epoch` after its last thrashing event (at most max_resets
+ * times). Explicit migrations (UVM_MIGRATE) reset the pages they move. Not modelled: pinning
+ * (after pin_threshold throttles, or at once between GPUs with NVLink and native atomics, the
+ * driver pins the page and maps the others remotely; the simulator has no remote mappings),
+ * so thrashing among GPUs only is detected and not mitigated. Times are stored plus 1 ns so
+ * that 0 keeps the driver's meaning "none". */
+#define THR_CPU 8
+
+typedef struct {
+    double ts;              /* last migration by a fault, + 1 (0: none) */
+    double throttle_end;    /* end of the current throttling period, + 1 (0: none) */
+    uint16_t procs;         /* processors that took it (bit THR_CPU: the host) */
+    uint16_t throttled;     /* processors throttled in the current period */
+    uint8_t n;              /* consecutive migrations within the lapse (saturates at 7) */
+    int8_t spared;          /* processor not throttled in the current period (-1: none) */
+} ThrPage;
+
+typedef struct {
+    ThrPage *pages;         /* NULL until the block looks thrashing */
+    double last_ts, last_thr_ts;   /* + 1; 0: none */
+    int16_t last_proc;
+    uint8_t resets;
+} ThrBlock;
+
+int64_t sim_thr_init(SimState *s) {
+    s->thr = calloc((size_t)(s->nbl > 0 ? s->nbl : 1), sizeof(ThrBlock));
+    return s->thr != NULL;
+}
+
+void sim_thr_free(SimState *s) {
+    ThrBlock *B = (ThrBlock *)s->thr;
+    if (!B) return;
+    for (int64_t b = 0; b < s->nbl; b++) free(B[b].pages);
+    free(B);
+    s->thr = NULL;
+}
+
+static void thr_reset_page(ThrPage *P) {
+    memset(P, 0, sizeof(*P));
+    P->spared = -1;
+}
+
+/* Migration of pages[0..n) (all in block b) into processor pr at t, by a fault. */
+static void thr_event(SimState *s, int pr, int64_t b, const int64_t *pages, int64_t n, double t) {
+    if (!s->thr_threshold || !s->thr || n == 0) return;
+    ThrBlock *B = &((ThrBlock *)s->thr)[b];
+    double now = t + 1.0;
+    if (!B->pages) {
+        if (B->last_ts == 0 || B->last_proc == pr || now - B->last_ts > s->thr_lapse_ns) goto done;
+        B->pages = malloc(PPB * sizeof(ThrPage));
+        if (!B->pages) goto done;
+        for (int i = 0; i < PPB; i++) thr_reset_page(&B->pages[i]);
+    }
+    for (int64_t i = 0; i < n; i++) {
+        ThrPage *P = &B->pages[pages[i] & (PPB - 1)];
+        double last = P->ts;
+        P->procs |= (uint16_t)(1u << pr);
+        P->ts = now;
+        if (last == 0) continue;
+        if (now - last <= s->thr_lapse_ns) {
+            if (P->n < 7) P->n++;
+            if (P->n == s->thr_threshold) s->stats[ST_THRASHING]++;
+            if (P->n >= s->thr_threshold) B->last_thr_ts = now;
+        } else if (P->n >= s->thr_threshold) {
+            thr_reset_page(P);
+        }
+    }
+done:
+    B->last_ts = now;
+    B->last_proc = (int16_t)pr;
+}
+
+/* An explicit migration of [lo, hi) (one block): the driver drops its thrashing history. */
+static void thr_reset_range(SimState *s, int64_t lo, int64_t hi) {
+    if (!s->thr) return;
+    ThrBlock *B = &((ThrBlock *)s->thr)[lo >> PB_SHIFT];
+    if (!B->pages) return;
+    for (int64_t p = lo; p < hi; p++) {
+        ThrPage *P = &B->pages[p & (PPB - 1)];
+        if (P->n >= s->thr_threshold) thr_reset_page(P);
+    }
+}
+
+/* Processor pr faults on page p at t: until when it is throttled (0: not throttled). */
+static double thr_hint(SimState *s, int pr, int64_t p, double t) {
+    if (!s->thr_threshold || !s->thr) return 0;
+    ThrBlock *B = &((ThrBlock *)s->thr)[p >> PB_SHIFT];
+    if (!B->pages) return 0;
+    double now = t + 1.0;
+    if (B->last_thr_ts != 0 && now - B->last_thr_ts > s->thr_epoch_ns && B->resets < s->thr_max_resets) {
+        B->resets++;   /* thrashing is over in this block: start afresh */
+        free(B->pages);
+        B->pages = NULL;
+        B->last_proc = -1;
+        B->last_ts = B->last_thr_ts = 0;
+        return 0;
+    }
+    ThrPage *P = &B->pages[p & (PPB - 1)];
+    uint16_t bit = (uint16_t)(1u << pr);
+    if (P->n < s->thr_threshold) return 0;
+    if (P->throttled & bit) {
+        if (now < P->throttle_end && pr != P->spared) {
+            s->stats[ST_THROTTLES]++;
+            return P->throttle_end - 1.0;
+        }
+        P->throttled &= (uint16_t)~bit;
+        if (!P->throttled) P->throttle_end = 0;
+    }
+    if (now - P->ts > s->thr_lapse_ns) return 0;
+    P->procs |= bit;
+    if (now > P->throttle_end) {   /* a new throttling period; spare another processor than last time */
+        P->throttle_end = now + s->thr_nap_ns;
+        P->spared = P->spared == pr ? -1 : (int8_t)pr;
+    } else if (P->spared < 0) {
+        P->spared = (int8_t)pr;
+    }
+    /* Between GPUs alone (NVLink, native atomics) the driver pins instead: not modelled. */
+    if (!(P->procs & (1u << THR_CPU)) || pr == P->spared) return 0;
+    P->throttled |= bit;
+    s->stats[ST_THROTTLES]++;
+    return P->throttle_end - 1.0;
+}
+
+/* The host writes pages[0..n) (sorted) at t: CPU faults on those a GPU holds. Returns when the
+ * host may go on (t if not throttled); records the migrations to the host. */
+double sim_thr_host(SimState *s, const int64_t *pages, int64_t n, double t) {
+    double until = t;
+    for (int64_t i = 0; i < n; i++) {
+        double w = thr_hint(s, THR_CPU, pages[i], t);
+        if (w > until) until = w;
+    }
+    for (int64_t i = 0; i < n;) {
+        int64_t j = i;
+        while (j < n && (pages[j] >> PB_SHIFT) == (pages[i] >> PB_SHIFT)) j++;
+        thr_event(s, THR_CPU, pages[i] >> PB_SHIFT, pages + i, j - i, until);
+        i = j;
+    }
+    return until;
+}
+
 /* ------------------------------------------------------------------ commands */
 
 static int64_t new_entry(SimState *s, double done) {
@@ -515,6 +670,10 @@ double sim_prefetch(SimState *s, int g, int64_t lo, int64_t hi, double t, int fi
     double ready = t;
     if (!s->has_chunk[ix]) {
         int64_t victim, written;
+        if (!s->prefetch_evicts) {
+            sim_reclaim(s, g, t);
+            if (s->cap[g] - s->used[g] <= 0 && s->npending[g] == 0) return -1.0;
+        }
         ready = sim_take_chunk_async(s, g, b, t, &victim, &written);
         out[4] = (double)victim;
         out[5] = (double)written;
@@ -540,6 +699,7 @@ double sim_prefetch(SimState *s, int g, int64_t lo, int64_t hi, double t, int fi
         e = new_entry(s, done);
     }
     int rm = s->any_read_mostly && s->read_mostly[b];
+    thr_reset_range(s, lo, hi);
     for (int64_t p = lo; p < hi; p++) {
         uint8_t m = s->gmask[p];
         if (!s->managed[p] || (m & bit)) continue;
@@ -739,8 +899,12 @@ static double service(SimState *s, int g, const int64_t *fp, const uint8_t *fw, 
             need[nn++] = p;
         }
     }
-    double stall = s->batch_ns + s->fault_ns * (double)nf;
+    double stall = s->batch_ns + s->fault_ns * (double)nf, throttled = 0;
     if (nn) {
+        for (int64_t i = 0; i < nn; i++) {   /* thrashing pages: this GPU may be throttled */
+            double w = thr_hint(s, g, need[i], t);
+            if (w > throttled) throttled = w;
+        }
         int64_t sorted = 1;   /* a window walks runs upwards: usually in order already */
         for (int64_t i = 1; i < nn && sorted; i++) sorted = need[i - 1] < need[i];
         if (!sorted) qsort(need, (size_t)nn, sizeof(int64_t), cmp_i64);
@@ -879,6 +1043,12 @@ static double service(SimState *s, int g, const int64_t *fp, const uint8_t *fw, 
             xfer = (loc > rem ? loc : rem) + (double)n_gpu * PAGE / s->nvlink_Bpns;
             s->stats[ST_BYTES_P2P] += n_rem * 4096;
         }
+        for (int64_t q = 0; q < nmove;) {   /* the migrations, block by block, for thrashing detection */
+            int64_t r = q;
+            while (r < nmove && (move[r] >> PB_SHIFT) == (move[q] >> PB_SHIFT)) r++;
+            thr_event(s, g, move[q] >> PB_SHIFT, move + q, r - q, throttled > t ? throttled : t);
+            q = r;
+        }
         preempt(s, g, t, (double)n_cpu * PAGE / s->fault_h2d_Bpns);
         stall += xfer;
         for (int64_t i = 0; i < nb; i++) set_lru(s, g, blocks[i], t + stall);
@@ -895,6 +1065,9 @@ static double service(SimState *s, int g, const int64_t *fp, const uint8_t *fw, 
     }
     double end = t + stall;
     if (wait_until + s->batch_ns > end) end = wait_until + s->batch_ns;
+    if (throttled > t && throttled + stall > end) {   /* replayed after the nap, then serviced */
+        end = throttled + stall;
+    }
     s->stats[ST_FAULTS] += nf;
     s->stats[ST_BATCHES]++;
     s->stats[ST_BATCH_ID]++;

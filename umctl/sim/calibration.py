@@ -87,6 +87,24 @@ class Calibration:
     #: Device-to-device copy rate (read+write) 2.87 TB/s: bounds memory-bound kernels.
     hbm_Bps: float = 2.87e12
 
+    # -- thrashing detection and throttling (nvidia-uvm uvm_perf_thrashing.c module defaults,
+    #    open-gpu-kernel-modules; the model is in _simcore.c) ----------------------------------
+    #: uvm_perf_thrashing_threshold: consecutive fault migrations of a page, each within the
+    #: lapse of the previous one, that make it thrashing. 0 switches detection and throttling off.
+    thrashing_threshold: int = 3
+    #: uvm_perf_thrashing_lapse_usec = 500.
+    thrashing_lapse_ns: int = 500_000
+    #: uvm_perf_thrashing_nap = 1 (a multiple of the lapse): a throttled processor waits this long.
+    thrashing_nap_ns: int = 500_000
+    #: uvm_perf_thrashing_epoch = 2000 lapses: a block's tracking resets this long after its last
+    #: thrashing event, uvm_perf_thrashing_max_resets = 4 times at most.
+    thrashing_epoch_ns: int = 1_000_000_000
+    thrashing_max_resets: int = 4
+    #: A controller's prefetch (UVM_MIGRATE) into a full GPU evicts the least recently used root
+    #: chunk to make room, as the driver's chunk allocator does for any migration (possibly one
+    #: the next kernels need). False: such a prefetch is dropped instead.
+    prefetch_evicts: bool = True
+
     def with_overrides(self, **kw) -> "Calibration":
         return replace(self, **kw)
 

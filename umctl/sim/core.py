@@ -16,7 +16,7 @@ from .. import UmctlError
 ST_NAMES = ("faults", "fault_batches", "bytes_h2d", "bytes_d2h", "bytes_p2p", "demand_bytes",
             "driver_prefetch_bytes", "evictions", "evicted_bytes", "preevictions", "preevicted_bytes",
             "prefetch_used", "prefetch_wasted", "epoch", "batch_id", "user_prefetch_bytes", "prefetch_pages",
-            "reclaims", "spills", "harvest_writeback_bytes", "harvest_drops")
+            "reclaims", "spills", "harvest_writeback_bytes", "harvest_drops", "thrashing_pages", "throttles")
 #: why a page was not on the GPU that faulted on it: the last way it left a GPU (``Simulator.gone``
 #: holds these per page, not per GPU: on several GPUs, a first touch on one GPU of a page another
 #: GPU lost is charged to how it was lost; the order is the C core's GONE_* enum) ...
@@ -50,6 +50,8 @@ class SimState(C.Structure):
         ("wb_Bpns", P), ("p2p_tail", P), ("nlent", P), ("lend_cap", P), ("block_ns", f64),
         ("gone", P), ("drop_reason", i64),
         ("lru_tree", P), ("lru_leaves", i64), ("lru_check", i64), ("lru_mismatch", i64),
+        ("thr", P), ("thr_threshold", i64), ("thr_max_resets", i64), ("thr_lapse_ns", f64), ("thr_nap_ns", f64),
+        ("thr_epoch_ns", f64), ("prefetch_evicts", i64),
     ]
 
 
@@ -106,6 +108,12 @@ def _load() -> C.CDLL:
     lib.sim_invalidate.restype = i64
     lib.sim_lru_fix.argtypes = [PS, C.c_int, i64]
     lib.sim_lru_fix.restype = None
+    lib.sim_thr_init.argtypes = [PS]
+    lib.sim_thr_init.restype = i64
+    lib.sim_thr_free.argtypes = [PS]
+    lib.sim_thr_free.restype = None
+    lib.sim_thr_host.argtypes = [PS, P, i64, f64]
+    lib.sim_thr_host.restype = f64
     lib.sim_lru_build.argtypes = [PS]
     lib.sim_lru_build.restype = None
     lib.sim_state_size.restype = i64

@@ -133,6 +133,11 @@ class SimResult:
     harvest_writeback_bytes: int = 0
     harvest_drops: int = 0
     staged_bytes: int = 0
+    #: nvidia-uvm's thrashing heuristics (calibration thrashing_*): thrashing detections (a
+    #: page counts again once its history was reset, as the driver's thrashing_stats count),
+    #: and faults whose processor was throttled (made to wait out a nap) for them
+    thrashing_pages: int = 0
+    throttles: int = 0
     #: with Simulator(timeline=True): (lane, label, t0_ns, t1_ns, group) per host operation,
     #: copy (per chunk for chunked copies) and kernel, for HUM figure 8-style timelines
     timeline: list | None = None
@@ -301,6 +306,11 @@ class Simulator:
         self._pf_out = (C.c_double * 6)()
         self._init_allocations()
         self.maxblocks[:] = self.cap - self.pinned.sum(1)
+        self.cs.thr_threshold, self.cs.thr_max_resets = calib.thrashing_threshold, calib.thrashing_max_resets
+        self.cs.thr_lapse_ns, self.cs.thr_nap_ns = calib.thrashing_lapse_ns, calib.thrashing_nap_ns
+        self.cs.thr_epoch_ns, self.cs.prefetch_evicts = calib.thrashing_epoch_ns, int(calib.prefetch_evicts)
+        if calib.thrashing_threshold and not self.lib.sim_thr_init(self.csp):
+            raise MemoryError("simulator thrashing state")
         leaves = 1 << max(0, nbl - 1).bit_length()
         self._lru_tree = np.full((G, 2 * leaves), -1, np.int32)
         self.cs.lru_tree, self.cs.lru_leaves = core.ptr(self._lru_tree), leaves
@@ -580,6 +590,9 @@ class Simulator:
         if len(pages):
             sel = pages[self.gmask[pages] != 0]
             if len(sel):
+                # CPU faults on GPU-resident pages: thrashing ones may throttle the host
+                on_gpu = np.ascontiguousarray(np.sort(sel), dtype=np.int64)
+                t += self.lib.sim_thr_host(self.csp, core.ptr(on_gpu), len(on_gpu), t0) - t0
                 back = sel[~self.cpu_valid[sel]]
                 self.stats[core.ST["bytes_d2h"]] += len(back) * PAGE_SIZE
                 t += len(sel) * PAGE_SIZE / GiB * self.c.cpu_fault_ns_per_GiB
@@ -905,6 +918,12 @@ class Simulator:
 
     # ------------------------------------------------------------------ run
     def run(self) -> SimResult:
+        try:
+            return self._run()
+        finally:
+            self.lib.sim_thr_free(self.csp)   # the core's own thrashing state
+
+    def _run(self) -> SimResult:
         t0 = _time.perf_counter()
         ops = self.w.ops
         nk = len(ops)
