@@ -22,7 +22,7 @@ from umctl.exporter.control_state import ensure_state_dir, publisher_for, read_p
 from umctl.exporter.metrics import ExporterCollector, ExporterState, ProcessTotals
 from umctl.sources.uvmtools import DEFAULT_KINDS, abi, process
 
-from test_uvmtools_source import GPU_UUID, FakeDriver, entries, fake_proc, gpu_faults, produce, run_cli  # noqa: F401
+from test_uvmtools_source import GPU_UUID, FakeDriver, entries, fake_proc, produce, run_cli
 
 UVM_FDS = {0: "/dev/pts/0", 10: "/dev/nvidia-uvm", 11: "/dev/nvidia-uvm", 13: "/dev/nvidiactl"}
 
@@ -277,6 +277,19 @@ def test_refused_attach_is_retried_with_backoff_and_forgotten_when_gone(node):
     kill(tmp, 501)
     agent.step()
     assert agent.refused == {} and drv.fds == {}
+
+
+def test_driver_presence_and_drain_period_defaults(tmp_path, monkeypatch):
+    from umctl.exporter import agent as agent_mod
+
+    agent = Agent(ExporterState(sample=1, kinds="", version=""), kinds=DEFAULT_KINDS)
+    monkeypatch.setattr(agent_mod, "TOOLS_PATH", str(tmp_path / "nvidia-uvm-tools"))
+    assert agent.driver_present() is False
+    (tmp_path / "nvidia-uvm-tools").touch()
+    assert agent.driver_present() is True
+    # each ring drained before 80 % of it fills at the measured peak of 1.1 M events/s
+    assert agent.drain_ms == agent_mod.drain_ms_for(1 << 15) == pytest.approx(0.8 * 32768 / 1.1e3)
+    assert agent_mod.drain_ms_for(1 << 10) == 2.0 and agent_mod.drain_ms_for(1 << 20) == 100.0
 
 
 def test_umctl_processes_are_not_attached():

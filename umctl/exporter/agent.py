@@ -39,15 +39,26 @@ from ..sources.uvmtools.process import NoDriver, NoSuchProcess, TargetExited, nv
 from .control_state import read_published
 from .metrics import ControlTotals, ExporterState, ProcessTotals
 
-#: Exporter ring: 2^14 entries (1.2 MB) per process instead of attach's 2^18 (19 MB). A
-#: node agent holds one per process; at the measured peak of ~1.1 M events/s a 10 ms
-#: sampling window writes ~11 K entries, which a 10 ms drain keeps well inside 16 K.
-#: Overflow is never silent (umctl_exporter_dropped_events_total); --ring-entries enlarges.
-RING_ENTRIES = 1 << 14
+#: Exporter ring: 2^15 entries (2.4 MB) per process instead of attach's 2^18 (19 MB): a node
+#: agent holds one per process. Overflow is never silent (umctl_exporter_dropped_events_total).
+RING_ENTRIES = 1 << 15
+#: The most events per second one process was measured to produce (docs/live.md: 1.02-1.12 M/s
+#: peaks on the H200), which sets how often a ring must be drained.
+PEAK_EVENTS_PER_S = 1.1e6
 #: What says the driver is there (the nvidia-uvm module creates it).
 TOOLS_PATH = abi.Ioctl.TOOLS_PATH
-DRAIN_MS = 10.0
+#: Back-off of a refused attach: first retry, longest wait (seconds).
 BACKOFF_S = (2.0, 60.0)
+
+
+def drain_ms_for(ring_entries: int) -> float:
+    """How often a ring is drained: when 80 % of it would fill at the peak rate (2^15: 24 ms).
+    The exporter's CPU goes on its per-process drain threads waking up (measured on the 2-core
+    dev VM: 0.6 % of a core per process at a 10 ms drain, 0.3 % at 24 ms), so each ring is
+    drained as seldom as it safely can be; a larger --ring-entries buys less CPU with memory.
+    Sampling windows then switch at drain ticks: coarser, but the on-time is measured, so the
+    estimates stay unbiased and the average duty stays the configured one."""
+    return min(100.0, max(2.0, 0.8 * ring_entries / PEAK_EVENTS_PER_S * 1e3))
 
 
 def is_umctl(cmdline: str) -> bool:
@@ -86,7 +97,7 @@ class Agent:
 
     def __init__(self, state: ExporterState, *, kinds: Iterable[Kind], sample: float = 0.1,
                  interval_s: float = 1.0, grace_s: float = 120.0, ring_entries: int = RING_ENTRIES,
-                 drain_ms: float = DRAIN_MS, state_dir: str | None = None,
+                 drain_ms: float | None = None, state_dir: str | None = None,
                  io_factory: Callable[[], abi.Ioctl] | None = None, proc_root: str | None = None,
                  driver_present: Callable[[], bool] | None = None,
                  log: Callable[[str], None] | None = None, clock: Callable[[], float] = time.monotonic):
@@ -96,7 +107,7 @@ class Agent:
         self.interval_s = float(interval_s)
         self.grace_s = float(grace_s)
         self.ring_entries = int(ring_entries)
-        self.drain_ms = float(drain_ms)
+        self.drain_ms = drain_ms_for(self.ring_entries) if drain_ms is None else float(drain_ms)
         self.state_dir = state_dir
         self.io_factory = io_factory
         self.proc_root = proc_root
