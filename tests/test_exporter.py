@@ -37,6 +37,11 @@ class NodeDriver(FakeDriver):
         self.proc_root = proc_root
         self.dup_pid: dict[int, int] = {}
         self.ring_of: dict[int, tuple[int, np.ndarray, np.ndarray]] = {}   # pid -> (tools fd, ring, ctrl)
+        self.forked_from: dict[int, int] = {}   # child pid -> the parent whose uvm fds it inherited
+
+    def same_file(self, pid1: int, fd1: int, pid2: int, fd2: int) -> bool:
+        """kcmp(KCMP_FILE) on this node: a forked child's uvm fds are its parent's files."""
+        return self.forked_from.get(pid1) == pid2
 
     def pidfd_getfd(self, pidfd: int, targetfd: int) -> int:
         fd = super().pidfd_getfd(pidfd, targetfd)
@@ -98,7 +103,7 @@ def make_agent(drv, root, *, sample=1.0, grace=5.0, clock=None, kinds=DEFAULT_KI
     logs: list[str] = []
     agent = Agent(state, kinds=kinds, sample=sample, interval_s=0.05, grace_s=grace, ring_entries=256, drain_ms=1.0,
                   io_factory=lambda: drv, proc_root=root, driver_present=lambda: not drv.no_driver,
-                  log=logs.append, clock=clock or time.monotonic, state_dir=state_dir, **kw)
+                  log=logs.append, clock=clock or time.monotonic, state_dir=state_dir, same_file=drv.same_file, **kw)
     agent._smi_t = float("inf")   # never run nvidia-smi in tests
     agent._smi = []
     return agent, state, logs
@@ -308,6 +313,53 @@ def test_umctl_process_with_borrowed_fds_is_skipped(node):
     agent.step()
     assert sorted(agent.sessions) == [601]
     agent.close()
+
+
+def test_a_child_forked_after_cuda_is_not_attached_twice(node):
+    """DataLoader workers forked from a CUDA process inherit its /dev/nvidia-uvm fds: the
+    same va_space, whose events must be counted once, under the parent."""
+    drv, root, tmp = node
+    spawn(tmp, 901)
+    spawn(tmp, 902, comm="pt_data_worker")
+    spawn(tmp, 903)                                    # an unrelated process: attached
+    drv.forked_from[902] = 901
+    agent, state, logs = make_agent(drv, root)
+    agent.step()
+    assert sorted(agent.sessions) == [901, 903] and agent.skipped == {902: 901}
+    assert any("pid 902 (pt_data_worker): shares the va_space of pid 901" in ln for ln in logs)
+    agent.step()
+    assert sum("902" in ln for ln in logs) == 1        # not looked at again
+    kill(tmp, 902)
+    agent.step()
+    assert agent.skipped == {}
+    agent.close()
+
+
+def test_kcmp_tells_one_open_file_from_another_on_this_kernel(tmp_path):
+    import subprocess
+    import sys
+
+    from umctl.exporter.agent import kcmp_same_file
+
+    me = os.getpid()
+    fd = os.open(tmp_path / "f", os.O_CREAT | os.O_RDWR)
+    other = os.open(tmp_path / "f", os.O_RDONLY)
+    dup = os.dup(fd)
+    child = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE,
+                             pass_fds=(fd,))
+    try:
+        if kcmp_same_file(me, fd, me, dup) is None:
+            pytest.skip("kcmp(2) not available or not permitted here")
+        assert kcmp_same_file(me, fd, me, dup) is True
+        assert kcmp_same_file(me, fd, me, other) is False
+        assert kcmp_same_file(child.pid, fd, me, fd) is True      # inherited across fork/exec
+        assert kcmp_same_file(child.pid, fd, me, other) is False
+        assert kcmp_same_file(me, 987654, me, fd) is False         # a closed fd: not the same
+    finally:
+        child.stdin.close()
+        child.wait()
+        for f in (fd, other, dup):
+            os.close(f)
 
 
 def test_a_failing_source_or_a_missing_driver_never_stops_the_agent(node):

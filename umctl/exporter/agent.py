@@ -20,12 +20,16 @@ What it must survive, and how:
 
 umctl's own processes (``umctl attach/run/record/top``, another exporter) hold duplicated
 ``/dev/nvidia-uvm`` fds of their targets; attaching through those would count the target's
-events twice under the umctl pid, so they are skipped by command line.
+events twice under the umctl pid, so they are skipped by command line. Children forked from a
+CUDA process hold its open file too and are skipped after asking the kernel (kcmp).
 """
 
 from __future__ import annotations
 
+import ctypes
+import errno
 import os
+import platform
 import sys
 import threading
 import time
@@ -59,6 +63,26 @@ def drain_ms_for(ring_entries: int) -> float:
     Sampling windows then switch at drain ticks: coarser, but the on-time is measured, so the
     estimates stay unbiased and the average duty stays the configured one."""
     return min(100.0, max(2.0, 0.8 * ring_entries / PEAK_EVENTS_PER_S * 1e3))
+
+
+_SYS_KCMP = {"x86_64": 312, "aarch64": 272}.get(platform.machine())
+_KCMP_FILE = 0
+_libc = None
+
+
+def kcmp_same_file(pid1: int, fd1: int, pid2: int, fd2: int) -> bool | None:
+    """Whether fd1 of pid1 and fd2 of pid2 are one open file (kcmp(2), KCMP_FILE): True or
+    False, or None when the kernel cannot say (no kcmp, or no ptrace rights over both)."""
+    global _libc
+    if _SYS_KCMP is None:
+        return None
+    if _libc is None:
+        _libc = ctypes.CDLL(None, use_errno=True)
+    r = _libc.syscall(_SYS_KCMP, pid1, pid2, _KCMP_FILE, fd1, fd2)
+    if r < 0:
+        e = ctypes.get_errno()
+        return None if e in (errno.ENOSYS, errno.EPERM, errno.EACCES) else False   # EBADF/ESRCH: gone
+    return r == 0
 
 
 def is_umctl(cmdline: str) -> bool:
@@ -100,6 +124,7 @@ class Agent:
                  drain_ms: float | None = None, state_dir: str | None = None,
                  io_factory: Callable[[], abi.Ioctl] | None = None, proc_root: str | None = None,
                  driver_present: Callable[[], bool] | None = None,
+                 same_file: Callable[[int, int, int, int], bool | None] | None = None,
                  log: Callable[[str], None] | None = None, clock: Callable[[], float] = time.monotonic):
         self.state = state
         self.kinds = frozenset(kinds)
@@ -116,7 +141,10 @@ class Agent:
         self.clock = clock
         self.sessions: dict[int, _Session] = {}
         self.refused: dict[int, _Refused] = {}
-        self.umctl_pids: set[int] = set()      # umctl's own processes, not looked at again
+        #: processes not looked at again: umctl's own (0) or sharing an attached one's va_space (its pid)
+        self.skipped: dict[int, int] = {}
+        self.same_file = same_file or kcmp_same_file
+        self._kcmp_ok = True
         self._smi: list[dict] | None = None
         self._smi_t = -1e9
         self._migrations = Kind.MIGRATION in self.kinds
@@ -159,15 +187,39 @@ class Agent:
         now = self.clock()
         for pid in [p for p in self.refused if not process_alive(p, self.proc_root)]:
             del self.refused[pid]
-        self.umctl_pids = {p for p in self.umctl_pids if process_alive(p, self.proc_root)}
+        self.skipped = {p: o for p, o in self.skipped.items() if process_alive(p, self.proc_root)}
         waiting = {p for p, r in self.refused.items() if now < r.retry_at}
-        procs, hidden = list_uvm_processes(self.proc_root, skip=self.sessions.keys() | waiting | self.umctl_pids)
-        for p in procs:
+        procs, hidden = list_uvm_processes(self.proc_root, skip=self.sessions.keys() | waiting | self.skipped.keys())
+        for p in procs:    # in pid order: a parent before the children it forked
             if is_umctl(p.cmdline):
-                self.umctl_pids.add(p.pid)
-            else:
-                self._attach(p.pid, p.comm, self.refused.get(p.pid))
+                self.skipped[p.pid] = 0
+                continue
+            owner = self._va_space_owner(p.pid, p.fds)
+            if owner is not None:
+                self.skipped[p.pid] = owner
+                self.log(f"pid {p.pid} ({p.comm}): shares the va_space of pid {owner} (forked after CUDA "
+                         f"started): its events are counted there")
+                continue
+            self._attach(p.pid, p.comm, self.refused.get(p.pid))
         return hidden
+
+    def _va_space_owner(self, pid: int, fds: list[int]) -> int | None:
+        """The attached process whose va_space ``pid`` holds too, if any. A child forked after
+        its parent opened /dev/nvidia-uvm (PyTorch's DataLoader workers) inherits the same
+        open file; a tracker through it would see the parent's events again, under the
+        child's pid, and add its cost to the parent a second time."""
+        if not self._kcmp_ok:
+            return None
+        for owner, s in self.sessions.items():
+            for fd in fds:
+                same = self.same_file(pid, fd, owner, s.src.target_fd)
+                if same is None:   # the kernel cannot tell us (no kcmp, or not allowed)
+                    self._kcmp_ok = False
+                    self.log("kcmp(2) unavailable: processes forked from a CUDA process are counted twice")
+                    return None
+                if same:
+                    return owner
+        return None
 
     def _gpus(self) -> list[dict]:
         if self.clock() - self._smi_t > 60.0:   # nvidia-smi costs ~100 ms: not once per attach
