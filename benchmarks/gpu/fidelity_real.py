@@ -387,6 +387,8 @@ def main() -> None:
     ft.add_argument("dir", help="folder with probe.json and probe.parquet")
     a = ap.parse_args()
     if a.cmd == "fit":
+        if not (Path(a.dir) / "probe.json").is_file() or not (Path(a.dir) / "probe.parquet").is_file():
+            raise SystemExit(f"fidelity_real: no probe.json + probe.parquet in {a.dir} (record them with 'probe')")
         fit(Path(a.dir))
         return
     if a.cmd == "probe-run":
