@@ -101,6 +101,13 @@ def write_overlap_ratio(kb: KernelBlocks, parts: list[np.ndarray]) -> float:
             per[aid] = (a, b)
         for aid, r in per.items():
             hulls.setdefault(aid, []).append(r)
+    return hull_overlap_ratio(hulls)
+
+
+def hull_overlap_ratio(hulls: dict[int, list[tuple[int, int]]]) -> float:
+    """Figure 6.4's ratio from the write hulls themselves: per buffer, one [lo, hi) byte range
+    per GPU that writes it. Split from :func:`write_overlap_ratio` so that the cluster runtime,
+    which gets ranges from the program rather than from an access description, decides the same."""
     total = overlap = 0
     for rs in hulls.values():
         for i, (a, b) in enumerate(rs):
@@ -136,8 +143,9 @@ class BlockDescriptors:
     """Table 6.1: per UM block, per node, 512-bit read and write masks, and flags; the node
     owning a block's descriptor is ``(block // 32) mod nodes`` (§6.3). Created on first use."""
 
-    def __init__(self, nodes: int):
+    def __init__(self, nodes: int, run: int = DESCRIPTOR_RUN):
         self.nodes = nodes
+        self.run = run            # blocks per round-robin run (tests shrink it to spread few blocks)
         self.read: dict[int, np.ndarray] = {}
         self.write: dict[int, np.ndarray] = {}
         self.read_only: set[int] = set()
@@ -145,7 +153,7 @@ class BlockDescriptors:
         self.remote_lookups = 0   # ... sent to another node
 
     def owner(self, block: int) -> int:
-        return (block // DESCRIPTOR_RUN) % self.nodes
+        return (block // self.run) % self.nodes
 
     def _masks(self, block: int) -> tuple[np.ndarray, np.ndarray]:
         r = self.read.get(block)
@@ -167,18 +175,26 @@ class BlockDescriptors:
             w[:, wo] = False
             w[node, wo] = True
 
-    def kernel_done(self) -> int:
-        """Synchronisation after a kernel (§6.3): a page someone holds for writing is unmapped
-        from the other nodes' read copies. Returns the read copies dropped."""
-        dropped = 0
+    def stale(self) -> list[tuple[int, np.ndarray]]:
+        """Per block with a written page: the (nodes x pages) mask of read copies that the
+        synchronisation after a kernel unmaps (a node's copy of a page another node writes)."""
+        out = []
         for block, w in self.write.items():
             written = w.any(0)
             if not written.any():
                 continue
-            r = self.read[block]
-            stale = r & ~w & written
-            dropped += int(stale.sum())
-            r &= ~stale
+            s = self.read[block] & ~w & written
+            if s.any():
+                out.append((block, s))
+        return out
+
+    def kernel_done(self) -> int:
+        """Synchronisation after a kernel (§6.3): a page someone holds for writing is unmapped
+        from the other nodes' read copies. Returns the read copies dropped."""
+        dropped = 0
+        for block, s in self.stale():
+            dropped += int(s.sum())
+            self.read[block] &= ~s
         return dropped
 
 
