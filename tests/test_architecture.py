@@ -119,3 +119,14 @@ def test_live_side_does_not_import_the_cli():
     graph = import_graph()
     assert [m for m, deps in graph.items() if not m.startswith("umctl.cli")
             and any(d.startswith("umctl.cli") for d in deps)] == []
+
+
+def test_no_design_notes_outside_the_repository_are_cited():
+    """DESIGN.md lives outside the repository: a fact it held is stated in docs/ instead
+    (docs/measurements.md), so a reader can follow every reference."""
+    cite = re.compile(r"DESIGN(\.md| §)|\.\./shared/")
+    files = [*_py_files("umctl", "tests", "benchmarks", "tools"), *(ROOT / "docs").glob("*.md"),
+             ROOT / "README.md", ROOT / "ARCHITECTURE.md", *(ROOT / "runtime").glob("*"), *(ROOT / "bpf").glob("*.c")]
+    users = [str(p.relative_to(ROOT)) for p in files
+             if p.is_file() and p.name != "test_architecture.py" and cite.search(p.read_text(errors="replace"))]
+    assert users == []
