@@ -68,3 +68,35 @@ def test_prefetch_into_a_full_gpu_evicts_unless_switched_off():
 @pytest.mark.parametrize("field", ["thrashing_threshold", "prefetch_evicts"])
 def test_switches_are_calibration_fields(field):
     assert field in DEFAULT.as_dict()
+
+
+#: A nap shorter than the lapse. With the driver's defaults (nap = lapse) a throttled processor
+#: migrates the page a full lapse or more after its previous migration, which resets the page's
+#: history (uvm_perf_thrashing.c does the same), so a program that alternates host and GPU in
+#: turn is throttled again and again and never reaches the pin threshold (see the first test).
+SHORT_NAP = DEFAULT.with_overrides(thrashing_nap_ns=100_000)
+
+
+def test_a_page_throttled_often_enough_is_pinned_on_the_host_and_read_remotely():
+    w = ping_pong(rounds=40)
+    pin = simulate(w, make_controller("none"), calib=SHORT_NAP)
+    nopin = simulate(w, make_controller("none"), calib=SHORT_NAP.with_overrides(thrashing_pin_threshold=0))
+    assert pin.pins == 64 and pin.remote_accesses > 0
+    assert nopin.pins == 0 and nopin.remote_accesses == 0 and nopin.throttles > 0
+    # pinned pages stop migrating: fewer faults and bytes, fewer throttles, less time
+    assert pin.faults < nopin.faults and pin.bytes_h2d < nopin.bytes_h2d
+    assert pin.throttles < nopin.throttles and pin.time_ns < nopin.time_ns
+
+
+def test_a_pin_ends_after_its_time():
+    """Past uvm_perf_thrashing_pin the remote mappings go: the page faults and migrates again."""
+    w = ping_pong(rounds=40)
+    long_pin = simulate(w, make_controller("none"), calib=SHORT_NAP)
+    short_pin = simulate(w, make_controller("none"), calib=SHORT_NAP.with_overrides(thrashing_pin_ns=1_000_000))
+    assert short_pin.pins > long_pin.pins
+    assert short_pin.faults > long_pin.faults
+
+
+def test_default_nap_resets_rather_than_pins_a_host_gpu_alternation():
+    r = simulate(ping_pong(rounds=40), make_controller("none"))
+    assert r.throttles > 0 and r.pins == 0

@@ -80,6 +80,12 @@ typedef struct {
     double thr_lapse_ns, thr_nap_ns, thr_epoch_ns;
     /* 0: a prefetch into a full GPU is dropped instead of evicting (calibration.prefetch_evicts) */
     int64_t prefetch_evicts;
+    /* pinning of thrashing pages: after thr_pin_threshold throttles (0: never) a page is pinned
+     * on the host for thr_pin_ns and the GPUs map it remotely (bit g of remote[p]), reading it
+     * over the link (remote_ns per access) without faults */
+    int64_t thr_pin_threshold, any_remote;
+    double thr_pin_ns, remote_ns;
+    uint8_t *remote;
 } SimState;
 
 /* Why a page left (or was never on) a GPU; a fault on it is charged to ST_FC0 + this. */
@@ -97,7 +103,8 @@ enum {
     ST_FAULTS, ST_BATCHES, ST_BYTES_H2D, ST_BYTES_D2H, ST_BYTES_P2P, ST_DEMAND, ST_DRIVER_PF,
     ST_EVICTIONS, ST_EVICTED_BYTES, ST_PREEVICTIONS, ST_PREEVICTED_BYTES, ST_PF_USED,
     ST_PF_WASTED, ST_EPOCH, ST_BATCH_ID, ST_USER_PF_BYTES, ST_PF_PAGES,
-    ST_RECLAIMS, ST_SPILLS, ST_HARVEST_WB, ST_HARVEST_DROPS, ST_THRASHING, ST_THROTTLES,
+    ST_RECLAIMS, ST_SPILLS, ST_HARVEST_WB, ST_HARVEST_DROPS, ST_THRASHING, ST_THROTTLES, ST_PINS,
+    ST_REMOTE_ACCESSES,
     /* faults by cause: the GONE_* reasons in order, then the page was on the GPU but not
      * usable yet (a controller's prefetch in flight; another transfer in flight; a write to
      * a read-duplicated page) */
@@ -494,11 +501,16 @@ static void preempt(SimState *s, int g, double t, double d) {
  * A processor faulting on a thrashing page, other than the one spared in the current
  * throttling period, is throttled: it waits until the period ends (`nap` after it began). A
  * block's tracking is reset `epoch` after its last thrashing event (at most max_resets
- * times). Explicit migrations (UVM_MIGRATE) reset the pages they move. Not modelled: pinning
- * (after pin_threshold throttles, or at once between GPUs with NVLink and native atomics, the
- * driver pins the page and maps the others remotely; the simulator has no remote mappings),
- * so thrashing among GPUs only is detected and not mitigated. Times are stored plus 1 ns so
- * that 0 keeps the driver's meaning "none". */
+ * times). Explicit migrations (UVM_MIGRATE) and discards reset the pages they touch.
+ * Pinning: once a page's throttling periods reach pin_threshold, the spared processor's next
+ * fault pins it. Between the host and GPUs over PCIe the one place every party can map is host
+ * memory, where the driver's pins end up after it alternates: the simulator pins the page on
+ * the host at once, the thrashing GPUs map it remotely (each access read over the link, no
+ * fault) until `pin` has passed, then the page faults and migrates again with a fresh
+ * history. Not modelled: pinning among GPUs alone (NVLink with native atomics: the driver
+ * pins at once on the current location and maps the peers), so thrashing among GPUs only is
+ * detected and not mitigated. Times are stored plus 1 ns so that 0 keeps the driver's
+ * meaning "none". */
 #define THR_CPU 8
 
 typedef struct {
@@ -506,7 +518,9 @@ typedef struct {
     double throttle_end;    /* end of the current throttling period, + 1 (0: none) */
     uint16_t procs;         /* processors that took it (bit THR_CPU: the host) */
     uint16_t throttled;     /* processors throttled in the current period */
+    double pin_until;       /* pinned on the host until then, + 1 (0: not pinned) */
     uint8_t n;              /* consecutive migrations within the lapse (saturates at 7) */
+    uint8_t throttles;      /* throttling periods begun while not pinned (saturates at 255) */
     int8_t spared;          /* processor not throttled in the current period (-1: none) */
 } ThrPage;
 
@@ -533,6 +547,24 @@ void sim_thr_free(SimState *s) {
 static void thr_reset_page(ThrPage *P) {
     memset(P, 0, sizeof(*P));
     P->spared = -1;
+}
+
+/* Unpin page p (its remote mappings go) and forget its history. */
+static void thr_unpin(SimState *s, ThrPage *P, int64_t p) {
+    if (s->remote) s->remote[p] = 0;
+    thr_reset_page(P);
+}
+
+/* GPU g reads page p, not valid on g, at t: through a remote mapping of a page pinned on the
+ * host? A pin past its time is undone here (the driver's unpin timer): the access faults. */
+static int remote_ok(SimState *s, int64_t p, uint8_t bit, double t) {
+    if (!(s->remote[p] & bit)) return 0;
+    ThrBlock *B = s->thr ? &((ThrBlock *)s->thr)[p >> PB_SHIFT] : NULL;
+    ThrPage *P = B && B->pages ? &B->pages[p & (PPB - 1)] : NULL;
+    if (P && P->pin_until && t + 1.0 <= P->pin_until && s->cpu_valid[p]) return 1;
+    if (P) thr_unpin(s, P, p);
+    else s->remote[p] = 0;
+    return 0;
 }
 
 /* Migration of pages[0..n) (all in block b) into processor pr at t, by a fault. */
@@ -572,12 +604,15 @@ static void thr_reset_range(SimState *s, int64_t lo, int64_t hi) {
     if (!B->pages) return;
     for (int64_t p = lo; p < hi; p++) {
         ThrPage *P = &B->pages[p & (PPB - 1)];
-        if (P->n >= s->thr_threshold) thr_reset_page(P);
+        if (P->pin_until) thr_unpin(s, P, p);
+        else if (P->n >= s->thr_threshold) thr_reset_page(P);
     }
 }
 
-/* Processor pr faults on page p at t: until when it is throttled (0: not throttled). */
-static double thr_hint(SimState *s, int pr, int64_t p, double t) {
+/* Processor pr faults on page p at t: until when it is throttled (0: not throttled); *pin
+ * is set when the page is to be pinned on the host now. */
+static double thr_hint(SimState *s, int pr, int64_t p, double t, int *pin) {
+    *pin = 0;
     if (!s->thr_threshold || !s->thr) return 0;
     ThrBlock *B = &((ThrBlock *)s->thr)[p >> PB_SHIFT];
     if (!B->pages) return 0;
@@ -610,10 +645,34 @@ static double thr_hint(SimState *s, int pr, int64_t p, double t) {
         P->spared = (int8_t)pr;
     }
     /* Between GPUs alone (NVLink, native atomics) the driver pins instead: not modelled. */
-    if (!(P->procs & (1u << THR_CPU)) || pr == P->spared) return 0;
-    P->throttled |= bit;
+    if (!(P->procs & (1u << THR_CPU))) return 0;
+    if (pr == P->spared) {
+        if (s->thr_pin_threshold && P->throttles >= s->thr_pin_threshold) {
+            *pin = 1;
+            P->pin_until = now + s->thr_pin_ns;
+            P->throttles = 0;
+            P->throttled = 0;
+            P->throttle_end = 0;
+            s->stats[ST_PINS]++;
+        }
+        return 0;
+    }
+    if (!(P->throttled & bit)) {
+        P->throttled |= bit;
+        if (P->throttles < 255) P->throttles++;
+    }
     s->stats[ST_THROTTLES]++;
     return P->throttle_end - 1.0;
+}
+
+/* Map page p (pinned on the host) remotely on the GPUs that took part in its thrashing. */
+static void thr_map_remote(SimState *s, int64_t p) {
+    ThrPage *P = &((ThrBlock *)s->thr)[p >> PB_SHIFT].pages[p & (PPB - 1)];
+    uint8_t gpus = (uint8_t)(P->procs & 0xff);
+    if (gpus && s->remote) {
+        s->remote[p] |= gpus;
+        s->any_remote = 1;
+    }
 }
 
 /* The host writes pages[0..n) (sorted) at t: CPU faults on those a GPU holds. Returns when the
@@ -621,8 +680,10 @@ static double thr_hint(SimState *s, int pr, int64_t p, double t) {
 double sim_thr_host(SimState *s, const int64_t *pages, int64_t n, double t) {
     double until = t;
     for (int64_t i = 0; i < n; i++) {
-        double w = thr_hint(s, THR_CPU, pages[i], t);
+        int pin;
+        double w = thr_hint(s, THR_CPU, pages[i], t, &pin);
         if (w > until) until = w;
+        if (pin) thr_map_remote(s, pages[i]);   /* the host takes it, the GPUs map it */
     }
     for (int64_t i = 0; i < n;) {
         int64_t j = i;
@@ -729,6 +790,7 @@ double sim_prefetch(SimState *s, int g, int64_t lo, int64_t hi, double t, int fi
 int64_t sim_invalidate(SimState *s, int64_t lo, int64_t hi) {
     int64_t b = lo >> PB_SHIFT, populated = 0;
     int32_t on[8] = {0};
+    thr_reset_range(s, lo, hi);
     for (int64_t p = lo; p < hi; p++) {
         if (!s->managed[p]) continue;
         uint8_t m = s->gmask[p];
@@ -766,7 +828,7 @@ static int cmp_i64(const void *a, const void *b) {
 static inline int is_miss(SimState *s, int64_t p, uint8_t w, uint8_t bit, double t) {
     if (!s->managed[p]) return 0;
     uint8_t m = s->gmask[p];
-    if (!(m & bit)) return 1;
+    if (!(m & bit)) return !(s->any_remote && remote_ok(s, p, bit, t));
     int32_t e = s->pf_entry[p];
     if (e && s->entry_done[e] > t) return 1;
     if (s->any_read_mostly && w && s->read_mostly[p >> PB_SHIFT] &&
@@ -901,10 +963,20 @@ static double service(SimState *s, int g, const int64_t *fp, const uint8_t *fw, 
     }
     double stall = s->batch_ns + s->fault_ns * (double)nf, throttled = 0;
     if (nn) {
+        int64_t kept = 0;
         for (int64_t i = 0; i < nn; i++) {   /* thrashing pages: this GPU may be throttled */
-            double w = thr_hint(s, g, need[i], t);
+            int pin;
+            double w = thr_hint(s, g, need[i], t, &pin);
             if (w > throttled) throttled = w;
+            if (pin && s->cpu_valid[need[i]] && !s->gmask[need[i]]) {
+                thr_map_remote(s, need[i]);   /* pinned on the host: mapped, not migrated */
+                continue;
+            }
+            need[kept++] = need[i];
         }
+        nn = kept;
+    }
+    if (nn) {
         int64_t sorted = 1;   /* a window walks runs upwards: usually in order already */
         for (int64_t i = 1; i < nn && sorted; i++) sorted = need[i - 1] < need[i];
         if (!sorted) qsort(need, (size_t)nn, sizeof(int64_t), cmp_i64);
@@ -1102,15 +1174,27 @@ static inline void cur_seek(Cursor *c, int64_t pos) {
     while (pos >= c->rpos[c->r + 1]) c->r++;
 }
 
-/* The accesses of positions [a, b) pass (hit or served): Belady keys and prefetch use. */
-static void pass_range(SimState *s, Cursor c, int64_t a, int64_t b, double *key, const int64_t *next) {
+/* A GPU's access to page p that hit without the page being on it: a remote mapping, read
+ * over the link. */
+static inline void remote_read(SimState *s, int64_t p, uint8_t bit, double *stall, double *t) {
+    if (s->any_remote && !(s->gmask[p] & bit) && s->managed[p]) {
+        *stall += s->remote_ns;
+        if (t) *t += s->remote_ns;
+        s->stats[ST_REMOTE_ACCESSES]++;
+    }
+}
+
+/* The accesses of positions [a, b) pass (hit or served): Belady keys, prefetch use, remote reads. */
+static void pass_range(SimState *s, Cursor c, int64_t a, int64_t b, double *key, const int64_t *next, uint8_t bit,
+                       double *stall) {
     for (int64_t i = a; i < b; ) {
         cur_seek(&c, i);
         int64_t end = c.rpos[c.r + 1] < b ? c.rpos[c.r + 1] : b;
         int64_t p = cur_page(&c, i);
-        if (!key)   /* nothing to do for pages without a prefetch tag */
+        if (!key && !s->any_remote)   /* nothing to do for pages without a prefetch tag */
             while (end - i >= 8 && !load8(s->pf_tag + p)) { i += 8; p += 8; }
         for (; i < end; i++, p++) {
+            remote_read(s, p, bit, stall, NULL);
             if (key) key[p >> PB_SHIFT] = -(double)next[i];
             if (s->pf_tag[p]) {
                 s->pf_tag[p] = 0;
@@ -1161,6 +1245,7 @@ int64_t sim_kernel(SimState *s, int g, const int64_t *rpage, const uint8_t *rwri
                     continue;
                 }
                 if (is_miss(s, p, w, bit, t)) goto miss;
+                remote_read(s, p, bit, stall, &t);
                 if (key) key[p >> PB_SHIFT] = -(double)next[pos];
                 if (s->pf_tag[p]) {
                     s->pf_tag[p] = 0;
@@ -1220,7 +1305,7 @@ int64_t sim_kernel(SimState *s, int g, const int64_t *rpage, const uint8_t *rwri
         double d = service(s, g, fp, fw, nf, t, out);
         if (d < 0) return -1;
         *stall += d;
-        pass_range(s, c, pos, wend, key, next);   /* other accesses of the window go through */
+        pass_range(s, c, pos, wend, key, next, bit, stall);   /* other accesses of the window go through */
         pos = wend;
         if (pos < hi) cur_seek(&c, pos);
         if (out->collect) {

@@ -100,6 +100,11 @@ class Calibration:
     #: thrashing event, uvm_perf_thrashing_max_resets = 4 times at most.
     thrashing_epoch_ns: int = 1_000_000_000
     thrashing_max_resets: int = 4
+    #: uvm_perf_thrashing_pin_threshold: throttling periods of a page before it is pinned (on the
+    #: host, mapped remotely by the GPUs: see _simcore.c); 0: throttle only, never pin.
+    thrashing_pin_threshold: int = 10
+    #: uvm_perf_thrashing_pin = 300 lapses: how long a page stays pinned.
+    thrashing_pin_ns: int = 150_000_000
     #: A controller's prefetch (UVM_MIGRATE) into a full GPU evicts the least recently used root
     #: chunk to make room, as the driver's chunk allocator does for any migration (possibly one
     #: the next kernels need). False: such a prefetch is dropped instead.

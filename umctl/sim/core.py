@@ -16,7 +16,8 @@ from .. import UmctlError
 ST_NAMES = ("faults", "fault_batches", "bytes_h2d", "bytes_d2h", "bytes_p2p", "demand_bytes",
             "driver_prefetch_bytes", "evictions", "evicted_bytes", "preevictions", "preevicted_bytes",
             "prefetch_used", "prefetch_wasted", "epoch", "batch_id", "user_prefetch_bytes", "prefetch_pages",
-            "reclaims", "spills", "harvest_writeback_bytes", "harvest_drops", "thrashing_pages", "throttles")
+            "reclaims", "spills", "harvest_writeback_bytes", "harvest_drops", "thrashing_pages", "throttles", "pins",
+            "remote_accesses")
 #: why a page was not on the GPU that faulted on it: the last way it left a GPU (``Simulator.gone``
 #: holds these per page, not per GPU: on several GPUs, a first touch on one GPU of a page another
 #: GPU lost is charged to how it was lost; the order is the C core's GONE_* enum) ...
@@ -51,7 +52,8 @@ class SimState(C.Structure):
         ("gone", P), ("drop_reason", i64),
         ("lru_tree", P), ("lru_leaves", i64), ("lru_check", i64), ("lru_mismatch", i64),
         ("thr", P), ("thr_threshold", i64), ("thr_max_resets", i64), ("thr_lapse_ns", f64), ("thr_nap_ns", f64),
-        ("thr_epoch_ns", f64), ("prefetch_evicts", i64),
+        ("thr_epoch_ns", f64), ("prefetch_evicts", i64), ("thr_pin_threshold", i64), ("any_remote", i64),
+        ("thr_pin_ns", f64), ("remote_ns", f64), ("remote", P),
     ]
 
 

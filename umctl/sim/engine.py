@@ -138,6 +138,10 @@ class SimResult:
     #: and faults whose processor was throttled (made to wait out a nap) for them
     thrashing_pages: int = 0
     throttles: int = 0
+    #: thrashing pages pinned on the host, and GPU accesses that read them through a remote
+    #: mapping (over the link, without a fault)
+    pins: int = 0
+    remote_accesses: int = 0
     #: with Simulator(timeline=True): (lane, label, t0_ns, t1_ns, group) per host operation,
     #: copy (per chunk for chunked copies) and kernel, for HUM figure 8-style timelines
     timeline: list | None = None
@@ -309,6 +313,10 @@ class Simulator:
         self.cs.thr_threshold, self.cs.thr_max_resets = calib.thrashing_threshold, calib.thrashing_max_resets
         self.cs.thr_lapse_ns, self.cs.thr_nap_ns = calib.thrashing_lapse_ns, calib.thrashing_nap_ns
         self.cs.thr_epoch_ns, self.cs.prefetch_evicts = calib.thrashing_epoch_ns, int(calib.prefetch_evicts)
+        self.cs.thr_pin_threshold, self.cs.thr_pin_ns = calib.thrashing_pin_threshold, calib.thrashing_pin_ns
+        self.cs.remote_ns = _ns(PAGE_SIZE, calib.prefetch_h2d_Bps)   # a page read through a remote mapping
+        self.remote = np.zeros(npg, np.uint8)         # bit g: GPU g maps the page's host copy remotely
+        self.cs.remote = core.ptr(self.remote)
         if calib.thrashing_threshold and not self.lib.sim_thr_init(self.csp):
             raise MemoryError("simulator thrashing state")
         leaves = 1 << max(0, nbl - 1).bit_length()
