@@ -16,10 +16,17 @@
    failing, a launch on a device >= N) takes the original single launch. With
    UMCTL_RT_READ_ONLY (default on), the buffers the convention marks read-only are advised
    READ_MOSTLY for the kernel (duplicated on every GPU that reads them, §6.4) and the advice is
-   taken back when a later partitioned kernel passes them without the mark. */
+   taken back when a later partitioned kernel passes them without the mark.
+
+   Across nodes (umctl/cluster, one process of the program a node under mpirun):
+   UMCTL_RT_GPUS is the cluster's GPU count, UMCTL_RT_NODE_GPUS=M the GPUs of this node and
+   UMCTL_RT_NODE=n its rank; the grid is cut into UMCTL_RT_GPUS slabs exactly as on one host and
+   this process launches only slabs n*M .. n*M+M-1, slab n*M+k on its local GPU k. Without
+   them, every slab is local (part_first 0, part_local UMCTL_RT_GPUS). */
 struct umctl_part { unsigned off[3], grid[3], ro_mask, magic; };
 #define UMCTL_PART_MAGIC 0x54504d55u
 static int part_ok;
+static int part_first, part_local;   /* this node's first slab and its GPU count */
 static cudaStream_t part_stream[MAX_DEV];
 static cudaEvent_t part_done[MAX_DEV], part_start[MAX_DEV];
 #define MAX_RO 256
@@ -36,17 +43,27 @@ static void part_setup(void)
         return;
     tl_internal++;
     int n = 0, cur = current_device(), ok = 1;
-    if (real_cudaGetDeviceCount(&n) != 0 || n < cfg_gpus) {
-        fprintf(stderr, "umctl runtime: UMCTL_RT_GPUS=%d but %d GPUs visible: kernels are not partitioned\n", cfg_gpus, n);
+    part_local = cfg_gpus;
+    if (getenv("UMCTL_RT_NODE_GPUS")) {
+        part_local = (int)env_size("UMCTL_RT_NODE_GPUS", 0);
+        part_first = (int)env_size("UMCTL_RT_NODE", 0) * part_local;
+        if (part_local < 1 || part_first + part_local > cfg_gpus) {
+            fprintf(stderr, "umctl runtime: node %d of %d GPUs each is outside UMCTL_RT_GPUS=%d: kernels are not partitioned\n",
+                    part_local ? part_first / part_local : 0, part_local, cfg_gpus);
+            ok = 0;
+        }
+    }
+    if (ok && (real_cudaGetDeviceCount(&n) != 0 || n < part_local)) {
+        fprintf(stderr, "umctl runtime: UMCTL_RT_GPUS=%d but %d GPUs visible: kernels are not partitioned\n", part_local, n);
         ok = 0;
     }
-    for (int g = 0; ok && g < cfg_gpus; g++) {
+    for (int g = 0; ok && g < part_local; g++) {
         ok = real_cudaSetDevice(g) == 0 && real_cudaStreamCreateWithFlags(&part_stream[g], 1 /* non-blocking */) == 0 &&
              real_cudaEventCreateWithFlags(&part_done[g], 2 /* disable timing */) == 0 &&
              real_cudaEventCreateWithFlags(&part_start[g], 2) == 0;
         /* managed memory needs no peer mappings; a device buffer of GPU h (cudaMalloc beyond the
            managed cap) does, so map every pair that can be mapped */
-        for (int h = 0; ok && h < cfg_gpus; h++) {
+        for (int h = 0; ok && h < part_local; h++) {
             int can = 0;
             if (h != g && get_cudaDeviceCanAccessPeer() && get_cudaDeviceEnablePeerAccess() &&
                 real_cudaDeviceCanAccessPeer(&can, g, h) == 0 && can)
@@ -210,7 +227,7 @@ static int part_launch(const void *f, dim3 g, dim3 b, void **args, size_t smem, 
     int d = current_device(), capturing = 0;
     if (!s && ptsz)
         s = STREAM_PER_THREAD;
-    if (!part_ok || d < 0 || d >= cfg_gpus ||
+    if (!part_ok || d < 0 || d >= part_local ||
         (get_cudaStreamIsCapturing() && (real_cudaStreamIsCapturing(s, &capturing) != 0 || capturing))) {
         if (get_cudaGetLastError())
             real_cudaGetLastError();
@@ -224,31 +241,33 @@ static int part_launch(const void *f, dim3 g, dim3 b, void **args, size_t smem, 
     tl_internal++;
     part_read_only(fi, args, p->ro_mask, d);
     int ok = real_cudaEventRecord(part_start[d], s) == 0;
-    for (int k = 0; ok && k < G; k++) {
+    for (int k = part_first; ok && k < part_first + part_local; k++) {
         unsigned lo = slab_edge(dims[dim], k, G), hi = slab_edge(dims[dim], k + 1, G);
+        int l = k - part_first;   /* the slab's local GPU */
         if (hi > lo)
-            ok = real_cudaSetDevice(k) == 0 && real_cudaStreamWaitEvent(part_stream[k], part_start[d], 0) == 0;
+            ok = real_cudaSetDevice(l) == 0 && real_cudaStreamWaitEvent(part_stream[l], part_start[d], 0) == 0;
     }
     cudaError_t r = 0;
     int launched = 0, done[MAX_DEV] = {0};
     struct umctl_part save = *p;
-    for (int k = 0; ok && k < G; k++) {
+    for (int k = part_first; ok && k < part_first + part_local; k++) {
         unsigned lo = slab_edge(dims[dim], k, G), hi = slab_edge(dims[dim], k + 1, G);
+        int l = k - part_first;
         if (hi <= lo)
             continue;
         unsigned sd[3] = {g.x, g.y, g.z};
         sd[dim] = hi - lo;
         dim3 sg = {sd[0], sd[1], sd[2]};
         p->off[dim] = lo;   /* the runtime copies argument values at the launch call */
-        if (real_cudaSetDevice(k) != 0) {
+        if (real_cudaSetDevice(l) != 0) {
             ok = launched > 0;
             r = 1;
             break;
         }
         tl_internal--;
-        int64_t q = report_launch(f, sg, b, args, smem, part_stream[k]);
+        int64_t q = report_launch(f, sg, b, args, smem, part_stream[l]);
         tl_internal++;
-        cudaError_t e = real_cudaLaunchKernel(f, sg, b, args, smem, part_stream[k]);
+        cudaError_t e = real_cudaLaunchKernel(f, sg, b, args, smem, part_stream[l]);
         if (e != 0) {
             /* nothing launched yet: the original launch instead; else the error is the launch's */
             ok = launched > 0;
@@ -257,15 +276,15 @@ static int part_launch(const void *f, dim3 g, dim3 b, void **args, size_t smem, 
         }
         launched++;
         tl_internal--;
-        track_end(q, part_stream[k]);
+        track_end(q, part_stream[l]);
         tl_internal++;
-        done[k] = real_cudaEventRecord(part_done[k], part_stream[k]) == 0;
-        if (!done[k])
+        done[l] = real_cudaEventRecord(part_done[l], part_stream[l]) == 0;
+        if (!done[l])
             r = 1;
     }
     *p = save;
     real_cudaSetDevice(d);
-    for (int k = 0; k < G; k++)
+    for (int k = 0; k < part_local; k++)
         if (done[k] && real_cudaStreamWaitEvent(s, part_done[k], 0) != 0)
             r = r ? r : 1;
     if (!ok && get_cudaGetLastError())

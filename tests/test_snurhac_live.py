@@ -28,13 +28,14 @@ MANGLED = "_Z9part_kern12umctl_part_tPjPiPKj"
 
 
 def run_part(built, grid, gpus: int, devices: int = 4, variant: str = "part",
-             param_info: bool = True) -> tuple[dict, str]:  # noqa: F811
+             param_info: bool = True, extra: dict | None = None) -> tuple[dict, str]:  # noqa: F811
     base = {k: v for k, v in os.environ.items() if not k.startswith(("UMCTL_RT_", "LD_PRELOAD", "FAKE_"))}
     base.update(FAKE_LIBCUDA=str(built["libcuda"]), FAKE_DEVICES=str(devices))
     if not param_info:
         base["FAKE_NO_PARAM_INFO"] = "1"
     env = child_env(base, library=built["lib"], managed=True, gpus=str(gpus), libcuda=str(built["libcuda"]),
                     stats="1")
+    env.update(extra or {})
     return run_prog(built, ["part", *map(str, grid), variant], env)
 
 
