@@ -79,12 +79,19 @@ class Clock:
 
 
 @pytest.fixture
-def node(tmp_path, monkeypatch):
-    root = str(tmp_path / "proc")
+def node(monkeypatch):
+    """A fake node in a directory of its own: pytest's numbered tmp_path directories are pruned
+    by other pytest runs on the same machine, which would look like every process exiting."""
+    import pathlib
+    import tempfile
+
+    base = pathlib.Path(tempfile.mkdtemp(prefix="umctl-exporter-node-"))
+    root = str(base / "proc")
     os.makedirs(root)
     drv = NodeDriver(root)
     monkeypatch.setattr(process, "PROC_ROOT", root)
-    return drv, root, tmp_path
+    yield drv, root, base
+    shutil.rmtree(base, ignore_errors=True)
 
 
 def spawn(tmp_path, pid: int, fds=None, comm: str = "python3", cmdline: bytes = b"python3\0train.py\0") -> None:
@@ -495,7 +502,10 @@ def test_churn_of_1000_processes_keeps_memory_bounded(node):
     for i in range(50):                              # (quick on any file system, unlike rmtree)
         spawn(tmp, 90_000 + i)
         os.rename(f"{root}/{90_000 + i}", slots[i])
-    threads = threading.active_count()
+    def drain_threads() -> int:
+        return sum(t.name.startswith("umctl-uvm-") for t in threading.enumerate())
+
+    assert drain_threads() == 0
     pid = 10_000
     produced = 0
     rss = []
@@ -506,7 +516,7 @@ def test_churn_of_1000_processes_keeps_memory_bounded(node):
             os.rename(slot, f"{root}/{p}")
         agent.step()
         assert sorted(agent.sessions) == pids
-        assert threading.active_count() == threads + 50          # one drain thread each
+        assert drain_threads() == 50                             # one drain thread each
         for p in pids:
             produced += drv.emit(p, faults_for(p, 20, batch=wave))
         for p, slot in zip(pids, slots):
@@ -514,7 +524,7 @@ def test_churn_of_1000_processes_keeps_memory_bounded(node):
         agent.step()
         clock.t += 1.0
         assert agent.sessions == {} and drv.fds == {} and drv.ring_of == {}
-        assert threading.active_count() == threads
+        assert drain_threads() == 0
         assert len(state.processes) <= 150          # the last three waves, inside the grace
         if wave in (3, 19):
             gc.collect()

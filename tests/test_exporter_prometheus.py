@@ -136,7 +136,20 @@ def stop(p: subprocess.Popen) -> None:
             p.wait()
 
 
-def test_prometheus_rates_match_the_fake_and_a_killed_target_ends_cleanly(tmp_path):
+@pytest.fixture
+def workdir():
+    """A directory of its own (pytest's numbered tmp_path directories are pruned by other pytest
+    runs on the same machine, and this one holds the fake /proc and Prometheus's storage)."""
+    import pathlib
+    import tempfile
+
+    d = pathlib.Path(tempfile.mkdtemp(prefix="umctl-exporter-prom-"))
+    yield d
+    shutil.rmtree(d, ignore_errors=True)
+
+
+def test_prometheus_rates_match_the_fake_and_a_killed_target_ends_cleanly(workdir):
+    tmp_path = workdir
     eport, pport = free_port(), free_port()
     exp_log = open(tmp_path / "exporter.log", "w")
     exporter = subprocess.Popen([sys.executable, __file__, "--serve", str(eport), str(tmp_path)],

@@ -154,27 +154,27 @@ class Agent:
         t0 = time.perf_counter()
         now = self.clock()
         up = self._guard("driver check", self.driver_present, False)
-        procs = self._guard("scan", self._scan, None)
+        hidden = self._guard("scan", self._scan, None)
         for pid in list(self.sessions):
-            self._guard(f"pid {pid}", lambda: self._drain(pid), None)
+            self._guard(f"pid {pid}", self._drain, None, pid)
         if self.state_dir:
-            self._guard("control state", lambda: self._controls(now), None)
+            self._guard("control state", self._controls, None, now)
         lags = [s.src.lag_delivery for s in self.sessions.values()]
         p50 = max((h.percentile(50) or 0.0 for h in lags), default=0.0)
         p99 = max((h.percentile(99) or 0.0 for h in lags), default=0.0)
         with self.state.lock:
             self.state.driver_up = bool(up)
-            if procs is not None:
-                self.state.hidden = procs
+            if hidden is not None:
+                self.state.hidden = hidden
             self.state.unattachable = len(self.refused)
             self.state.lag_p50_s, self.state.lag_p99_s = p50 / 1e9, p99 / 1e9
             self.state.retire(now, self.grace_s)
             self.state.loop_s = time.perf_counter() - t0
             self.state.updated = self.clock()
 
-    def _guard(self, what: str, fn, default):
+    def _guard(self, what: str, fn, default, *args):
         try:
-            return fn()
+            return fn(*args)
         except Exception as e:  # noqa: BLE001 - nothing about one target may stop the agent
             with self.state.lock:
                 self.state.errors += 1
@@ -334,7 +334,7 @@ class Agent:
 
     def close(self) -> None:
         for pid in list(self.sessions):
-            self._guard(f"pid {pid}", lambda: self._end(pid), None)
+            self._guard(f"pid {pid}", self._end, None, pid)
 
 
 def _stderr_log(msg: str) -> None:
