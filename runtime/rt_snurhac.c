@@ -201,6 +201,174 @@ static void part_forget(const void *p)
     pthread_mutex_unlock(&part_mu);
 }
 
+/* ---------------------------------------------------------------- SnuRHAC across nodes: the agent
+
+   UMCTL_RT_CLUSTER_FD: a socket to this node's agent (umctl/cluster/live.py, one a rank under
+   mpirun), which keeps the UM space coherent across nodes with the other agents. The runtime
+   cannot see a GPU's page faults from user space, so it tells the agent what changed by twin and
+   diff at the synchronisation points SnuRHAC has anyway:
+     before a partitioned launch ('B'): the managed allocations (id, size, and whether this kernel
+       only reads (1) or may write (2) each), and the pages the host changed since the last point
+       (node 0 only: the program's host side is authoritative there, the others run the same host
+       code on the same data); the agent answers with the pages this node lacks, installed here;
+     after this node's slabs ('E'): each page they changed, new and old contents (the agent stores
+       only the changed bytes, under the page's lock, so that two nodes writing one page merge);
+       the agent answers once the cluster-wide synchronisation after the kernel is done;
+     at cudaDeviceSynchronize ('S'): as 'B', so that the host then reads current data.
+   Records: {i64 id; u64 size; u32 page; u32 kind} (kind 0: an allocation, page = 0/1/2 as above;
+   kind 1: a page, followed by its new then old 4 KiB). Answer: u32 count, then {i64 id; u32 page;
+   u32 pad} + 4 KiB each. The kernels must have finished when the diff is taken: true of the fake
+   CUDA runtime (kernels run at the launch call); a real GPU needs a device synchronisation there
+   (not done: this path is tested on the fake only). */
+#define CL_PAGE 4096
+struct cl_rec { int64_t id; uint64_t size; uint32_t page, kind; };
+struct cl_twin { int64_t id; uintptr_t addr; size_t n; unsigned char *twin; int seen; };
+static int cl_fd = -2, cl_node;
+static struct cl_twin cl_tw[MAX_RO];
+static int cl_ntw;
+
+static int cl_on(void)
+{
+    if (cl_fd == -2) {
+        const char *v = getenv("UMCTL_RT_CLUSTER_FD");
+        cl_fd = v && *v ? atoi(v) : -1;
+        cl_node = (int)env_size("UMCTL_RT_NODE", 0);
+    }
+    return cl_fd >= 0;
+}
+
+static int cl_io(int wr, void *p, size_t n)
+{
+    char *c = p;
+    while (n) {
+        ssize_t k = wr ? write(cl_fd, c, n) : read(cl_fd, c, n);
+        if (k <= 0) {
+            fprintf(stderr, "umctl runtime: lost the cluster agent's socket\n");
+            _exit(70);
+        }
+        c += k, n -= (size_t)k;
+    }
+    return 0;
+}
+
+/* The managed allocations now, with their twins (a new one's twin is zeros: fresh UM). */
+static void cl_refresh(void)
+{
+    for (int k = 0; k < cl_ntw; k++)
+        cl_tw[k].seen = 0;
+    pthread_mutex_lock(&allocs_mu);
+    for (size_t i = 0; i < n_allocs; i++) {
+        if (!allocs[i].managed)
+            continue;
+        int k = 0;
+        while (k < cl_ntw && cl_tw[k].id != allocs[i].id)
+            k++;
+        if (k == cl_ntw && cl_ntw < MAX_RO) {
+            cl_tw[k].id = allocs[i].id, cl_tw[k].addr = allocs[i].addr, cl_tw[k].n = allocs[i].n;
+            cl_tw[k].twin = calloc(1, allocs[i].n);
+            cl_ntw++;
+        }
+        if (k < cl_ntw)
+            cl_tw[k].seen = 1;
+    }
+    pthread_mutex_unlock(&allocs_mu);
+    for (int k = cl_ntw - 1; k >= 0; k--)
+        if (!cl_tw[k].seen) {   /* freed */
+            free(cl_tw[k].twin);
+            cl_tw[k] = cl_tw[--cl_ntw];
+        }
+}
+
+/* Send the pages that differ from their twins (and update the twins). */
+static void cl_send_diff(int send)
+{
+    for (int k = 0; k < cl_ntw; k++) {
+        struct cl_twin *t = &cl_tw[k];
+        if (!t->twin)
+            continue;
+        for (size_t off = 0; off < t->n; off += CL_PAGE) {
+            size_t len = t->n - off < CL_PAGE ? t->n - off : CL_PAGE;
+            unsigned char *cur = (unsigned char *)t->addr + off;
+            if (!memcmp(cur, t->twin + off, len))
+                continue;
+            if (send) {
+                unsigned char page[2 * CL_PAGE] = {0};
+                memcpy(page, cur, len);
+                memcpy(page + CL_PAGE, t->twin + off, len);
+                struct cl_rec r = {t->id, t->n, (uint32_t)(off / CL_PAGE), 1};
+                cl_io(1, &r, sizeof r);
+                cl_io(1, page, sizeof page);
+            }
+            memcpy(t->twin + off, cur, len);
+        }
+    }
+}
+
+/* Install the agent's pages (into the buffer and its twin). */
+static void cl_install(void)
+{
+    uint32_t count = 0;
+    cl_io(0, &count, sizeof count);
+    for (uint32_t i = 0; i < count; i++) {
+        struct { int64_t id; uint32_t page, pad; } h;
+        unsigned char page[CL_PAGE];
+        cl_io(0, &h, sizeof h);
+        cl_io(0, page, sizeof page);
+        for (int k = 0; k < cl_ntw; k++)
+            if (cl_tw[k].id == h.id && (size_t)h.page * CL_PAGE < cl_tw[k].n) {
+                size_t off = (size_t)h.page * CL_PAGE, len = cl_tw[k].n - off < CL_PAGE ? cl_tw[k].n - off : CL_PAGE;
+                memcpy((unsigned char *)cl_tw[k].addr + off, page, len);
+                memcpy(cl_tw[k].twin + off, page, len);
+            }
+    }
+}
+
+/* 'B' or 'S': allocations (with this kernel's read-only codes), the host's changes, install. */
+static void cl_begin(char type, struct finfo *fi, void **args, unsigned mask)
+{
+    cl_refresh();
+    unsigned char code[MAX_RO] = {0};
+    for (int i = 1; args && i < 32; i++) {
+        int ptr = fi && fi->nparams > 1 && fi->sizes ? i < fi->nparams && fi->sizes[i] == sizeof(void *) : (mask >> i) & 1;
+        if (!ptr || !args[i])
+            continue;
+        size_t n = 0;
+        uintptr_t base = alloc_base(*(void **)args[i], &n);
+        for (int k = 0; base && k < cl_ntw; k++)
+            if (cl_tw[k].addr == base)
+                code[k] = (mask >> i) & 1 && code[k] != 2 ? 1 : 2;
+    }
+    cl_io(1, &type, 1);
+    for (int k = 0; k < cl_ntw; k++) {
+        struct cl_rec r = {cl_tw[k].id, cl_tw[k].n, code[k], 0};
+        cl_io(1, &r, sizeof r);
+    }
+    cl_send_diff(cl_node == 0);
+    struct cl_rec end = {-1, 0, 0, 2};
+    cl_io(1, &end, sizeof end);
+    cl_install();
+}
+
+static void cl_end(void)
+{
+    char type = 'E';
+    cl_io(1, &type, 1);
+    cl_send_diff(1);
+    struct cl_rec end = {-1, 0, 0, 2};
+    cl_io(1, &end, sizeof end);
+    cl_install();
+}
+
+/* The host is about to read what the kernels wrote (cudaDeviceSynchronize). */
+static void cl_host_sync(void)
+{
+    if (tl_internal || cfg_gpus < 2 || !cl_on())
+        return;
+    pthread_mutex_lock(&part_mu);
+    cl_begin('S', NULL, NULL, 0);
+    pthread_mutex_unlock(&part_mu);
+}
+
 /* First block of slab k of G along a dimension of n blocks (partition()'s edges g*n//G). */
 static unsigned slab_edge(unsigned n, int k, int G)
 {
@@ -238,6 +406,9 @@ static int part_launch(const void *f, dim3 g, dim3 b, void **args, size_t smem, 
     unsigned dims[3] = {g.x, g.y, g.z};
     int dim = g.z >= (unsigned)G ? 2 : g.y >= (unsigned)G ? 1 : 0;
     pthread_mutex_lock(&part_mu);
+    int cluster = cl_on();
+    if (cluster)
+        cl_begin('B', fi, args, p->ro_mask);
     tl_internal++;
     part_read_only(fi, args, p->ro_mask, d);
     int ok = real_cudaEventRecord(part_start[d], s) == 0;
@@ -290,6 +461,8 @@ static int part_launch(const void *f, dim3 g, dim3 b, void **args, size_t smem, 
     if (!ok && get_cudaGetLastError())
         real_cudaGetLastError();
     tl_internal--;
+    if (cluster)
+        cl_end();   /* (a launch that failed here still ends the kernel on every node) */
     pthread_mutex_unlock(&part_mu);
     if (!ok) {
         atomic_fetch_add(&st_part_fallback, 1);
@@ -443,7 +616,7 @@ API cudaError_t cudaLaunchKernel_ptsz(const void *f, dim3 g, dim3 b, void **args
 #define PASS(name) PASS_THEN(name, (void)0)
 /* the host waited for the GPU to drain: an iteration boundary for exec_hash's occurrence counts */
 #define PASS_SYNC(name) PASS_THEN(name, if (!tl_internal) occ_reset())
-PASS_SYNC(cudaDeviceSynchronize)
+PASS_THEN(cudaDeviceSynchronize, if (!tl_internal) { occ_reset(); cl_host_sync(); })
 PASS_SYNC(cudaStreamSynchronize)
 PASS(cudaStreamQuery)
 PASS(cudaStreamWaitEvent)

@@ -84,11 +84,13 @@ class NodeAgent:
         self._fault(addr, nbytes, write=False)
         return self.mem[addr:addr + nbytes]
 
-    def write(self, addr: int, data) -> None:
+    def write(self, addr: int, data, mask: np.ndarray | None = None) -> None:
         """Store ``data`` at addr, holding every page it touches for writing (a write fault where
-        the node holds less). The store happens inside the fault, under the block's lock."""
+        the node holds less). The store happens inside the fault, under the block's lock.
+        ``mask`` (bytes): store only those bytes, the rest of the page staying as fetched (a slab
+        that wrote part of a page another node also writes)."""
         b = np.ascontiguousarray(data).view(np.uint8).ravel()
-        self._fault(addr, len(b), write=True, data=b)
+        self._fault(addr, len(b), write=True, data=b, mask=mask)
 
     def kernel_done(self) -> None:
         """All nodes finished the kernel: descriptor owners unmap stale read copies (collective)."""
@@ -140,7 +142,8 @@ class NodeAgent:
         return d
 
     # ------------------------------------------------------------------ fault handling (P)
-    def _fault(self, addr: int, nbytes: int, write: bool, data: np.ndarray | None = None) -> None:
+    def _fault(self, addr: int, nbytes: int, write: bool, data: np.ndarray | None = None,
+               mask: np.ndarray | None = None) -> None:
         if nbytes <= 0:
             return
         if addr < 0 or addr + nbytes > len(self.mem):
@@ -156,7 +159,11 @@ class NodeAgent:
                 self._service(block, missing & (PAGES_PER_BLOCK - 1), write)
             if write:
                 lo, hi = max(addr, b0 << PAGE_SHIFT), min(addr + nbytes, b1 << PAGE_SHIFT)
-                self.mem[lo:hi] = data[lo - addr:hi - addr]
+                if mask is None:
+                    self.mem[lo:hi] = data[lo - addr:hi - addr]
+                else:
+                    m = mask[lo - addr:hi - addr]
+                    self.mem[lo:hi][m] = data[lo - addr:hi - addr][m]
             if write and len(missing):
                 self._send(self.desc.owner(block), (block,), UNLOCK)
 

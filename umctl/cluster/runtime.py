@@ -74,14 +74,7 @@ class ClusterRuntime:
         reads / writes (the ro_mask's information): the first get the read-only flag, a flagged
         one in the second loses it."""
         self.st["kernels"] += 1
-        for buf in written:
-            if buf in self.flagged:
-                self.flagged.discard(buf)
-                self.agent.set_read_only(*buf, False)
-        for buf in read_only:
-            if buf not in self.flagged:
-                self.flagged.add(buf)
-                self.agent.set_read_only(*buf, True)
+        self.flags(read_only, written)
         plan = plan_launch(grid, self.n_gpus, atomics=atomics, write_hull=write_hull, threshold=self.threshold)
         if plan.fallback:
             self.st["fallback_" + plan.fallback] += 1
@@ -94,6 +87,18 @@ class ClusterRuntime:
                 kernel(self.agent, plan.parts[g])
         self.agent.kernel_done()
         return plan
+
+    def flags(self, read_only, written) -> None:
+        """§6.4 at a launch: buffers the kernel only reads get the read-only flag, flagged ones
+        it writes lose it (collective: every node calls it with the same buffers)."""
+        for buf in written:
+            if buf in self.flagged:
+                self.flagged.discard(buf)
+                self.agent.set_read_only(*buf, False)
+        for buf in read_only:
+            if buf not in self.flagged:
+                self.flagged.add(buf)
+                self.agent.set_read_only(*buf, True)
 
     def host(self, fn: Callable[[NodeAgent], object]):
         """Host code that touches UM (copies in and out): node 0 runs it, every node waits (the

@@ -1,0 +1,78 @@
+"""SnuRHAC across nodes with a live program: `mpirun -n N python3 -m umctl.cluster.live --gpus M
+-- prog` on the fake CUDA runtime. Each rank's agent starts the program under the runtime, which
+runs its node's slabs of every partitioned kernel and hands its changes to the agent at each
+launch; the agents keep the managed buffers coherent over MPI (TCP here). The program
+(tests/rtprog/clusterprog.c: gemm reading all of B, a stencil whose bands share pages, B rewritten
+in place then read by every node) must print the same checksums as without umctl, on every node.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from test_cluster import MPIRUN
+from test_runtime import SRC, _gcc, built  # noqa: F401 - built: the module-scoped build fixture
+
+
+@pytest.fixture(scope="module")
+def prog(built):  # noqa: F811
+    d = built["dir"]
+    _gcc("-O1", "-Wall", "-rdynamic", str(SRC / "clusterprog.c"), "-o", str(d / "clusterprog"), f"-L{d}", "-lcudart",
+         f"-Wl,-rpath,{d}", "-ldl")
+    return d / "clusterprog"
+
+
+def results(out: str) -> list[str]:
+    return [ln for ln in out.splitlines() if ln.startswith("RESULT ")]
+
+
+def run_cluster(built, prog, tmp_path, nodes: int, gpus: int, args=("100", "4"), timeout: float = 90):  # noqa: F811
+    assert MPIRUN, "mpirun missing: apt-get install openmpi-bin (see .ci/run)"
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("UMCTL_RT_", "LD_PRELOAD", "FAKE_"))}
+    env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", OMPI_MCA_btl="self,tcp",
+               FAKE_LIBCUDA=str(built["libcuda"]), FAKE_DEVICES=str(gpus), UMCTL_RT_LIBCUDA=str(built["libcuda"]),
+               UMCTL_RT_STATS="1")
+    p = subprocess.run([MPIRUN, "--oversubscribe", "-n", str(nodes), sys.executable, "-m", "umctl.cluster.live",
+                        "--gpus", str(gpus), "--um-space", str(64 << 20), "--timeout", "20", "--stats",
+                        str(tmp_path / "st"), "--library", str(built["lib"]), "--", str(prog), *args],
+                       env=env, capture_output=True, text=True, timeout=timeout)
+    assert p.returncode == 0, p.stderr[-3000:]
+    st = [json.loads((tmp_path / f"st.{r}.json").read_text()) for r in range(nodes)]
+    return p, st
+
+
+def plain(built, prog, args=("100", "4")) -> str:  # noqa: F811
+    env = dict(os.environ, FAKE_LIBCUDA=str(built["libcuda"]))
+    env.pop("LD_PRELOAD", None)
+    p = subprocess.run([str(prog), *args], env=env, capture_output=True, text=True, timeout=60, check=True)
+    return results(p.stdout)[0]
+
+
+@pytest.mark.parametrize("nodes,gpus", [(2, 1), (3, 1), (2, 2)])
+def test_partitioned_program_over_nodes_equals_one_gpu(built, prog, tmp_path, nodes, gpus):  # noqa: F811
+    want = plain(built, prog)
+    p, st = run_cluster(built, prog, tmp_path, nodes, gpus)
+    assert results(p.stdout) == [want] * nodes
+    # every node ran its share of all 7 partitioned kernels (gemm, 4 steps, scale, gemm)
+    for line in (ln for ln in p.stderr.splitlines() if ln.startswith("umctl_rt:")):
+        assert "partitioned=7 " in line and "part_fallbacks=0 " in line
+    for s in st:
+        assert s["rc"] == 0 and s["launches"] == 7 and s["host_syncs"] == 2
+        assert s["pages_written"] > 0 and s["invalidated"] > 0
+    # pages crossed nodes as MPI messages, and the shared pages' writers were degraded
+    assert all(s["pages_in"] > 0 for s in st[1:]) and sum(s["pages_out"] for s in st) > 0
+    assert sum(s["degraded"] for s in st) > 0
+
+
+def test_a_failing_program_on_one_node_stops_the_cluster(built, prog, tmp_path):  # noqa: F811
+    """A node whose program cannot start: mpirun exits non-zero, no hang."""
+    env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", OMPI_MCA_btl="self,tcp")
+    p = subprocess.run([MPIRUN, "--oversubscribe", "-n", "2", sys.executable, "-m", "umctl.cluster.live",
+                        "--timeout", "10", "--library", str(built["lib"]), "--", str(tmp_path / "missing")],
+                       env=env, capture_output=True, text=True, timeout=60)
+    assert p.returncode != 0 and "Traceback" not in p.stderr
