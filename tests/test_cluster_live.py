@@ -76,3 +76,32 @@ def test_a_failing_program_on_one_node_stops_the_cluster(built, prog, tmp_path):
                         "--timeout", "10", "--library", str(built["lib"]), "--", str(tmp_path / "missing")],
                        env=env, capture_output=True, text=True, timeout=60)
     assert p.returncode != 0 and "Traceback" not in p.stderr
+
+
+def test_umctl_run_hosts_runs_the_program_on_every_node(built, prog, tmp_path):  # noqa: F811
+    """`umctl run --mode snurhac --hosts localhost:2 -- prog`: mpirun with one node agent a slot
+    (the package's runtime library, built at install)."""
+    from umctl.runtime import library_path
+
+    if library_path().stat().st_mtime < (SRC.parent.parent / "runtime" / "rt_snurhac.c").stat().st_mtime:
+        pytest.fail("the package's libumctl_rt.so is older than runtime/: reinstall (pip install -e .)")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("UMCTL_RT_", "LD_PRELOAD", "FAKE_"))}
+    env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", OMPI_MCA_btl="self,tcp",
+               FAKE_LIBCUDA=str(built["libcuda"]), FAKE_DEVICES="1", UMCTL_RT_LIBCUDA=str(built["libcuda"]))
+    p = subprocess.run([sys.executable, "-c", "from umctl.cli.main import entry; entry()", "run", "--mode", "snurhac",
+                        "--hosts", "localhost:2", "--", str(prog), "100", "4"],
+                       env=env, capture_output=True, text=True, timeout=90)
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert results(p.stdout) == [plain(built, prog)] * 2
+
+
+@pytest.mark.parametrize("args,msg", [
+    (["--mode", "snurhac-dp", "--hosts", "localhost:2"], "--hosts is for --mode snurhac"),
+    (["--mode", "snurhac", "--hosts", "a:x"], "not host[:slots]"),
+])
+def test_umctl_run_hosts_refusals_are_one_line(capsys, args, msg):
+    from umctl.cli.main import main
+
+    code = main(["run", *args, "--", "true"])
+    err = capsys.readouterr().err
+    assert code != 0 and msg in err and "Traceback" not in err and len(err.strip().splitlines()) == 1

@@ -246,6 +246,20 @@ def record_command(
     _print_summary("record", r)
 
 
+def _run_on_hosts(hosts: str, mode: Optional[str], gpus: Optional[int], cmd: List[str]) -> None:
+    """SnuRHAC over nodes (umctl/cluster): mpirun starts a node agent a node, each runs the
+    program under the runtime; exits with mpirun's status."""
+    import shutil
+
+    from ..cluster.live import mpirun_command
+
+    if mode != "snurhac":
+        raise UmctlError("--hosts is for --mode snurhac (the cluster has no live prefetching yet)")
+    if not shutil.which("mpirun"):
+        raise UmctlError("--hosts needs mpirun (e.g. apt-get install openmpi-bin) and mpi4py (pip install 'umctl[mpi]')")
+    raise typer.Exit(subprocess.run(mpirun_command(hosts, cmd, gpus_per_node=gpus or 1)).returncode)
+
+
 def run_command(
     cmd: List[str] = typer.Argument(..., help="The program and its arguments (after --)."),
     output: Optional[str] = typer.Option(None, "--output", "-o", help="Trace file to write (.parquet)."),
@@ -269,6 +283,8 @@ def run_command(
                              "chunked migrations with write-protected sources (same as --mode hum)."),
     gpus: Optional[int] = typer.Option(None, "--gpus", help="--mode snurhac/snurhac-dp: spread the program's "
                                        "partitionable kernels (runtime/umctl_snurhac.h) over GPUs 0..N-1."),
+    hosts: Optional[str] = typer.Option(None, "--hosts", help="--mode snurhac: one program over these nodes "
+                                        "(host[:slots],..., through mpirun and mpi4py; --gpus per node)."),
 ) -> None:
     """Start a program and record or control it from its first CUDA use; exits with its status.
 
@@ -285,9 +301,13 @@ def run_command(
       [bold]umctl run --mode hum -- ./app[/bold]   (HUM: copies overlap host work; results unchanged)
 
       [bold]umctl run --mode snurhac-dp --gpus 4 -- ./gemm[/bold]   (SnuRHAC: one program over 4 GPUs)
+
+      [bold]umctl run --mode snurhac --hosts n1:1,n2:1 --gpus 4 -- ./gemm[/bold]   (over 2 nodes of 4 GPUs, MPI)
     """
     if not cmd:
         raise UmctlError("no program given (umctl run -o trace.parquet -- CMD ...)")
+    if hosts is not None:
+        _run_on_hosts(hosts, mode, gpus, cmd)
     check_output_path(output, "trace")   # before the program starts
     if runtime_copies(mode):
         # the runtime is the whole mode (the program's copies change): nothing to steer, unless

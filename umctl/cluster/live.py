@@ -22,6 +22,7 @@ import select
 import socket
 import struct
 import subprocess
+import sys
 import time
 
 import numpy as np
@@ -176,11 +177,31 @@ def run_node(cmd: list[str], *, gpus_per_node: int, um_space: int, timeout_s: fl
     return rc, st
 
 
+def mpirun_command(hosts: str, cmd: list[str], *, gpus_per_node: int = 1, mpirun: str = "mpirun",
+                   um_space: int | None = None) -> list[str]:
+    """The mpirun line that runs ``cmd`` as one node a host: ``hosts`` is host[:slots],... as
+    mpirun's -H takes it (a host with k slots is k nodes)."""
+    from .. import UmctlError
+
+    n = 0
+    for h in hosts.split(","):
+        name, _, slots = h.strip().partition(":")
+        if not name or (slots and not (slots.isdigit() and int(slots) > 0)):
+            raise UmctlError(f"--hosts: {h!r} is not host[:slots]")
+        n += int(slots or 1)
+    line = [mpirun, "-H", hosts, "-n", str(n)]
+    if os.geteuid() == 0:
+        line.append("--allow-run-as-root")
+    line += [sys.executable, "-m", "umctl.cluster.live", "--gpus", str(gpus_per_node)]
+    if um_space:
+        line += ["--um-space", str(um_space)]
+    return line + ["--", *cmd]
+
+
 def main(argv: list[str] | None = None) -> int:
     """`mpirun -n N python3 -m umctl.cluster.live [--gpus M] [--um-space BYTES] -- prog args`."""
     import argparse
     import json
-    import sys
 
     from .agent import ClusterError
 
