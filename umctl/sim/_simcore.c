@@ -852,15 +852,20 @@ static inline uint64_t load8(const void *p) {
     return v;
 }
 
-/* Pages p..p+7 (one run inside a block, so one read/write kind) all hit on GPU g with nothing
- * to count: every managed one valid on g, none arriving by a transfer (pf_entry 0), none
- * prefetched and unused. The per-access test (is_miss) then says "hit" for each of them
- * whatever the time; anything else goes the per-access way. Word-wide, as the access walk
- * spends its time on pages that hit. */
-static inline int clean8(const SimState *s, int64_t p, int g) {
+/* Pages p..p+7 (one run inside a block, so one read/write kind) all hit on GPU g at t with
+ * nothing to count: every managed one valid on g, none prefetched and unused, and none still
+ * arriving (no transfer entry, or all eight brought by one transfer that has landed by t, as a
+ * controller's prefetch of a block leaves them). The per-access test (is_miss) then says
+ * "hit" for each of them, also at any later time; anything else goes the per-access way.
+ * Word-wide, as the access walk spends its time on pages that hit. */
+static inline int clean8(const SimState *s, int64_t p, int g, double t) {
     uint64_t absent = load8(s->managed + p) & ~(load8(s->gmask + p) >> g) & ONES8;
+    if (absent | load8(s->pf_tag + p)) return 0;
     const int32_t *e = s->pf_entry + p;
-    return !(absent | load8(s->pf_tag + p) | load8(e) | load8(e + 2) | load8(e + 4) | load8(e + 6));
+    uint64_t w0 = load8(e), w1 = load8(e + 2), w2 = load8(e + 4), w3 = load8(e + 6);
+    if (!(w0 | w1 | w2 | w3)) return 1;
+    if (w0 != w1 || w0 != w2 || w0 != w3 || e[0] != e[1]) return 0;
+    return !(s->entry_done[e[0]] > t);
 }
 
 static inline int popcount64(uint64_t x) { return __builtin_popcountll(x); }
@@ -1238,7 +1243,7 @@ int64_t sim_kernel(SimState *s, int g, const int64_t *rpage, const uint8_t *rwri
             uint8_t w = rwrite[c.r];
             int fast = !key && !(s->any_read_mostly && w && s->read_mostly[p >> PB_SHIFT]);
             for (; pos < end; pos++, p++) {
-                if (fast && end - pos >= 8 && clean8(s, p, g)) {   /* eight hits */
+                if (fast && end - pos >= 8 && clean8(s, p, g, t)) {   /* eight hits */
                     for (int i = 0; i < 8; i++) t += rate;
                     pos += 7;
                     p += 7;
@@ -1274,7 +1279,7 @@ int64_t sim_kernel(SimState *s, int g, const int64_t *rpage, const uint8_t *rwri
             uint8_t w = rwrite[wc.r];
             int fast = !(s->any_read_mostly && w && s->read_mostly[p >> PB_SHIFT]);
             for (; q < end; q++, p++) {
-                if (fast && end - q >= 8 && clean8(s, p, g)) {   /* eight hits */
+                if (fast && end - q >= 8 && clean8(s, p, g, t)) {   /* eight hits */
                     q += 7;
                     p += 7;
                     continue;

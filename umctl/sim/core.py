@@ -71,13 +71,17 @@ class EventOut(C.Structure):
         ("m_batch", i64 * OUT_M), ("m_block", i64 * OUT_M), ("m_bytes", i64 * OUT_M), ("m_pf_bytes", i64 * OUT_M),
     ]
 
-    def view(self, name: str) -> np.ndarray:
-        """numpy view (no copy) of the filled part of one buffer."""
+    def views(self) -> dict[str, np.ndarray]:
+        """numpy views (no copy) of the whole buffers, made once."""
         views = self.__dict__.get("_views")
         if views is None:
             views = self.__dict__["_views"] = {f: np.ctypeslib.as_array(getattr(self, f))
                                                 for f, _ in self._fields_ if f[1] == "_"}
-        return views[name][: getattr(self, "n" + name[0])]
+        return views
+
+    def view(self, name: str) -> np.ndarray:
+        """numpy view (no copy) of the filled part of one buffer."""
+        return self.views()[name][: getattr(self, "n" + name[0])]
 
     def clear(self) -> None:
         self.nf = self.nb = self.ne = self.nm = 0

@@ -505,7 +505,7 @@ class Simulator:
                 raise UmctlError(f"GPU {g} has no memory left for managed data ({self.cap[g]} chunks of "
                                  f"2 MiB, all held by device allocations); raise --gpu-mem")
             if out.nb:
-                t_last = float(out.view("b_end")[-1])
+                t_last = float(out.views()["b_end"][out.nb - 1])
                 self._batch_events(g, pid)
                 if t_last >= deadline:
                     self._deliver(t_last)
@@ -519,24 +519,26 @@ class Simulator:
     def _batch_events(self, g: int, pid: int) -> None:
         """Turn the core's drain buffers into event records (vectorised) and empty them."""
         o = self.out
-        b_id, b_nf, b_t, b_end = o.view("b_id"), o.view("b_nf"), o.view("b_t"), o.view("b_end")
-        if o.ne and (Kind.EVICTION in self.emit or Kind.MIGRATION in self.emit):
-            self._eviction_events(g, o.view("e_block"), o.view("e_written"), o.view("e_t"), True)
+        v = o.views()   # the counts read once: each ctypes field read costs as much as a slice
+        nf, nb, ne, nm = o.nf, o.nb, o.ne, o.nm
+        b_id, b_nf, b_t, b_end = v["b_id"][:nb], v["b_nf"][:nb], v["b_t"][:nb], v["b_end"][:nb]
+        if ne and (Kind.EVICTION in self.emit or Kind.MIGRATION in self.emit):
+            self._eviction_events(g, v["e_block"][:ne], v["e_written"][:ne], v["e_t"][:ne], True)
         if Kind.FAULT in self.emit:
-            fb = o.view("f_batch")
-            f = empty(Kind.FAULT, len(fb))
+            fb = v["f_batch"][:nf]
+            f = empty(Kind.FAULT, nf)
             f["t_ns"], f["gpu"], f["pid"], f["batch_id"] = b_t[fb].astype(np.int64), g, pid, b_id[fb]
-            f["addr"] = self.space.to_global_pages(o.view("f_page")) << 12
-            f["access"] = np.where(o.view("f_write") != 0, Access.WRITE, Access.READ)
+            f["addr"] = self.space.to_global_pages(v["f_page"][:nf]) << 12
+            f["access"] = np.where(v["f_write"][:nf] != 0, Access.WRITE, Access.READ)
             self._emit(Kind.FAULT, f)
         if Kind.REPLAY in self.emit:
             rp = empty(Kind.REPLAY, len(b_id))
             rp["t_ns"], rp["gpu"], rp["batch_id"] = b_end.astype(np.int64), g, b_id
             rp["nfaults"], rp["t_start_ns"] = b_nf, b_t.astype(np.int64)
             self._emit(Kind.REPLAY, rp)
-        if Kind.MIGRATION in self.emit and o.nm:
-            mbatch, mblock = o.view("m_batch"), o.view("m_block")
-            for cause, nbytes in ((Cause.DEMAND, o.view("m_bytes")), (Cause.DRIVER_PREFETCH, o.view("m_pf_bytes"))):
+        if Kind.MIGRATION in self.emit and nm:
+            mbatch, mblock = v["m_batch"][:nm], v["m_block"][:nm]
+            for cause, nbytes in ((Cause.DEMAND, v["m_bytes"][:nm]), (Cause.DRIVER_PREFETCH, v["m_pf_bytes"][:nm])):
                 sel = nbytes > 0
                 m = empty(Kind.MIGRATION, int(sel.sum()))
                 m["t_ns"], m["t_end_ns"] = b_t[mbatch[sel]].astype(np.int64), b_end[mbatch[sel]].astype(np.int64)
