@@ -217,9 +217,10 @@ static void part_forget(const void *p)
      at cudaDeviceSynchronize ('S'): as 'B', so that the host then reads current data.
    Records: {i64 id; u64 size; u32 page; u32 kind} (kind 0: an allocation, page = 0/1/2 as above;
    kind 1: a page, followed by its new then old 4 KiB). Answer: u32 count, then {i64 id; u32 page;
-   u32 pad} + 4 KiB each. The kernels must have finished when the diff is taken: true of the fake
-   CUDA runtime (kernels run at the launch call); a real GPU needs a device synchronisation there
-   (not done: this path is tested on the fake only). */
+   u32 pad} + 4 KiB each. The diffs are taken after synchronising the caller's stream (before)
+   and this node's slab streams (after); the twins and diffs are host reads of managed memory,
+   which on a real GPU migrates every page to the host and back at each kernel (tested on the
+   fake CUDA runtime only). */
 #define CL_PAGE 4096
 struct cl_rec { int64_t id; uint64_t size; uint32_t page, kind; };
 struct cl_twin { int64_t id; uintptr_t addr; size_t n; unsigned char *twin; int seen; };
@@ -407,6 +408,10 @@ static int part_launch(const void *f, dim3 g, dim3 b, void **args, size_t smem, 
     int dim = g.z >= (unsigned)G ? 2 : g.y >= (unsigned)G ? 1 : 0;
     pthread_mutex_lock(&part_mu);
     int cluster = cl_on();
+    tl_internal++;
+    if (cluster && get_cudaStreamSynchronize())
+        real_cudaStreamSynchronize(s);   /* what the program queued before must be in memory for the diff */
+    tl_internal--;
     if (cluster)
         cl_begin('B', fi, args, p->ro_mask);
     tl_internal++;
@@ -460,6 +465,9 @@ static int part_launch(const void *f, dim3 g, dim3 b, void **args, size_t smem, 
             r = r ? r : 1;
     if (!ok && get_cudaGetLastError())
         real_cudaGetLastError();
+    for (int k = 0; cluster && k < part_local && get_cudaStreamSynchronize(); k++)
+        if (done[k])
+            real_cudaStreamSynchronize(part_stream[k]);   /* the slabs' writes, before the diff */
     tl_internal--;
     if (cluster)
         cl_end();   /* (a launch that failed here still ends the kernel on every node) */
