@@ -15,7 +15,15 @@ What is modelled, and why at this grain:
     per-GPU copy engines with their transfer cost; demand transfers pre-empt prefetch
     transfers. A page whose prefetch is still in flight faults and waits for it.
   * Evicting a page writes it back unless another valid copy exists; invalidated pages are
-    dropped without write-back and their next touch zero-fills without a transfer.
+    dropped without write-back and their next touch zero-fills without a transfer. A
+    controller's prefetch into a full GPU evicts the least recently used chunk as the driver
+    does (``prefetch_evicts``).
+  * The driver's thrashing heuristics (uvm_perf_thrashing.c; ``thrashing_*`` in the
+    calibration, the rules in ``_simcore.c``): pages migrated back and forth by faults within
+    the lapse are detected, the processors fighting over them throttled, and pages throttled
+    often enough pinned on the host and mapped remotely by the GPUs. One GPU evicting and
+    re-faulting its own data never counts as thrashing there, so the single-GPU training
+    loops are unaffected; host<->GPU ping-pong is where it acts.
 
   * HUVM (memHarvester, ATC'22) driver features, off unless a controller configures them
     (``ControllerContext.harvest``): a GPU may lend free chunks to another GPU's evicted data
