@@ -9,8 +9,8 @@ Figure 9(b) and Table 5, unscaled (``--param scale=full``) on the seeds' testbed
 What is compared, per row (model, batch):
   * Figure 9(b): elapsed time of 100 training iterations under UM (``none``: the stock driver)
     and under DeepUM (``deepum``), and their ratio, the speedup. umctl's elapsed time is 100 x
-    the mean time of the iterations after the first (DeepUM's tables learn in the first; the
-    paper's runs are long enough that its warm-up does not count).
+    the mean time of the iterations after the first ``--skip`` (DeepUM's tables learn in the
+    first; the paper's runs are long enough that its warm-up does not count).
   * Table 5: GPU page faults per iteration under UM and DeepUM (the same steady iterations).
   * ``--ablation``: Figure 10's build-up (prefetching only, + pre-eviction, + invalidation) on
     each model's first batch size; the paper gives only the average reduction of execution time
@@ -81,10 +81,12 @@ def batch_label(model: str, batch: int) -> str:
 
 
 def replay(model: str, batch: int, mode: str, iters: int, overrides: dict | None = None,
-           mode_options: dict | None = None) -> dict:
-    """One unscaled replay; the steady state (iterations after the first) per iteration."""
+           mode_options: dict | None = None, skip: int = 1) -> dict:
+    """One unscaled replay; the steady state (iterations after the first ``skip``) per
+    iteration, and its faults by cause (``late``: the page's prefetch was still in flight)."""
     from umctl.controller import make_controller
     from umctl.sim.calibration import Calibration
+    from umctl.sim.core import FAULT_CAUSES
     from umctl.sim.engine import simulate
     from umctl.sources.scenario import load_scenario
 
@@ -93,9 +95,11 @@ def replay(model: str, batch: int, mode: str, iters: int, overrides: dict | None
         calib = calib.with_overrides(**overrides)
     w = load_scenario(model, {"scale": "full", "batch": str(batch), "iterations": str(iters)})
     r = simulate(w, make_controller(mode, **(mode_options or {})), calib=calib)
-    ends, faults = r.iteration_end_ns, r.iteration_faults
-    n = len(ends) - 1
-    return {"iter_s": (ends[-1] - ends[0]) / n / 1e9, "faults": float(faults[1:].mean()),
+    ends, faults, causes = r.iteration_end_ns, r.iteration_faults, r.iteration_fault_causes
+    n = len(ends) - skip
+    late = [FAULT_CAUSES.index(c) for c in ("late_prefetch", "in_flight")]
+    return {"iter_s": (ends[-1] - ends[skip - 1]) / n / 1e9, "faults": float(faults[skip:].mean()),
+            "late_faults": float(causes[skip:, late].sum(axis=1).mean()),
             "oversub": w.meta.get("footprint_oversub"), "wall_s": r.wall_s}
 
 
@@ -104,12 +108,12 @@ def _job(args: tuple) -> tuple[tuple, dict]:
     return key, replay(*key, **kw)
 
 
-def run_jobs(jobs: list[tuple], n_workers: int, iters: int) -> dict:
+def run_jobs(jobs: list[tuple], n_workers: int, iters: int, skip: int) -> dict:
     """(model, batch, mode[, tag]) -> replay result, in worker processes (each replay is single
     threaded; memory is the limit: a full-scale ResNet iteration holds ~4 GB of accesses)."""
     prog = Progress(len(jobs))
     out: dict = {}
-    work = [((m, b, mode), {"iters": iters, **extra}) for (m, b, mode, extra) in jobs]
+    work = [((m, b, mode), {"iters": iters, "skip": skip, **extra}) for (m, b, mode, extra) in jobs]
     tags = [extra.get("mode_options", {}).get("degree") for (_m, _b, _mode, extra) in jobs]
     keyed = [(k + (t,), kw) for (k, kw), t in zip(work, tags)]
     if n_workers <= 1:
@@ -125,7 +129,8 @@ def run_jobs(jobs: list[tuple], n_workers: int, iters: int) -> dict:
         for f in as_completed(futs):
             k = futs[f]
             out[k] = f.result()
-            prog.step(f"{k[0]} batch {batch_label(k[0], k[1])} {k[2]}: {out[k]['iter_s']:.2f} s/iter")
+            prog.step(f"{k[0]} batch {batch_label(k[0], k[1])} {k[2]}{'' if k[3] is None else f' N={k[3]}'}: "
+                      f"{out[k]['iter_s']:.2f} s/iter, {out[k]['faults']:,.0f} faults/iter")
     return out
 
 
@@ -162,7 +167,9 @@ def build(args) -> list[Row]:
     degrees = [int(d) for d in args.degree.split(",")] if args.degree else []
     if degrees:
         jobs += [(m, b, "deepum", {"mode_options": {"degree": d}}) for (m, b) in firsts for d in degrees]
-    res = run_jobs(jobs, args.jobs, args.iters)
+    if not 1 <= args.skip < args.iters:
+        raise SystemExit("error: --skip must be at least 1 and less than --iters")
+    res = run_jobs(jobs, args.jobs, args.iters, args.skip)
 
     def get(m, b, mode, deg=None):
         return res[(m, b, mode, deg)]
@@ -179,9 +186,12 @@ def build(args) -> list[Row]:
         rows.append(Row(PAPER, "Fig. 9(b)", label, "speedup UM/DeepUM", p_um / p_du, um["iter_s"] / du["iter_s"]))
         f_um, f_du = TABLE5[(m, b)]
         rows.append(Row(PAPER, "Table 5", label, "UM faults / it", f_um, um["faults"]))
+        late = (f"; {du['late_faults'] / du['faults'] * 100:.0f} % of them on pages whose prefetch was in flight"
+                if du["faults"] else "")
         rows.append(Row(PAPER, "Table 5", label, "DeepUM faults / UM faults", f_du / f_um,
                         du["faults"] / um["faults"] if um["faults"] else None,
-                        note="paper < 1 %" if f_du / f_um < 0.01 else ""))
+                        note=("paper < 1 %" if f_du / f_um < 0.01 else "") + late,
+                        extra={"deepum_faults": du["faults"], "deepum_late_faults": du["late_faults"]}))
     if args.ablation:
         for mode, paper_red in FIG10.items():
             reds = [1 - get(m, b, mode)["iter_s"] / get(m, b, "none")["iter_s"] for (m, b) in firsts]
@@ -202,6 +212,7 @@ def configure(ap) -> None:
     ap.add_argument("--models", default=",".join(MODELS), help="comma-separated models (default: all seven)")
     ap.add_argument("--rows", default="", help="only these MODEL:BATCH rows, e.g. gpt2-xl:3,dlrm:96K")
     ap.add_argument("--iters", type=int, default=3, help="iterations per replay; the first is warm-up (default 3)")
+    ap.add_argument("--skip", type=int, default=1, help="warm-up iterations left out of the steady state (default 1)")
     ap.add_argument("--jobs", type=int, default=1, help="replays in parallel (memory: ~4 GB each at ResNet scale)")
     ap.add_argument("--ablation", action="store_true", help="Figure 10: prefetch-only and +pre-eviction too")
     ap.add_argument("--degree", default="", help="Figure 11: degrees of prefetching to sweep, e.g. 8,16,32,64")
