@@ -145,7 +145,7 @@ def build(args) -> list[Row]:
             r.umctl_value = job("harvest") / job("none")
         else:
             r.umctl_value = job("none" if metric.endswith("Base") else "pre-ef-host") / job("harvest")
-        r.extra = {"group": f"{role}: {metric}", "gpus": list(gpus), **{f"{m}_ms": job(m) / 1e6 for m in MODES}}
+        r.extra = {"group": f"{role}: {metric}", "gpus": list(gpus), **{f"{m}_ms": job(m) / 1e6 for m in MODES if m in t}}
     return rows
 
 
