@@ -141,6 +141,8 @@ static int copy_kind(int kind, const void *dst, const void *src)
     }
 }
 
+static void cl_host_sync(void);   /* rt_snurhac.c: the node's agent brings current data first */
+
 API cudaError_t cudaMemcpy(void *dst, const void *src, size_t n, int kind)
 {
     if (!get_cudaMemcpy())
@@ -148,6 +150,8 @@ API cudaError_t cudaMemcpy(void *dst, const void *src, size_t n, int kind)
     if (hum_try(dst, src, n, kind, NULL, 0))
         return 0;
     hum_barrier();
+    if (kind == 2 /* D2H */ || kind == 4 /* default */)
+        cl_host_sync();
     int64_t t0 = sock_fd >= 0 ? now_ns() : 0;
     cudaError_t r = real_cudaMemcpy(dst, src, n, kind);
     if (sock_fd >= 0 && !tl_internal && r == 0) {

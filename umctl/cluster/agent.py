@@ -156,7 +156,7 @@ class NodeAgent:
             pages = np.arange(b0, b1)
             missing = pages[self.mapping[pages] < need]
             if len(missing):
-                self._service(block, missing & (PAGES_PER_BLOCK - 1), write)
+                self._service(block, pages, need, write)
             if write:
                 lo, hi = max(addr, b0 << PAGE_SHIFT), min(addr + nbytes, b1 << PAGE_SHIFT)
                 if mask is None:
@@ -167,13 +167,15 @@ class NodeAgent:
             if write and len(missing):
                 self._send(self.desc.owner(block), (block,), UNLOCK)
 
-    def _service(self, block: int, offs: np.ndarray, write: bool) -> None:
+    def _service(self, block: int, pages: np.ndarray, need: int, write: bool) -> None:
         """Steps 3-10 for one block; the lock is released by the caller after a write's store
-        (a read's right away)."""
+        (a read's right away). What is missing is decided once the lock is held: while waiting
+        for it this node may have been degraded on pages it held for writing."""
         self.st["write_faults" if write else "read_faults"] += 1
         owner = self.desc.owner(block)
         self._send(owner, (block, self.node), LOCK)
         self._reply(GRANT, owner)
+        offs = pages[self.mapping[pages] < need] & (PAGES_PER_BLOCK - 1)
         self._send(owner, (block, self.node, offs.astype(np.int32), write), ACCESS)
         sources = self._reply(OWNERS, owner)              # {src node: page offsets}
         base = block * PAGES_PER_BLOCK
@@ -250,8 +252,17 @@ class NodeAgent:
             if src is not None:
                 sources.setdefault(src, []).append(off)
         d.fault(who, block, offs, np.full(len(offs), write))
+        # the old writer must stop storing locally before the new one gets the page: a store it
+        # made after the page moved would be lost (synchronous sends; the receiver applies a
+        # message as it receives it, and serves while it waits, so this cannot deadlock)
+        sends = []
         for n, o in degrade.items():
-            self._send(n, (block, np.array(o, np.int32)), DEGRADE)
+            msg = (block, np.array(o, np.int32))
+            if n == self.node:
+                self._handle(n, DEGRADE, msg)
+            else:
+                sends.append(self.comm.issend(msg, dest=n, tag=DEGRADE))
+        self._wait(lambda: all(q.Test() for q in sends), "a writer to give up its pages")
         self._send(who, {s: np.array(o, np.int32) for s, o in sources.items()}, OWNERS)
 
     def _invalidate(self, block: int, offs: np.ndarray) -> None:

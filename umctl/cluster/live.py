@@ -76,20 +76,32 @@ class LiveNode:
                                   "(--um-space)")
         return self.offset[rid]
 
-    def _store(self, rid: int, page: int, data: bytes) -> bool:
-        """Store the bytes the program changed in this page; True when the agent's page then
-        differs from the program's (another node's bytes of the same page came with the write
-        fault), so the program must get it back."""
-        new = np.frombuffer(data[:PAGE_SIZE], np.uint8)
-        old = np.frombuffer(data[PAGE_SIZE:], np.uint8)
-        n = min(PAGE_SIZE, self.size[rid] - page * PAGE_SIZE)
-        mask = (new != old)[:n]
-        if not mask.any():
-            return False
-        addr = self.offset[rid] + page * PAGE_SIZE
-        self.agent.write(addr, new[:n], mask)
-        self.st["pages_written"] += 1
-        return not np.array_equal(self.agent.mem[addr:addr + n], new[:n])
+    def _store_all(self, records) -> list[tuple[int, int]]:
+        """Store the bytes the program changed, one write (one fault per UM block) per run of
+        consecutive pages; returns the pages whose agent copy then differs from the program's
+        (another node's bytes of the same page came with the write fault): the program must
+        get those back."""
+        pages = [(rid, page, data) for rid, _, page, _, data in records]
+        merged = []
+        i = 0
+        while i < len(pages):
+            j = i + 1
+            while j < len(pages) and pages[j][0] == pages[i][0] and pages[j][1] == pages[j - 1][1] + 1:
+                j += 1
+            rid, first = pages[i][0], pages[i][1]
+            buf = np.frombuffer(b"".join(d for _, _, d in pages[i:j]), np.uint8).reshape(j - i, 2, PAGE_SIZE)
+            new, old = buf[:, 0].ravel(), buf[:, 1].ravel()
+            n = min((j - i) * PAGE_SIZE, self.size[rid] - first * PAGE_SIZE)
+            mask = (new != old)[:n]
+            if mask.any():
+                addr = self.offset[rid] + first * PAGE_SIZE
+                self.agent.write(addr, new[:n], mask)
+                self.st["pages_written"] += j - i
+                differs = np.zeros((j - i) * PAGE_SIZE, bool)
+                differs[:n] = self.agent.mem[addr:addr + n] != new[:n]
+                merged += [(rid, first + k) for k in np.flatnonzero(differs.reshape(-1, PAGE_SIZE).any(1)).tolist()]
+            i = j
+        return merged
 
     def _page(self, rid: int, page: int) -> bytes:
         a = self.offset[rid] + page * PAGE_SIZE
@@ -103,7 +115,7 @@ class LiveNode:
         except EOFError:
             return False
         if kind in (b"B", b"S"):
-            allocs, ro, written = [], [], []
+            allocs, ro, written, host = [], [], [], []
             for rid, size, code, k, data in self._records():
                 if k == 0:
                     off = self._place(rid, size)
@@ -113,7 +125,8 @@ class LiveNode:
                     elif code == 2:
                         written.append((off, size))
                 else:
-                    self._store(rid, code, data)
+                    host.append((rid, size, code, k, data))
+            self._store_all(host)
             if kind == b"B":
                 self.st["launches"] += 1
                 self.rt.flags(ro, written)
@@ -121,7 +134,7 @@ class LiveNode:
                 self.st["host_syncs"] += 1
             self._send_missing(allocs)
         elif kind == b"E":
-            merged = [(rid, page) for rid, _, page, _, data in self._records() if self._store(rid, page, data)]
+            merged = self._store_all(self._records())
             self.agent.kernel_done()
             # pages this node still maps whose agent copy carries other nodes' bytes too
             back = [self._page(rid, pg) for rid, pg in merged
