@@ -19,6 +19,7 @@ import json
 import math
 import statistics
 import sys
+import textwrap
 from dataclasses import asdict, dataclass, field
 from typing import Callable, Iterable, Sequence
 
@@ -145,7 +146,7 @@ def figure(rows: Sequence[Row], path: str, title: str) -> None:
     ax.set_xlabel("paper")
     ax.set_ylabel("umctl replay")
     med = median_abs_error(rows)
-    ax.set_title(f"{title}\nmedian |error| (predicted rows) = {'n/a' if med is None else f'{med * 100:.1f} %'}",
+    ax.set_title(f"{textwrap.fill(title, 64)}\nmedian |error| (predicted rows) = {'n/a' if med is None else f'{med * 100:.1f} %'}",
                  fontsize=10)
     ax.legend(fontsize=7, loc="upper left")
     ax.set_aspect("equal", adjustable="box")
