@@ -69,6 +69,14 @@ def test_partitioned_program_over_nodes_equals_one_gpu(built, prog, tmp_path, no
     assert sum(s["degraded"] for s in st) > 0
 
 
+def test_pages_large_enough_for_the_rendezvous_protocol(built, prog, tmp_path):  # noqa: F811
+    """600 x 600 ints: 1.4 MB buffers, so a page reply is a large MPI message in each direction at
+    once (two blocking sends of that size waited on each other forever on the H100 run)."""
+    args = ("600", "2")
+    p, _ = run_cluster(built, prog, tmp_path, 2, 1, args=args, timeout=120)
+    assert results(p.stdout) == [plain(built, prog, args)] * 2
+
+
 def test_a_failing_program_on_one_node_stops_the_cluster(built, prog, tmp_path):  # noqa: F811
     """A node whose program cannot start: mpirun exits non-zero, no hang."""
     env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", OMPI_MCA_btl="self,tcp")

@@ -74,6 +74,7 @@ class NodeAgent:
         self.locks: dict[int, _Lock] = {}
         self.timeout_s = timeout_s
         self._replies: dict[int, deque] = {}             # tag -> (source, payload) answers to us
+        self._sending: list = []                         # (request, buffer) of pages on their way
         self.st = {k: 0 for k in ("read_faults", "write_faults", "pages_in", "bytes_in", "pages_out",
                                   "remote_descriptor_msgs", "lock_waits", "invalidated", "degraded",
                                   "ro_write_faults")}
@@ -216,7 +217,9 @@ class NodeAgent:
             pages = block * PAGES_PER_BLOCK + offs
             out = self.mem.reshape(-1, PAGE_SIZE)[pages].ravel()
             self.st["pages_out"] += len(offs)
-            self.comm.Send(out, dest=who, tag=PAGES)
+            # non-blocking: two nodes sending each other pages large enough for the rendezvous
+            # protocol would otherwise both wait in Send, neither receiving (seen at 1.4 MB)
+            self._sending.append((self.comm.Isend(out, dest=who, tag=PAGES), out))
         elif tag == DEGRADE:
             block, offs = msg
             pages = block * PAGES_PER_BLOCK + offs
@@ -282,6 +285,8 @@ class NodeAgent:
         self.comm.send(msg, dest=dest, tag=tag)
 
     def _poll(self) -> bool:
+        if self._sending:
+            self._sending = [(q, b) for q, b in self._sending if not q.Test()]
         st = self.MPI.Status()
         if not self.comm.Iprobe(source=self.MPI.ANY_SOURCE, tag=self.MPI.ANY_TAG, status=st):
             return False
@@ -320,4 +325,4 @@ class NodeAgent:
 
     def _barrier(self) -> None:
         req = self.comm.Ibarrier()
-        self._wait(req.Test, "the other nodes to finish the kernel")
+        self._wait(lambda: req.Test() and not self._sending, "the other nodes to finish the kernel")
