@@ -18,7 +18,6 @@ import sys
 from pathlib import Path
 
 import numpy as np
-from mpi4py import MPI
 
 from umctl.cluster.agent import ClusterError, NodeAgent
 from umctl.cluster.runtime import ClusterRuntime
@@ -180,6 +179,8 @@ CASES = {"gemm": case_gemm, "stencil": case_stencil, "rodup": case_rodup, "fallb
 def main() -> int:
     case, outdir = sys.argv[1], Path(sys.argv[2])
     gpus = int(sys.argv[3]) if len(sys.argv) > 3 else 1
+    from mpi4py import MPI
+
     comm = MPI.COMM_WORLD
     agent = NodeAgent(comm, 4 * BLOCK_SIZE, run=1, timeout_s=float(os.environ.get("CLUSTER_TIMEOUT_S", "20")))
     rt = ClusterRuntime(agent, gpus_per_node=gpus)
