@@ -23,8 +23,12 @@ Variants as the thesis names them (figure 7.9, table 7.11): ``snurhac`` without 
 (pages move on demand), ``snurhac-sp`` with static prefetching, ``snurhac-sp-dp`` with static
 and dynamic prefetching; ``snurhac-dp`` (dynamic only) is ours, for the ablation.
 
-Deviations: one host with up to 8 GPUs on NVLink instead of nodes on InfiniBand (the fault
-protocol's messages to descriptor owners are counted, not timed); inside a kernel the
+Nodes: a workload whose ``meta["nodes"]`` says how many nodes the GPUs sit on (the multigpu
+scenarios' ``--param nodes=N``) keeps the descriptors per node, as the thesis does (GPU g on node
+g // GPUs-per-node); without it (live, one host) each GPU counts as a node of its own. The
+simulator times the protocol's messages and the pages' network legs (engine ``_init_nodes``).
+
+Deviations: inside a kernel the
 simulator migrates a written page away from its readers where SnuRHAC lets stale read copies
 live until the kernel ends; the stock density prefetcher stays on; dynamic prefetches follow
 faults by the controller delay (and a drain of at most 50 µs) instead of running inside the
@@ -250,7 +254,7 @@ class SnuRHACController(Controller):
                     "(the multigpu scenarios do)")
         if workload.n_gpus < 2 and not self.single_gpu:
             return (f"the machine has {workload.n_gpus} GPU; SnuRHAC spreads a program over several "
-                    "(--param gpus=2..8, or -O snurhac.single_gpu=true for its one-GPU overhead)")
+                    "(--param gpus=2..8 [--param nodes=N], or -O snurhac.single_gpu=true for its one-GPU overhead)")
         return None
 
     # ------------------------------------------------------------------ runtime: rewrite
@@ -395,7 +399,10 @@ class SnuRHACController(Controller):
     # ------------------------------------------------------------------ driver: events
     def attach(self, ctx) -> None:
         super().attach(ctx)
-        self.desc = BlockDescriptors(ctx.n_gpus)
+        nodes = int((ctx.workload.meta if ctx.workload is not None else {}).get("nodes", 0))
+        self.n_gpus = ctx.n_gpus
+        self.per_node = ctx.n_gpus // nodes if nodes >= 1 else 1
+        self.desc = BlockDescriptors(nodes if nodes >= 1 else ctx.n_gpus)
         self._ro_blocks: set[int] = set()
         # Live there is no prepare(): the runtime sets the read-only advice in-process from the
         # convention's ro_mask (runtime/umctl_snurhac.h) and the controller is not told, so a
@@ -431,7 +438,7 @@ class SnuRHACController(Controller):
 
     def _faults(self, f: np.ndarray) -> list[np.ndarray]:
         # live, a GPU the program was not spread over may still report faults: not ours to track
-        f = f[(f["gpu"] >= 0) & (f["gpu"] < self.desc.nodes)]
+        f = f[(f["gpu"] >= 0) & (f["gpu"] < self.n_gpus)]
         if len(f) == 0:
             return []
         self.st["faults"] += len(f)
@@ -447,7 +454,7 @@ class SnuRHACController(Controller):
         bounds = np.flatnonzero(np.diff(inv[order])) + 1
         for grp in np.split(order, bounds):
             j = grp[0]
-            self.desc.fault(int(gpu[j]), int(block[j]), page[grp] & (PAGES_PER_BLOCK - 1), wr[grp])
+            self.desc.fault(int(gpu[j]) // self.per_node, int(block[j]), page[grp] & (PAGES_PER_BLOCK - 1), wr[grp])
         if not self.dynamic_prefetch:
             return []
         out = []

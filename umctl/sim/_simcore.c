@@ -20,10 +20,16 @@
 #define PB_SHIFT 9
 #define PAGE 4096.0
 #define MAXB 1024         /* most faults in one batch we support */
+/* A set of GPUs, one bit each (a page's valid copies, its remote mappings): 32 GPUs, the
+ * thesis's 8 nodes x 4. Wider masks cost the access walk (it reads one per page). */
+typedef uint32_t mask_t;
+#define MAX_GPUS 32
+#define MBIT(g) ((mask_t)1 << (g))
 
 typedef struct {
     int64_t npg, nbl, ngpu, max_pending, max_active;
-    uint8_t *gmask, *cpu_valid, *managed, *pf_tag;
+    mask_t *gmask;                 /* npg: bit g, a valid copy on GPU g */
+    uint8_t *cpu_valid, *managed, *pf_tag;
     int32_t *pf_entry;
     double *entry_done;
     uint8_t *read_mostly;
@@ -85,7 +91,18 @@ typedef struct {
      * over the link (remote_ns per access) without faults */
     int64_t thr_pin_threshold, any_remote;
     double thr_pin_ns, remote_ns;
-    uint8_t *remote;
+    mask_t *remote;
+    /* Nodes (a cluster: SnuRHAC's, thesis ch. 6). NULL node: one host, none of this applies.
+     * GPU g sits on node node[g]; node_mask[g] holds the GPUs of its node. The host copy of a
+     * page is in node 0's memory (the program's process). Crossing nodes costs the network leg at
+     * net_host_Bpns[g] (node 0's memory to g's node) or net_peer_Bpns (a GPU of another node;
+     * both with the link's share already taken out), and the protocol's round trips of
+     * net_latency_ns each way; desc_node[b] is the node holding block b's descriptor. */
+    int64_t *node;
+    mask_t *node_mask;
+    double *net_host_Bpns;
+    double net_peer_Bpns, net_latency_ns;
+    int32_t *desc_node;
 } SimState;
 
 /* Why a page left (or was never on) a GPU; a fault on it is charged to ST_FC0 + this. */
@@ -104,7 +121,7 @@ enum {
     ST_EVICTIONS, ST_EVICTED_BYTES, ST_PREEVICTIONS, ST_PREEVICTED_BYTES, ST_PF_USED,
     ST_PF_WASTED, ST_EPOCH, ST_BATCH_ID, ST_USER_PF_BYTES, ST_PF_PAGES,
     ST_RECLAIMS, ST_SPILLS, ST_HARVEST_WB, ST_HARVEST_DROPS, ST_THRASHING, ST_THROTTLES, ST_PINS,
-    ST_REMOTE_ACCESSES,
+    ST_REMOTE_ACCESSES, ST_NET_BYTES, ST_NET_MSGS,
     /* faults by cause: the GONE_* reasons in order, then the page was on the GPU but not
      * usable yet (a controller's prefetch in flight; another transfer in flight; a write to
      * a read-duplicated page) */
@@ -273,17 +290,17 @@ static int64_t sim_lru_victim(SimState *s, int g, const int64_t *exclude, int64_
  * host. With `discard` nothing is written back (the caller moves the data elsewhere or
  * drops it). The chunk itself is released by the caller when no page is left on it. */
 int64_t sim_drop_range(SimState *s, int g, int64_t lo, int64_t hi, int discard) {
-    uint8_t bit = (uint8_t)(1u << g);
+    mask_t bit = MBIT(g);
     int64_t written = 0, on = 0;
     for (int64_t p = lo; p < hi; p++) {
-        uint8_t m = s->gmask[p];
+        mask_t m = s->gmask[p];
         if (!(m & bit)) continue;
         on++;
-        if (!discard && !s->cpu_valid[p] && !(m & (uint8_t)~bit)) {
+        if (!discard && !s->cpu_valid[p] && !(m & (mask_t)~bit)) {
             s->cpu_valid[p] = 1;   /* the only copy: write it back */
             written++;
         }
-        s->gmask[p] = m & (uint8_t)~bit;
+        s->gmask[p] = m & (mask_t)~bit;
         s->gone[p] = (uint8_t)s->drop_reason;
         if (s->pf_tag[p]) {
             s->pf_tag[p] = 0;
@@ -306,8 +323,49 @@ static int64_t sim_drop_block(SimState *s, int g, int64_t b, int discard) {
 
 static inline double wb_rate(SimState *s, int g) { return s->wb_Bpns[g] > 0 ? s->wb_Bpns[g] : s->d2h_Bpns; }
 
+/* ------------------------------------------------------------------ nodes */
+
+/* The network leg of `pages` pages between node 0's host memory and GPU g: 0 on node 0. */
+double sim_host_net_ns(SimState *s, int g, int64_t pages) {
+    if (!s->node || s->node[g] == 0 || pages <= 0) return 0.0;
+    s->stats[ST_NET_BYTES] += pages * 4096;
+    return (double)pages * PAGE / s->net_host_Bpns[g];
+}
+
+/* Blocks among blocks[0..nb) whose descriptor another node than g's holds. */
+static int64_t desc_remote(SimState *s, int g, const int64_t *blocks, int64_t nb) {
+    if (!s->node || !s->desc_node) return 0;
+    int64_t n = 0;
+    for (int64_t i = 0; i < nb; i++) n += s->desc_node[blocks[i]] != s->node[g];
+    return n;
+}
+
+/* SnuRHAC's fault protocol (§6.3) for blocks serviced together: a block whose descriptor is on
+ * another node costs a round trip for its lock and one for the faulted-page list (the owner
+ * answers with the page owners); a block with pages on another node one more for the page
+ * request (the pages' own transfer is counted apart); the unlock is not waited for. Blocks are
+ * serviced in a pipeline, so the round trips are waited for once; messages are counted per
+ * block. Returns the wait. */
+static double net_protocol(SimState *s, int64_t n_desc, int64_t n_src) {
+    if (!n_desc && !n_src) return 0.0;
+    s->stats[ST_NET_MSGS] += 5 * n_desc + 2 * n_src;
+    return 2.0 * s->net_latency_ns * ((n_desc ? 2 : 0) + (n_src ? 1 : 0));
+}
+
+/* Where GPU g gets page p (not valid on g; others: the GPUs holding it) across nodes: 0 from
+ * where the one-host model says (the host copy, or a GPU of g's node), 1 from node 0's host
+ * memory over the network, 2 from a GPU of another node. A copy on a GPU of g's own node is
+ * nearer than node 0's memory for a GPU of another node. *from_cpu is updated. */
+static inline int net_source(SimState *s, int g, int64_t p, mask_t others, int *from_cpu) {
+    if (!s->node) return 0;
+    int away = s->node[g] != 0;
+    if ((others & s->node_mask[g]) && (away || !*from_cpu)) { *from_cpu = 0; return 0; }
+    if (*from_cpu) return away;
+    return others ? 2 : 0;
+}
+
 /* Does any GPU in `gpus` hold block b as a harvested (lent) chunk? */
-static inline int harvested_on(SimState *s, uint8_t gpus, int64_t b) {
+static inline int harvested_on(SimState *s, mask_t gpus, int64_t b) {
     for (int h = 0; gpus; h++, gpus >>= 1)
         if ((gpus & 1) && s->harvested[GB(s, h, b)]) return 1;
     return 0;
@@ -382,7 +440,7 @@ double sim_take_spare(SimState *s, int h, int64_t b, double t) {
  * owner fetches from h over NVLink while h holds it, and reclaim waits for removable_at. */
 void sim_harvest_writeback(SimState *s, int h, int64_t b, double arrive) {
     int64_t lo = b * PPB, dirty = 0, ix = GB(s, h, b);
-    uint8_t bit = (uint8_t)(1u << h);
+    mask_t bit = MBIT(h);
     for (int64_t p = lo; p < lo + PPB; p++)
         if ((s->gmask[p] & bit) && !s->cpu_valid[p]) dirty++;
     if (!dirty) { s->removable_at[ix] = arrive; return; }
@@ -402,7 +460,7 @@ void sim_harvest_writeback(SimState *s, int h, int64_t b, double arrive) {
 static double spill_block(SimState *s, int g, int h, int64_t v, double t) {
     double ready = sim_take_spare(s, h, v, t);
     if (ready < 0) return -1.0;
-    uint8_t hbit = (uint8_t)(1u << h), bit = (uint8_t)(1u << g);
+    mask_t hbit = MBIT(h), bit = MBIT(g);
     int64_t lo = v * PPB, moved = 0;
     for (int64_t p = lo; p < lo + PPB; p++) {
         if (!(s->gmask[p] & bit) || (s->gmask[p] & hbit)) continue;
@@ -462,7 +520,7 @@ double sim_take_chunk_async(SimState *s, int g, int64_t b, double t, int64_t *vi
         int64_t w = sim_drop_block(s, g, v, 0);
         s->drop_reason = why;
         double start = t > s->d2h_tail[g] ? t : s->d2h_tail[g];
-        ready = start + s->transfer_latency_ns + (double)w * PAGE / s->d2h_Bpns;
+        ready = start + s->transfer_latency_ns + (double)w * PAGE / s->d2h_Bpns + sim_host_net_ns(s, g, w);
         s->d2h_tail[g] = ready;
         set_chunk(s, g, v, 0);
         set_harvested(s, g, v, 0);
@@ -511,13 +569,13 @@ static void preempt(SimState *s, int g, double t, double d) {
  * pins at once on the current location and maps the peers), so thrashing among GPUs only is
  * detected and not mitigated. Times are stored plus 1 ns so that 0 keeps the driver's
  * meaning "none". */
-#define THR_CPU 8
+#define THR_CPU MAX_GPUS
 
 typedef struct {
     double ts;              /* last migration by a fault, + 1 (0: none) */
     double throttle_end;    /* end of the current throttling period, + 1 (0: none) */
-    uint16_t procs;         /* processors that took it (bit THR_CPU: the host) */
-    uint16_t throttled;     /* processors throttled in the current period */
+    uint64_t procs;         /* processors that took it (bit THR_CPU: the host) */
+    uint64_t throttled;     /* processors throttled in the current period */
     double pin_until;       /* pinned on the host until then, + 1 (0: not pinned) */
     uint8_t n;              /* consecutive migrations within the lapse (saturates at 7) */
     uint8_t throttles;      /* throttling periods begun while not pinned (saturates at 255) */
@@ -557,7 +615,7 @@ static void thr_unpin(SimState *s, ThrPage *P, int64_t p) {
 
 /* GPU g reads page p, not valid on g, at t: through a remote mapping of a page pinned on the
  * host? A pin past its time is undone here (the driver's unpin timer): the access faults. */
-static int remote_ok(SimState *s, int64_t p, uint8_t bit, double t) {
+static int remote_ok(SimState *s, int64_t p, mask_t bit, double t) {
     if (!(s->remote[p] & bit)) return 0;
     ThrBlock *B = s->thr ? &((ThrBlock *)s->thr)[p >> PB_SHIFT] : NULL;
     ThrPage *P = B && B->pages ? &B->pages[p & (PPB - 1)] : NULL;
@@ -581,7 +639,7 @@ static void thr_event(SimState *s, int pr, int64_t b, const int64_t *pages, int6
     for (int64_t i = 0; i < n; i++) {
         ThrPage *P = &B->pages[pages[i] & (PPB - 1)];
         double last = P->ts;
-        P->procs |= (uint16_t)(1u << pr);
+        P->procs |= 1ull << pr;
         P->ts = now;
         if (last == 0) continue;
         if (now - last <= s->thr_lapse_ns) {
@@ -626,14 +684,14 @@ static double thr_hint(SimState *s, int pr, int64_t p, double t, int *pin) {
         return 0;
     }
     ThrPage *P = &B->pages[p & (PPB - 1)];
-    uint16_t bit = (uint16_t)(1u << pr);
+    uint64_t bit = 1ull << pr;
     if (P->n < s->thr_threshold) return 0;
     if (P->throttled & bit) {
         if (now < P->throttle_end && pr != P->spared) {
             s->stats[ST_THROTTLES]++;
             return P->throttle_end - 1.0;
         }
-        P->throttled &= (uint16_t)~bit;
+        P->throttled &= ~bit;
         if (!P->throttled) P->throttle_end = 0;
     }
     if (now - P->ts > s->thr_lapse_ns) return 0;
@@ -645,7 +703,7 @@ static double thr_hint(SimState *s, int pr, int64_t p, double t, int *pin) {
         P->spared = (int8_t)pr;
     }
     /* Between GPUs alone (NVLink, native atomics) the driver pins instead: not modelled. */
-    if (!(P->procs & (1u << THR_CPU))) return 0;
+    if (!(P->procs & (1ull << THR_CPU))) return 0;
     if (pr == P->spared) {
         if (s->thr_pin_threshold && P->throttles >= s->thr_pin_threshold) {
             *pin = 1;
@@ -668,7 +726,7 @@ static double thr_hint(SimState *s, int pr, int64_t p, double t, int *pin) {
 /* Map page p (pinned on the host) remotely on the GPUs that took part in its thrashing. */
 static void thr_map_remote(SimState *s, int64_t p) {
     ThrPage *P = &((ThrBlock *)s->thr)[p >> PB_SHIFT].pages[p & (PPB - 1)];
-    uint8_t gpus = (uint8_t)(P->procs & 0xff);
+    mask_t gpus = (mask_t)P->procs;   /* the GPUs' bits (THR_CPU is above them) */
     if (gpus && s->remote) {
         s->remote[p] |= gpus;
         s->any_remote = 1;
@@ -703,7 +761,7 @@ static int64_t new_entry(SimState *s, double done) {
     return e;
 }
 
-static void drop_remote(SimState *s, int64_t p, uint8_t others);
+static void drop_remote(SimState *s, int64_t p, mask_t others);
 
 /*
  * UVM_MIGRATE of pages [lo, hi) (one block) to GPU g at time t: queued behind earlier
@@ -714,15 +772,17 @@ static void drop_remote(SimState *s, int64_t p, uint8_t others);
  * victim block evicted to make room (-1: none), and out[5] its written pages.
  */
 double sim_prefetch(SimState *s, int g, int64_t lo, int64_t hi, double t, int first, double *out) {
-    uint8_t bit = (uint8_t)(1u << g);
-    int64_t b = lo >> PB_SHIFT, ix = GB(s, g, b), npages = 0, n_cpu = 0, n_gpu = 0;
+    mask_t bit = MBIT(g);
+    int64_t b = lo >> PB_SHIFT, ix = GB(s, g, b), npages = 0, n_cpu = 0, n_gpu = 0, n_net[3] = {0, 0, 0};
     int peer = 0;
     for (int64_t p = lo; p < hi; p++) {
         if (!s->managed[p] || (s->gmask[p] & bit)) continue;
         npages++;
-        uint8_t m = s->gmask[p];
-        if (m && harvested_on(s, m, b)) { n_gpu++; peer = 1; }  /* from a neighbour's spare */
-        else if (s->cpu_valid[p]) n_cpu++;
+        mask_t m = s->gmask[p];
+        int from_cpu = s->cpu_valid[p];
+        if (m && harvested_on(s, m, b)) { n_gpu++; peer = 1; continue; }  /* from a neighbour's spare */
+        n_net[net_source(s, g, p, m, &from_cpu)]++;
+        if (from_cpu) n_cpu++;
         else if (m) n_gpu++;
     }
     out[4] = -1;
@@ -750,7 +810,19 @@ double sim_prefetch(SimState *s, int g, int64_t lo, int64_t hi, double t, int fi
         e = new_entry(s, done);
     } else if (n_cpu || n_gpu) {
         start = ready > s->h2d_tail[g] ? ready : s->h2d_tail[g];
-        done = start + latency + (double)n_cpu * PAGE / s->prefetch_Bpns + (double)n_gpu * PAGE / s->nvlink_Bpns;
+        /* across nodes the prefetcher streams 2 MiB blocks through a pipeline (the owner's copy
+         * to its memory, the network, the copy into g): the slowest leg sets the pace */
+        double pcie = (double)n_cpu * PAGE / s->prefetch_Bpns + (double)(n_gpu - n_net[2]) * PAGE / s->nvlink_Bpns +
+                      (double)n_net[2] * PAGE / s->prefetch_Bpns;
+        double net = sim_host_net_ns(s, g, n_net[1]), own = 0.0;
+        if (n_net[2]) {
+            net += (double)n_net[2] * PAGE / s->net_peer_Bpns;
+            own = (double)n_net[2] * PAGE / s->d2h_Bpns;
+            s->stats[ST_NET_BYTES] += n_net[2] * 4096;
+        }
+        double legs = pcie > net ? pcie : net;
+        if (own > legs) legs = own;
+        done = start + latency + legs + net_protocol(s, desc_remote(s, g, &b, 1), n_net[1] || n_net[2]);
         s->h2d_tail[g] = done;
         e = new_entry(s, done);
         if (e && s->nactive[g] < s->max_active) s->active[(int64_t)g * s->max_active + s->nactive[g]++] = e;
@@ -762,7 +834,7 @@ double sim_prefetch(SimState *s, int g, int64_t lo, int64_t hi, double t, int fi
     int rm = s->any_read_mostly && s->read_mostly[b];
     thr_reset_range(s, lo, hi);
     for (int64_t p = lo; p < hi; p++) {
-        uint8_t m = s->gmask[p];
+        mask_t m = s->gmask[p];
         if (!s->managed[p] || (m & bit)) continue;
         if (!rm) {
             if (m && (!s->cpu_valid[p] || harvested_on(s, m, b))) drop_remote(s, p, m);
@@ -789,13 +861,13 @@ double sim_prefetch(SimState *s, int g, int64_t lo, int64_t hi, double t, int fi
  * next touch zero-fills without a transfer. Returns the populated pages dropped. */
 int64_t sim_invalidate(SimState *s, int64_t lo, int64_t hi) {
     int64_t b = lo >> PB_SHIFT, populated = 0;
-    int32_t on[8] = {0};
+    int32_t on[MAX_GPUS] = {0};
     thr_reset_range(s, lo, hi);
     for (int64_t p = lo; p < hi; p++) {
         if (!s->managed[p]) continue;
-        uint8_t m = s->gmask[p];
+        mask_t m = s->gmask[p];
         if (m || s->cpu_valid[p]) populated++;
-        for (int g = 0; g < s->ngpu; g++) if (m & (1u << g)) on[g]++;
+        for (int g = 0; g < s->ngpu; g++) if (m & MBIT(g)) on[g]++;
         if (s->pf_tag[p]) {
             s->pf_tag[p] = 0;
             s->stats[ST_PF_WASTED]++;
@@ -825,19 +897,19 @@ static int cmp_i64(const void *a, const void *b) {
     return (x > y) - (x < y);
 }
 
-static inline int is_miss(SimState *s, int64_t p, uint8_t w, uint8_t bit, double t) {
+static inline int is_miss(SimState *s, int64_t p, uint8_t w, mask_t bit, double t) {
     if (!s->managed[p]) return 0;
-    uint8_t m = s->gmask[p];
+    mask_t m = s->gmask[p];
     if (!(m & bit)) return !(s->any_remote && remote_ok(s, p, bit, t));
     int32_t e = s->pf_entry[p];
     if (e && s->entry_done[e] > t) return 1;
     if (s->any_read_mostly && w && s->read_mostly[p >> PB_SHIFT] &&
-        (s->cpu_valid[p] || (m & (uint8_t)~bit))) return 1;
+        (s->cpu_valid[p] || (m & (mask_t)~bit))) return 1;
     return 0;
 }
 
 /* The cause a fault on page p (a miss at t) is charged to: ST_FC_* */
-static inline int fault_cause(SimState *s, int64_t p, uint8_t bit, double t) {
+static inline int fault_cause(SimState *s, int64_t p, mask_t bit, double t) {
     if (!(s->gmask[p] & bit)) return ST_FC0 + s->gone[p];
     int32_t e = s->pf_entry[p];
     if (e && s->entry_done[e] > t) return s->pf_tag[p] ? ST_FC_LATE : ST_FC_INFLIGHT;
@@ -858,8 +930,16 @@ static inline uint64_t load8(const void *p) {
  * controller's prefetch of a block leaves them). The per-access test (is_miss) then says
  * "hit" for each of them, also at any later time; anything else goes the per-access way.
  * Word-wide, as the access walk spends its time on pages that hit. */
+/* Bit g of masks m[0..8) as one byte each (the layout of the byte-per-page arrays). */
+static inline uint64_t valid8(const mask_t *m, int g) {
+    if ((m[0] & m[1] & m[2] & m[3] & m[4] & m[5] & m[6] & m[7]) & MBIT(g)) return ONES8;   /* the usual case */
+    uint64_t v = 0;
+    for (int i = 0; i < 8; i++) v |= (uint64_t)((m[i] >> g) & 1) << (8 * i);
+    return v;
+}
+
 static inline int clean8(const SimState *s, int64_t p, int g, double t) {
-    uint64_t absent = load8(s->managed + p) & ~(load8(s->gmask + p) >> g) & ONES8;
+    uint64_t absent = load8(s->managed + p) & ~valid8(s->gmask + p, g) & ONES8;
     if (absent | load8(s->pf_tag + p)) return 0;
     const int32_t *e = s->pf_entry + p;
     uint64_t w0 = load8(e), w1 = load8(e + 2), w2 = load8(e + 4), w3 = load8(e + 6);
@@ -877,7 +957,7 @@ static inline int popcount64(uint64_t x) { return __builtin_popcountll(x); }
  * page masks), and a subregion is walked once when several faulted pages pick it: prefix
  * sums and a walk per faulted page cost up to 512 steps per faulted page. */
 static int64_t density(SimState *s, int g, int64_t b, const int64_t *offs, int64_t nf, int64_t *out) {
-    uint8_t bit = (uint8_t)(1u << g);
+    mask_t bit = MBIT(g);
     int64_t lo = b * PPB;
     uint64_t map[PPB / 64];
     int words[PPB / 64];
@@ -886,7 +966,7 @@ static int64_t density(SimState *s, int g, int64_t b, const int64_t *offs, int64
         for (int j = 0; j < 8; j++) {
             int64_t p = lo + w * 64 + j * 8;
             uint64_t sn = load8(s->seen + p);
-            uint64_t f = ((load8(s->gmask + p) >> g) | (sn & ~(sn >> 1))) & ONES8;   /* valid on g, or seen == 1 */
+            uint64_t f = (valid8(s->gmask + p, g) | (sn & ~(sn >> 1))) & ONES8;   /* valid on g, or seen == 1 */
             m |= ((f * 0x0102040810204080ull) >> 56) << (j * 8);
         }
         map[w] = m;
@@ -930,11 +1010,11 @@ static int64_t density(SimState *s, int g, int64_t b, const int64_t *offs, int64
     return n;
 }
 
-static void drop_remote(SimState *s, int64_t p, uint8_t others) {
+static void drop_remote(SimState *s, int64_t p, mask_t others) {
     for (int h = 0; h < s->ngpu; h++) {
-        uint8_t hb = (uint8_t)(1u << h);
+        mask_t hb = MBIT(h);
         if (!(others & hb)) continue;
-        s->gmask[p] &= (uint8_t)~hb;
+        s->gmask[p] &= (mask_t)~hb;
         s->gone[p] = GONE_MOVED;
         int64_t ix = GB(s, h, p >> PB_SHIFT);
         if (--s->rescount[ix] <= 0) {
@@ -947,7 +1027,7 @@ static void drop_remote(SimState *s, int64_t p, uint8_t others) {
 
 /* Service one fault batch (distinct pages fp[0..nf)) on GPU g at time t; returns duration. */
 static double service(SimState *s, int g, const int64_t *fp, const uint8_t *fw, int64_t nf, double t, EventOut *out) {
-    uint8_t bit = (uint8_t)(1u << g);
+    mask_t bit = MBIT(g);
     static int64_t need[MAXB], blocks[MAXB], move[MAXB * PPB], offs[MAXB];
     double wait_until = t;
     int64_t nn = 0;
@@ -958,7 +1038,7 @@ static double service(SimState *s, int g, const int64_t *fp, const uint8_t *fw, 
             if (e && s->entry_done[e] > wait_until) wait_until = s->entry_done[e];
             if (s->any_read_mostly && fw[i] && s->read_mostly[p >> PB_SHIFT]) {
                 /* write to a duplicated page: collapse the other copies */
-                uint8_t others = s->gmask[p] & (uint8_t)~bit;
+                mask_t others = s->gmask[p] & (mask_t)~bit;
                 s->cpu_valid[p] = 0;
                 if (others) drop_remote(s, p, others);
             }
@@ -1043,7 +1123,7 @@ static double service(SimState *s, int g, const int64_t *fp, const uint8_t *fw, 
                 } else if (v >= 0) {
                     int64_t w = sim_drop_block(s, g, v, 0);
                     set_chunk(s, g, v, 0);
-                    stall += s->evict_chunk_ns + (double)w * PAGE / wb_rate(s, g);
+                    stall += s->evict_chunk_ns + (double)w * PAGE / wb_rate(s, g) + sim_host_net_ns(s, g, w);
                     s->stats[ST_EVICTIONS]++;
                     s->stats[ST_EVICTED_BYTES] += w * 4096;
                     s->stats[ST_BYTES_D2H] += w * 4096;
@@ -1071,12 +1151,15 @@ static double service(SimState *s, int g, const int64_t *fp, const uint8_t *fw, 
             }
             out->nm += nb;
         }
-        int64_t n_cpu = 0, n_gpu = 0, n_dem = 0;
+        int64_t n_cpu = 0, n_gpu = 0, n_dem = 0, n_net[3] = {0, 0, 0}, src_blocks = 0, last_src = -1;
         for (int64_t q = 0; q < nmove; q++) {
             int64_t p = move[q], b = p >> PB_SHIFT;
-            uint8_t m = s->gmask[p], others = m & (uint8_t)~bit;
+            mask_t m = s->gmask[p], others = m & (mask_t)~bit;
             /* a copy in a neighbour's harvested memory is nearer than the host's */
             int from_cpu = s->cpu_valid[p] && !(others && harvested_on(s, others, b));
+            int src = net_source(s, g, p, others, &from_cpu);
+            n_net[src]++;
+            if (src && b != last_src) { src_blocks++; last_src = b; }
             int rm = s->any_read_mostly && s->read_mostly[b];
             if (from_cpu) {
                 int64_t lo = 0, hi = nb - 1;   /* blocks[] is sorted */
@@ -1105,11 +1188,21 @@ static double service(SimState *s, int g, const int64_t *fp, const uint8_t *fw, 
             /* a write fault on a read-mostly page takes the only copy */
             for (int64_t i = 0; i < nf; i++) if (fw[i] && s->read_mostly[fp[i] >> PB_SHIFT]) {
                 s->cpu_valid[fp[i]] = 0;
-                uint8_t others = s->gmask[fp[i]] & (uint8_t)~bit;
+                mask_t others = s->gmask[fp[i]] & (mask_t)~bit;
                 if (others) drop_remote(s, fp[i], others);
             }
         }
-        double xfer = (double)n_cpu * PAGE / s->fault_h2d_Bpns + (double)n_gpu * PAGE / s->nvlink_Bpns;
+        /* across nodes (SnuRHAC, §6.3 steps 8-10) a batch's pages are stored and forwarded: the
+         * owner copies a GPU's page to its memory, P reads it over the network, then copies it in */
+        double xfer = (double)n_cpu * PAGE / s->fault_h2d_Bpns + (double)(n_gpu - n_net[2]) * PAGE / s->nvlink_Bpns;
+        if (s->node) {
+            xfer += sim_host_net_ns(s, g, n_net[1]);
+            if (n_net[2]) {
+                xfer += (double)n_net[2] * PAGE * (1.0 / s->d2h_Bpns + 1.0 / s->net_peer_Bpns + 1.0 / s->fault_h2d_Bpns);
+                s->stats[ST_NET_BYTES] += n_net[2] * 4096;
+            }
+            xfer += net_protocol(s, desc_remote(s, g, blocks, nb), src_blocks);
+        }
         int via = (int)s->fetch_via[g];
         if (via >= 0 && via != g && n_cpu > 1) {
             /* parallel fetch: a second thread serves the batch from its tail through the
@@ -1181,7 +1274,7 @@ static inline void cur_seek(Cursor *c, int64_t pos) {
 
 /* A GPU's access to page p that hit without the page being on it: a remote mapping, read
  * over the link. */
-static inline void remote_read(SimState *s, int64_t p, uint8_t bit, double *stall, double *t) {
+static inline void remote_read(SimState *s, int64_t p, mask_t bit, double *stall, double *t) {
     if (s->any_remote && !(s->gmask[p] & bit) && s->managed[p]) {
         *stall += s->remote_ns;
         if (t) *t += s->remote_ns;
@@ -1190,7 +1283,7 @@ static inline void remote_read(SimState *s, int64_t p, uint8_t bit, double *stal
 }
 
 /* The accesses of positions [a, b) pass (hit or served): Belady keys, prefetch use, remote reads. */
-static void pass_range(SimState *s, Cursor c, int64_t a, int64_t b, double *key, const int64_t *next, uint8_t bit,
+static void pass_range(SimState *s, Cursor c, int64_t a, int64_t b, double *key, const int64_t *next, mask_t bit,
                        double *stall) {
     for (int64_t i = a; i < b; ) {
         cur_seek(&c, i);
@@ -1222,7 +1315,7 @@ static void pass_range(SimState *s, Cursor c, int64_t a, int64_t b, double *key,
 int64_t sim_kernel(SimState *s, int g, const int64_t *rpage, const uint8_t *rwrite, const int64_t *rpos,
                    int64_t nruns, const int64_t *next, const int32_t *win, int64_t lo, int64_t hi, int64_t pos,
                    double start, double compute, double *stall, double deadline, EventOut *out) {
-    uint8_t bit = (uint8_t)(1u << g);
+    mask_t bit = MBIT(g);
     /* replay-only Belady order: as access i passes, its block's key becomes minus the
      * position of the block's next access on this GPU (farthest next use evicted first) */
     double *key = next ? s->evict_key + GB(s, g, 0) : NULL;
@@ -1336,6 +1429,8 @@ int64_t sim_kernel(SimState *s, int g, const int64_t *rpage, const uint8_t *rwri
 
 int64_t sim_eventout_size(void) { return (int64_t)sizeof(EventOut); }
 int64_t sim_state_size(void) { return (int64_t)sizeof(SimState); }
+_Static_assert(MAX_GPUS <= 8 * sizeof(mask_t), "mask_t holds a bit per GPU");
+int64_t sim_max_gpus(void) { return MAX_GPUS; }
 
 /* A minimal Python module so the build system can build, install and locate this file like
  * any extension; the functions above are called through ctypes (umctl/sim/core.py). */

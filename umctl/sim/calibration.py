@@ -110,6 +110,15 @@ class Calibration:
     #: the next kernels need). False: such a prefetch is dropped instead.
     prefetch_evicts: bool = True
 
+    # -- nodes: a cluster of hosts (SnuRHAC, thesis ch. 6); only replays with nodes > 1 use these
+    #: Inter-node link rate, each direction, of one node's port: the thesis's cluster (Table 7.9)
+    #: has Mellanox InfiniBand EDR, 100 Gb/s = 12.5 GB/s of data; large RDMA transfers run a
+    #: little below it. Not measured here (no cluster): snurhac-v100-edr.json gives the sources.
+    internode_Bps: float = 12.0e9
+    #: One message between the drivers of two nodes, one way (SnuRHAC's lock, faulted-list and
+    #: page requests, §6.3): EDR's small-message latency; the drivers' own handling is not in it.
+    internode_latency_ns: int = 1_000
+
     def with_overrides(self, **kw) -> "Calibration":
         return replace(self, **kw)
 

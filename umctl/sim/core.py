@@ -17,7 +17,7 @@ ST_NAMES = ("faults", "fault_batches", "bytes_h2d", "bytes_d2h", "bytes_p2p", "d
             "driver_prefetch_bytes", "evictions", "evicted_bytes", "preevictions", "preevicted_bytes",
             "prefetch_used", "prefetch_wasted", "epoch", "batch_id", "user_prefetch_bytes", "prefetch_pages",
             "reclaims", "spills", "harvest_writeback_bytes", "harvest_drops", "thrashing_pages", "throttles", "pins",
-            "remote_accesses")
+            "remote_accesses", "bytes_internode", "internode_messages")
 #: why a page was not on the GPU that faulted on it: the last way it left a GPU (``Simulator.gone``
 #: holds these per page, not per GPU: on several GPUs, a first touch on one GPU of a page another
 #: GPU lost is charged to how it was lost; the order is the C core's GONE_* enum) ...
@@ -28,6 +28,14 @@ ST_NAMES = ST_NAMES + tuple("fc_" + c for c in FAULT_CAUSES)
 ST = {n: i for i, n in enumerate(ST_NAMES)}
 FC = slice(ST["fc_cold"], ST["fc_cold"] + len(FAULT_CAUSES))
 MAXB = 1024  # most faults in one batch the core supports
+#: a set of GPUs, one bit each (the core's mask_t): a page's valid copies, its remote mappings
+MASK = np.uint32
+MAX_GPUS = 32
+
+
+def bit(g: int):
+    """GPU g's bit in a MASK."""
+    return MASK(1 << g)
 
 P = C.c_void_p
 i64 = C.c_int64
@@ -54,6 +62,8 @@ class SimState(C.Structure):
         ("thr", P), ("thr_threshold", i64), ("thr_max_resets", i64), ("thr_lapse_ns", f64), ("thr_nap_ns", f64),
         ("thr_epoch_ns", f64), ("prefetch_evicts", i64), ("thr_pin_threshold", i64), ("any_remote", i64),
         ("thr_pin_ns", f64), ("remote_ns", f64), ("remote", P),
+        ("node", P), ("node_mask", P), ("net_host_Bpns", P), ("net_peer_Bpns", f64), ("net_latency_ns", f64),
+        ("desc_node", P),
     ]
 
 
@@ -122,9 +132,13 @@ def _load() -> C.CDLL:
     lib.sim_thr_host.restype = f64
     lib.sim_lru_build.argtypes = [PS]
     lib.sim_lru_build.restype = None
+    lib.sim_host_net_ns.argtypes = [PS, C.c_int, i64]
+    lib.sim_host_net_ns.restype = f64
     lib.sim_state_size.restype = i64
     lib.sim_eventout_size.restype = i64
-    if lib.sim_state_size() != C.sizeof(SimState) or lib.sim_eventout_size() != C.sizeof(EventOut):
+    lib.sim_max_gpus.restype = i64
+    if lib.sim_state_size() != C.sizeof(SimState) or lib.sim_eventout_size() != C.sizeof(EventOut) \
+            or lib.sim_max_gpus() != MAX_GPUS:
         raise UmctlError("the simulator core does not match this umctl version; reinstall umctl")
     return lib
 

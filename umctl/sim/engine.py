@@ -150,6 +150,11 @@ class SimResult:
     #: mapping (over the link, without a fault)
     pins: int = 0
     remote_accesses: int = 0
+    #: nodes (``workload.meta["nodes"]`` > 1): bytes that crossed the network between nodes, and
+    #: the messages of SnuRHAC's fault protocol (descriptor locks, faulted lists, page requests)
+    nodes: int = 1
+    bytes_internode: int = 0
+    internode_messages: int = 0
     #: with Simulator(timeline=True): (lane, label, t0_ns, t1_ns, group) per host operation,
     #: copy (per chunk for chunked copies) and kernel, for HUM figure 8-style timelines
     timeline: list | None = None
@@ -229,8 +234,8 @@ class Simulator:
         self.delay = float(controller_delay_ns)
         self.drain = float(drain_ns if controller.drain_ns is None else min(drain_ns, controller.drain_ns))
         self.n_gpus = G = workload.n_gpus
-        if not 1 <= G <= 8:
-            raise ValueError("the simulator models 1 to 8 GPUs")
+        if not 1 <= G <= core.MAX_GPUS:
+            raise ValueError(f"the simulator models 1 to {core.MAX_GPUS} GPUs")
         a = workload.allocations
         # the access stream as runs within one 2 MiB block each, in compact pages: a run is
         # contiguous there too, and the core walks runs instead of a per-access array
@@ -247,7 +252,7 @@ class Simulator:
                         else np.ascontiguousarray(workload.acc_win, dtype=np.int32))
 
         # per-page state (shared with the C core)
-        self.gmask = np.zeros(npg, np.uint8)          # bit g: valid copy on GPU g
+        self.gmask = np.zeros(npg, core.MASK)         # bit g: valid copy on GPU g
         self.gone = np.zeros(npg, np.uint8)           # core.GONE: how the page last left a GPU
         self.cpu_valid = np.zeros(npg, np.bool_)      # valid copy on the host
         self.managed = np.zeros(npg, np.bool_)        # migrates on faults (else never faults)
@@ -323,8 +328,9 @@ class Simulator:
         self.cs.thr_epoch_ns, self.cs.prefetch_evicts = calib.thrashing_epoch_ns, int(calib.prefetch_evicts)
         self.cs.thr_pin_threshold, self.cs.thr_pin_ns = calib.thrashing_pin_threshold, calib.thrashing_pin_ns
         self.cs.remote_ns = _ns(PAGE_SIZE, calib.prefetch_h2d_Bps)   # a page read through a remote mapping
-        self.remote = np.zeros(npg, np.uint8)         # bit g: GPU g maps the page's host copy remotely
+        self.remote = np.zeros(npg, core.MASK)        # bit g: GPU g maps the page's host copy remotely
         self.cs.remote = core.ptr(self.remote)
+        self._init_nodes(int(workload.meta.get("nodes", 1)))
         if calib.thrashing_threshold and not self.lib.sim_thr_init(self.csp):
             raise MemoryError("simulator thrashing state")
         leaves = 1 << max(0, nbl - 1).bit_length()
@@ -356,6 +362,35 @@ class Simulator:
         self._init_s = _time.perf_counter() - t_init  # counted in wall_s: set-up is part of a replay
 
     # ------------------------------------------------------------------ set-up
+    def _init_nodes(self, nodes: int) -> None:
+        """A cluster of ``nodes`` hosts with the GPUs spread evenly, GPU g on node g // (G / nodes);
+        the program's host memory is node 0's. The network link of a node is shared by the transfers
+        that use it at once, and the model walks one GPU's kernel at a time, so a queue per link
+        would serialise GPUs that in fact run together: each transfer gets a fixed share instead.
+        Host data leaves node 0 for the other nodes at once (every GPU runs its part of each kernel
+        together) and enters a node for its GPUs: the share is the larger of the two. Between GPUs
+        of two nodes, a node's GPUs share its link. Block descriptors sit on node
+        (block // DESCRIPTOR_RUN) mod nodes (SnuRHAC's round robin, §6.3)."""
+        G = self.n_gpus
+        if nodes < 1 or G % nodes:
+            raise ValueError(f"{G} GPUs do not spread evenly over {nodes} node(s)")
+        self.r.nodes = nodes
+        if nodes == 1:
+            return   # one host: the core's node pointers stay NULL
+        from ..controller.snurhac import DESCRIPTOR_RUN
+
+        per = G // nodes
+        self._node = np.arange(G, dtype=np.int64) // per
+        self._node_mask = np.array([sum(1 << h for h in range(n * per, (n + 1) * per)) for n in self._node],
+                                   dtype=core.MASK)
+        self._net_host_Bpns = np.full(G, self.c.internode_Bps / max(nodes - 1, per) / 1e9)
+        self._desc_node = ((self.space.global_blocks // DESCRIPTOR_RUN) % nodes).astype(np.int32)
+        cs = self.cs
+        cs.node, cs.node_mask = core.ptr(self._node), core.ptr(self._node_mask)
+        cs.net_host_Bpns, cs.desc_node = core.ptr(self._net_host_Bpns), core.ptr(self._desc_node)
+        cs.net_peer_Bpns = self.c.internode_Bps / per / 1e9
+        cs.net_latency_ns = float(self.c.internode_latency_ns)
+
     def _init_allocations(self) -> None:
         host = int(Init.HOST)
         for rec in self.w.allocations:
@@ -372,7 +407,7 @@ class Simulator:
                     # cudaMalloc device memory: resident for good, holds its chunks.
                     g = int(rec["gpu"])
                     b = lo >> PAGE_TO_BLOCK_SHIFT
-                    self.gmask[lo:hi] |= np.uint8(1 << g)
+                    self.gmask[lo:hi] |= core.bit(g)
                     if not self.has_chunk[g, b]:
                         self.has_chunk[g, b] = True
                         self.pinned[g, b] = True
@@ -613,9 +648,12 @@ class Simulator:
                 t += self.lib.sim_thr_host(self.csp, core.ptr(on_gpu), len(on_gpu), t0) - t0
                 back = sel[~self.cpu_valid[sel]]
                 self.stats[core.ST["bytes_d2h"]] += len(back) * PAGE_SIZE
+                if self.r.nodes > 1:   # the host is node 0: pages only other nodes hold cross the network
+                    away = int(((self.gmask[back] & self._node_mask[0]) == 0).sum())
+                    t += self.lib.sim_host_net_ns(self.csp, self.n_gpus - 1, away)
                 t += len(sel) * PAGE_SIZE / GiB * self.c.cpu_fault_ns_per_GiB
                 for g in range(self.n_gpus):
-                    gs = sel[(self.gmask[sel] & np.uint8(1 << g)) != 0]
+                    gs = sel[(self.gmask[sel] & core.bit(g)) != 0]
                     if len(gs):
                         blocks, counts = np.unique(gs >> PAGE_TO_BLOCK_SHIFT, return_counts=True)
                         for b, cnt in zip(blocks.tolist(), counts.tolist()):
@@ -640,6 +678,7 @@ class Simulator:
         bw = self.c.pinned_copy_Bps if asynchronous else self.c.pageable_copy_Bps
         start = max(self.host, self.stream[g])
         end = start + self.c.transfer_latency_ns + _ns(nbytes, bw)
+        end += self.lib.sim_host_net_ns(self.csp, g, -(-nbytes // PAGE_SIZE))   # g on another node than the host
         self.stream[g] = end
         if not asynchronous:
             self.host = end
@@ -696,7 +735,7 @@ class Simulator:
         self._ensure_entries(n_chunks)
         entries = np.array([self._new_entry(np.inf) for _ in range(n_chunks)], np.int64)
         c = eng.issue(g, init, nbytes, entries)
-        bit = np.uint8(1 << g)
+        bit = core.bit(g)
         for k, (lo, hi) in enumerate(dst):
             self._invalidate(lo, hi, count=False)
             b = lo >> PAGE_TO_BLOCK_SHIFT
@@ -812,7 +851,7 @@ class Simulator:
         for g in range(self.n_gpus):
             if g == dst or not self.has_chunk[g, b] or self.pinned[g, b]:
                 continue
-            bit = np.uint8(1 << g)
+            bit = core.bit(g)
             pages = np.arange(lo, hi)[(self.gmask[lo:hi] & bit) != 0]
             if len(pages) == 0:
                 continue
@@ -829,12 +868,14 @@ class Simulator:
             start = max(ready, self.d2h_tail[g])
             host_Bps = self.wb_Bpns[g] * 1e9 if self.wb_Bpns[g] > 0 else self.c.d2h_Bps   # large-page write-back
             done = start + self.c.transfer_latency_ns + _ns(nbytes, self.c.nvlink_Bps if to_gpu else host_Bps)
+            if not to_gpu:   # into node 0's memory: across the network from another node
+                done += self.lib.sim_host_net_ns(self.csp, g, written)
             self.d2h_tail[g] = done
             if self.rescount[g, b] == 0:
                 self.lib.sim_release_chunk(self.csp, g, b, done)
             self.stats[core.ST["preevictions"]] += 1
             if to_gpu:
-                dbit = np.uint8(1 << dst)
+                dbit = core.bit(dst)
                 new = pages[(self.gmask[pages] & dbit) == 0]
                 self.gmask[new] |= dbit
                 self.rescount[dst, b] += len(new)
@@ -869,7 +910,7 @@ class Simulator:
         start = max(ready, self.h2d_tail[h])
         done = start + self.c.transfer_latency_ns + _ns(len(sel) * PAGE_SIZE, self.c.prefetch_h2d_Bps)
         self.h2d_tail[h] = done
-        self.gmask[sel] |= np.uint8(1 << h)
+        self.gmask[sel] |= core.bit(h)
         self.rescount[h, b] += len(sel)
         self.lru[h, b] = done
         self.lib.sim_lru_fix(self.csp, h, b)
@@ -919,13 +960,13 @@ class Simulator:
         dropped without a transfer (they were clean duplicates)."""
         pages = np.arange(lo, hi)
         m = self.gmask[lo:hi]
-        keep = np.where(self.cpu_valid[lo:hi], np.uint8(0), m & (~m + np.uint8(1)))  # lowest set bit
+        keep = np.where(self.cpu_valid[lo:hi], core.MASK(0), m & (~m + core.MASK(1)))  # lowest set bit
         drop = m & ~keep
         if not drop.any():
             return
         b = lo >> PAGE_TO_BLOCK_SHIFT
         for g in range(self.n_gpus):
-            bit = np.uint8(1 << g)
+            bit = core.bit(g)
             sel = (drop & bit) != 0
             n = int(sel.sum())
             if n:
@@ -1039,7 +1080,7 @@ class Simulator:
             held = int(self.has_chunk[g].sum()) + int(self.npending[g])
             if self.used[g] > self.cap[g] or held > self.cap[g]:
                 raise AssertionError(f"GPU {g} over capacity: {self.used[g]} chunks of {self.cap[g]}")
-            on = (per_block & np.uint8(1 << g)).any(axis=1)
+            on = (per_block & core.bit(g)).any(axis=1)
             orphans = int((on & ~self.has_chunk[g]).sum())
             if orphans:
                 raise AssertionError(f"GPU {g} has valid pages in {orphans} blocks without a chunk")

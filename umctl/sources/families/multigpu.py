@@ -26,7 +26,13 @@ Programs (the thesis's benchmarks, or the property they stand for):
     ranges of all thread-block chunks overlap (SnuRHAC runs it on one GPU, §6.4).
 
 The device footprint is ``fill x gpu_mem`` (the programs fit in one GPU, "the largest dataset
-that fits", §7.3.1); ``oversub`` is accepted for uniformity and does not apply.
+that fits", §7.3.1); ``oversub`` is accepted for uniformity and does not apply. With
+``scale = "full"`` it is the program's device memory size in Table 7.10 instead.
+
+``nodes`` makes the machine a cluster (the thesis's eight nodes of four V100s): ``nodes x gpus``
+GPUs, ``gpus`` per node, node 0 holding the program's host memory (``meta["nodes"]``: the
+simulator's topology). A kernel's grid gets at least as many thread-block rows as there are
+GPUs (``tiles`` is raised to the GPU count), so that partitioning along y gives every GPU a slab.
 """
 
 from __future__ import annotations
@@ -59,6 +65,14 @@ PROGRAMS: dict[str, tuple[tuple[str, str, bool, bool], ...]] = {
     "histogram": (("data", "mat", True, False), ("hist", "vec", False, True)),
     "covariance": (("data", "mat", True, False), ("symmat", "mat", False, True)),
 }
+
+#: Table 7.10's device memory size (MB) of the program each one stands for (``scale = "full"``).
+FULL_MB: dict[str, float] = {
+    "gemm": 3072, "2mm": 1280, "3mm": 1792, "gesummv": 8192, "stencil": 12288, "particles": 3360,
+    "lavamd": 7492, "covariance": 128,
+}
+#: Most GPUs of one node, and of a cluster (the simulator's GPU masks).
+MAX_NODE_GPUS, MAX_GPUS = 8, 32
 
 Pages = Callable[[int, int, int], np.ndarray]
 
@@ -224,15 +238,25 @@ def generate(params: dict) -> Workload:
     """The ``multigpu`` family: ``program`` written for one GPU, on a machine of ``gpus``."""
     check_common(params)
     program = choice(params, "program", tuple(PROGRAMS))
-    G = params["gpus"]
-    check(1 <= G <= 8, f"gpus must be between 1 and 8 (got {G})")
+    per, nodes = params["gpus"], params["nodes"]
+    check(1 <= per <= MAX_NODE_GPUS, f"gpus must be between 1 and {MAX_NODE_GPUS} (got {per}): GPUs per node")
+    check(nodes >= 1, f"nodes must be at least 1 (got {nodes})")
+    G = nodes * per
+    check(G <= MAX_GPUS, f"nodes x gpus must be at most {MAX_GPUS} (got {nodes} x {per} = {G})")
     at_least(params, "tiles", 8)
     check(0 < params["fill"] <= 0.95, f"fill must be in (0, 0.95] (got {params['fill']})")
     check(params["tflops"] > 0 and params["hbm_gbps"] > 0, "tflops and hbm_gbps must be positive")
+    scale = choice(params, "scale", ("fit", "full"))
     bufs = PROGRAMS[program]
     n_mat = sum(1 for _, shape, _, _ in bufs if shape == "mat")
-    foot = params["fill"] * params["gpu_mem"]
-    tiles = int(params["tiles"])
+    if scale == "full":
+        check(program in FULL_MB, f"scale=full: {program} stands for no program of Table 7.10")
+        foot = FULL_MB[program] * 2 ** 20
+        check(foot <= 0.95 * params["gpu_mem"], f"scale=full: {program} needs {FULL_MB[program]:g} MB of device "
+              "memory; raise gpu_mem (the thesis's V100s have 32GiB)")
+    else:
+        foot = params["fill"] * params["gpu_mem"]
+    tiles = max(int(params["tiles"]), G)
     n = int(math.sqrt(foot / (n_mat * 4))) // tiles * tiles
     check(n >= 64 * tiles, "footprint too small for this many tiles: raise gpu_mem or fill, or lower tiles")
     b = WorkloadBuilder("scenario", n_gpus=G, gpu_mem=params["gpu_mem"])
@@ -277,4 +301,4 @@ def generate(params: dict) -> Workload:
         if copy_out:
             src = dev["temp_b"] if program == "stencil" and params["iterations"] % 2 and name == "temp_a" else dev[name]
             b.copy(src, host[name], kind=CopyKind.D2H)
-    return b.build(meta={"n": n, "program": program})
+    return b.build(meta={"n": n, "program": program, "nodes": nodes, "tiles": tiles})
