@@ -77,7 +77,8 @@ setup(
     package_dir={"umctl": "umctl", "umctl.scenarios_data": "scenarios"},
     package_data={"umctl.scenarios_data": ["*.toml"], "umctl.bpf": ["*.bpf.o"], "umctl.runtime": ["*.so"],
                   "umctl.sim": ["calibrations/*.json"]},
-    ext_modules=[Extension("umctl.sim._simcore", ["umctl/sim/_simcore.c"],
-                           extra_compile_args=["-O2", "-fvisibility=default"])],
+    ext_modules=[Extension(f"umctl.sim.{name}", [f"umctl/sim/{name}.c"], depends=["umctl/sim/_simcore.c"],
+                           extra_compile_args=["-O2", "-fvisibility=default"])
+                 for name in ("_simcore", "_simcore_wide")],   # 8- and 32-bit GPU masks (umctl/sim/core.py)
     cmdclass={"build_ext": build_ext_and_bpf},
 )

@@ -20,10 +20,21 @@
 #define PB_SHIFT 9
 #define PAGE 4096.0
 #define MAXB 1024         /* most faults in one batch we support */
-/* A set of GPUs, one bit each (a page's valid copies, its remote mappings): 32 GPUs, the
- * thesis's 8 nodes x 4. Wider masks cost the access walk (it reads one per page). */
+/* A set of GPUs, one bit each (a page's valid copies, its remote mappings). This file is built
+ * twice (umctl/sim/core.py picks one by GPU count): 8-bit masks, and MASK_BITS=32 for up to 32
+ * GPUs (the thesis's 8 nodes x 4; _simcore_wide.c). The access walk reads a mask per page, so
+ * the narrow build keeps replays of up to 8 GPUs as fast as before. */
+#ifndef MASK_BITS
+#define MASK_BITS 8
+#endif
+#if MASK_BITS == 8
+typedef uint8_t mask_t;
+#elif MASK_BITS == 32
 typedef uint32_t mask_t;
-#define MAX_GPUS 32
+#else
+#error "MASK_BITS must be 8 or 32"
+#endif
+#define MAX_GPUS MASK_BITS
 #define MBIT(g) ((mask_t)1 << (g))
 
 typedef struct {
@@ -932,10 +943,14 @@ static inline uint64_t load8(const void *p) {
  * Word-wide, as the access walk spends its time on pages that hit. */
 /* Bit g of masks m[0..8) as one byte each (the layout of the byte-per-page arrays). */
 static inline uint64_t valid8(const mask_t *m, int g) {
+#if MASK_BITS == 8
+    return load8(m) >> g & ONES8;   /* one word: the eight masks are the eight bytes */
+#else
     if ((m[0] & m[1] & m[2] & m[3] & m[4] & m[5] & m[6] & m[7]) & MBIT(g)) return ONES8;   /* the usual case */
     uint64_t v = 0;
     for (int i = 0; i < 8; i++) v |= (uint64_t)((m[i] >> g) & 1) << (8 * i);
     return v;
+#endif
 }
 
 static inline int clean8(const SimState *s, int64_t p, int g, double t) {
@@ -1434,10 +1449,17 @@ int64_t sim_max_gpus(void) { return MAX_GPUS; }
 
 /* A minimal Python module so the build system can build, install and locate this file like
  * any extension; the functions above are called through ctypes (umctl/sim/core.py). */
+#ifndef SIMCORE_MODULE
+#define SIMCORE_MODULE _simcore
+#endif
+#define CAT_(a, b) a##b
+#define CAT(a, b) CAT_(a, b)
+#define STR_(a) #a
+#define STR(a) STR_(a)
 static struct PyModuleDef simcore_module = {
     .m_base = PyModuleDef_HEAD_INIT,
-    .m_name = "_simcore",
+    .m_name = STR(SIMCORE_MODULE),
     .m_doc = "umctl simulator core (C functions called through ctypes)",
     .m_size = -1,
 };
-PyMODINIT_FUNC PyInit__simcore(void) { return PyModule_Create(&simcore_module); }
+PyMODINIT_FUNC CAT(PyInit_, SIMCORE_MODULE)(void) { return PyModule_Create(&simcore_module); }

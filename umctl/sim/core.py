@@ -28,14 +28,23 @@ ST_NAMES = ST_NAMES + tuple("fc_" + c for c in FAULT_CAUSES)
 ST = {n: i for i, n in enumerate(ST_NAMES)}
 FC = slice(ST["fc_cold"], ST["fc_cold"] + len(FAULT_CAUSES))
 MAXB = 1024  # most faults in one batch the core supports
-#: a set of GPUs, one bit each (the core's mask_t): a page's valid copies, its remote mappings
-MASK = np.uint32
-MAX_GPUS = 32
+#: A set of GPUs, one bit each (the core's mask_t): a page's valid copies, its remote mappings.
+#: The core is built twice from one source: 8-bit masks (up to 8 GPUs, one host) and 32-bit ones
+#: (up to 32, the thesis's 8 nodes of 4 for SnuRHAC). The access walk reads a mask per page, and
+#: the wide build cost a quarter of the full-scale DeepUM replay's throughput, so replays of up to
+#: 8 GPUs keep the narrow one.
+WIDTHS = {8: ("_simcore", np.uint8), 32: ("_simcore_wide", np.uint32)}
+MAX_GPUS = max(WIDTHS)
+
+
+def width(n_gpus: int) -> int:
+    """Mask bits of the core that replays ``n_gpus`` GPUs."""
+    return min(w for w in WIDTHS if w >= n_gpus)
 
 
 def bit(g: int):
-    """GPU g's bit in a MASK."""
-    return MASK(1 << g)
+    """GPU g's bit, as a mask wide enough for it."""
+    return WIDTHS[width(g + 1)][1](1 << g)
 
 P = C.c_void_p
 i64 = C.c_int64
@@ -97,13 +106,15 @@ class EventOut(C.Structure):
         self.nf = self.nb = self.ne = self.nm = 0
 
 
-def _load() -> C.CDLL:
+def _load(bits: int) -> C.CDLL:
+    import importlib
+
     try:
-        from . import _simcore
+        mod = importlib.import_module(f".{WIDTHS[bits][0]}", __package__)
     except ImportError as e:  # pragma: no cover - only on a broken install
         raise UmctlError(f"the simulator core is not built ({e}); reinstall with `pip install .` "
                          "on a machine with a C compiler (gcc)") from None
-    lib = C.CDLL(_simcore.__file__)
+    lib = C.CDLL(mod.__file__)
     PS = C.POINTER(SimState)
     lib.sim_kernel.argtypes = [PS, C.c_int, P, P, P, i64, P, P, i64, i64, i64, f64, f64, C.POINTER(f64), f64,
                                C.POINTER(EventOut)]
@@ -138,19 +149,20 @@ def _load() -> C.CDLL:
     lib.sim_eventout_size.restype = i64
     lib.sim_max_gpus.restype = i64
     if lib.sim_state_size() != C.sizeof(SimState) or lib.sim_eventout_size() != C.sizeof(EventOut) \
-            or lib.sim_max_gpus() != MAX_GPUS:
+            or lib.sim_max_gpus() != bits:
         raise UmctlError("the simulator core does not match this umctl version; reinstall umctl")
     return lib
 
 
-_LIB: C.CDLL | None = None
+_LIBS: dict[int, C.CDLL] = {}
 
 
-def lib() -> C.CDLL:
-    global _LIB
-    if _LIB is None:
-        _LIB = _load()
-    return _LIB
+def lib(n_gpus: int = 1) -> C.CDLL:
+    """The core for ``n_gpus`` GPUs (its masks' dtype: ``WIDTHS[width(n_gpus)][1]``)."""
+    bits = width(n_gpus)
+    if bits not in _LIBS:
+        _LIBS[bits] = _load(bits)
+    return _LIBS[bits]
 
 
 def ptr(a: np.ndarray) -> int:

@@ -252,7 +252,8 @@ class Simulator:
                         else np.ascontiguousarray(workload.acc_win, dtype=np.int32))
 
         # per-page state (shared with the C core)
-        self.gmask = np.zeros(npg, core.MASK)         # bit g: valid copy on GPU g
+        self._mask = core.WIDTHS[core.width(G)][1]   # the core's mask_t for this many GPUs
+        self.gmask = np.zeros(npg, self._mask)        # bit g: valid copy on GPU g
         self.gone = np.zeros(npg, np.uint8)           # core.GONE: how the page last left a GPU
         self.cpu_valid = np.zeros(npg, np.bool_)      # valid copy on the host
         self.managed = np.zeros(npg, np.bool_)        # migrates on faults (else never faults)
@@ -298,7 +299,7 @@ class Simulator:
         self._protect = np.zeros(npg)                  # source page write-protected until (ns)
         self._tl: list | None = [] if timeline else None
         self._tl_copies: list = []
-        self.lib = core.lib()
+        self.lib = core.lib(G)
         self.cs = core.SimState(
             npg=npg, nbl=nbl, ngpu=G, max_pending=maxp, max_active=self.max_active,
             any_read_mostly=0, batch_ns=calib.batch_ns, fault_ns=calib.fault_ns, block_ns=calib.block_ns,
@@ -328,7 +329,7 @@ class Simulator:
         self.cs.thr_epoch_ns, self.cs.prefetch_evicts = calib.thrashing_epoch_ns, int(calib.prefetch_evicts)
         self.cs.thr_pin_threshold, self.cs.thr_pin_ns = calib.thrashing_pin_threshold, calib.thrashing_pin_ns
         self.cs.remote_ns = _ns(PAGE_SIZE, calib.prefetch_h2d_Bps)   # a page read through a remote mapping
-        self.remote = np.zeros(npg, core.MASK)        # bit g: GPU g maps the page's host copy remotely
+        self.remote = np.zeros(npg, self._mask)       # bit g: GPU g maps the page's host copy remotely
         self.cs.remote = core.ptr(self.remote)
         self._init_nodes(int(workload.meta.get("nodes", 1)))
         if calib.thrashing_threshold and not self.lib.sim_thr_init(self.csp):
@@ -362,6 +363,10 @@ class Simulator:
         self._init_s = _time.perf_counter() - t_init  # counted in wall_s: set-up is part of a replay
 
     # ------------------------------------------------------------------ set-up
+    def _bit(self, g: int):
+        """GPU g's bit in this replay's masks."""
+        return self._mask(1 << g)
+
     def _init_nodes(self, nodes: int) -> None:
         """A cluster of ``nodes`` hosts with the GPUs spread evenly, GPU g on node g // (G / nodes);
         the program's host memory is node 0's. The network link of a node is shared by the transfers
@@ -382,7 +387,7 @@ class Simulator:
         per = G // nodes
         self._node = np.arange(G, dtype=np.int64) // per
         self._node_mask = np.array([sum(1 << h for h in range(n * per, (n + 1) * per)) for n in self._node],
-                                   dtype=core.MASK)
+                                   dtype=self._mask)
         self._net_host_Bpns = np.full(G, self.c.internode_Bps / max(nodes - 1, per) / 1e9)
         self._desc_node = ((self.space.global_blocks // DESCRIPTOR_RUN) % nodes).astype(np.int32)
         cs = self.cs
@@ -407,7 +412,7 @@ class Simulator:
                     # cudaMalloc device memory: resident for good, holds its chunks.
                     g = int(rec["gpu"])
                     b = lo >> PAGE_TO_BLOCK_SHIFT
-                    self.gmask[lo:hi] |= core.bit(g)
+                    self.gmask[lo:hi] |= self._bit(g)
                     if not self.has_chunk[g, b]:
                         self.has_chunk[g, b] = True
                         self.pinned[g, b] = True
@@ -653,7 +658,7 @@ class Simulator:
                     t += self.lib.sim_host_net_ns(self.csp, self.n_gpus - 1, away)
                 t += len(sel) * PAGE_SIZE / GiB * self.c.cpu_fault_ns_per_GiB
                 for g in range(self.n_gpus):
-                    gs = sel[(self.gmask[sel] & core.bit(g)) != 0]
+                    gs = sel[(self.gmask[sel] & self._bit(g)) != 0]
                     if len(gs):
                         blocks, counts = np.unique(gs >> PAGE_TO_BLOCK_SHIFT, return_counts=True)
                         for b, cnt in zip(blocks.tolist(), counts.tolist()):
@@ -735,7 +740,7 @@ class Simulator:
         self._ensure_entries(n_chunks)
         entries = np.array([self._new_entry(np.inf) for _ in range(n_chunks)], np.int64)
         c = eng.issue(g, init, nbytes, entries)
-        bit = core.bit(g)
+        bit = self._bit(g)
         for k, (lo, hi) in enumerate(dst):
             self._invalidate(lo, hi, count=False)
             b = lo >> PAGE_TO_BLOCK_SHIFT
@@ -851,7 +856,7 @@ class Simulator:
         for g in range(self.n_gpus):
             if g == dst or not self.has_chunk[g, b] or self.pinned[g, b]:
                 continue
-            bit = core.bit(g)
+            bit = self._bit(g)
             pages = np.arange(lo, hi)[(self.gmask[lo:hi] & bit) != 0]
             if len(pages) == 0:
                 continue
@@ -875,7 +880,7 @@ class Simulator:
                 self.lib.sim_release_chunk(self.csp, g, b, done)
             self.stats[core.ST["preevictions"]] += 1
             if to_gpu:
-                dbit = core.bit(dst)
+                dbit = self._bit(dst)
                 new = pages[(self.gmask[pages] & dbit) == 0]
                 self.gmask[new] |= dbit
                 self.rescount[dst, b] += len(new)
@@ -910,7 +915,7 @@ class Simulator:
         start = max(ready, self.h2d_tail[h])
         done = start + self.c.transfer_latency_ns + _ns(len(sel) * PAGE_SIZE, self.c.prefetch_h2d_Bps)
         self.h2d_tail[h] = done
-        self.gmask[sel] |= core.bit(h)
+        self.gmask[sel] |= self._bit(h)
         self.rescount[h, b] += len(sel)
         self.lru[h, b] = done
         self.lib.sim_lru_fix(self.csp, h, b)
@@ -960,13 +965,13 @@ class Simulator:
         dropped without a transfer (they were clean duplicates)."""
         pages = np.arange(lo, hi)
         m = self.gmask[lo:hi]
-        keep = np.where(self.cpu_valid[lo:hi], core.MASK(0), m & (~m + core.MASK(1)))  # lowest set bit
+        keep = np.where(self.cpu_valid[lo:hi], self._mask(0), m & (~m + self._mask(1)))  # lowest set bit
         drop = m & ~keep
         if not drop.any():
             return
         b = lo >> PAGE_TO_BLOCK_SHIFT
         for g in range(self.n_gpus):
-            bit = core.bit(g)
+            bit = self._bit(g)
             sel = (drop & bit) != 0
             n = int(sel.sum())
             if n:
@@ -1080,7 +1085,7 @@ class Simulator:
             held = int(self.has_chunk[g].sum()) + int(self.npending[g])
             if self.used[g] > self.cap[g] or held > self.cap[g]:
                 raise AssertionError(f"GPU {g} over capacity: {self.used[g]} chunks of {self.cap[g]}")
-            on = (per_block & core.bit(g)).any(axis=1)
+            on = (per_block & self._bit(g)).any(axis=1)
             orphans = int((on & ~self.has_chunk[g]).sum())
             if orphans:
                 raise AssertionError(f"GPU {g} has valid pages in {orphans} blocks without a chunk")
