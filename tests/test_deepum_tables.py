@@ -85,6 +85,12 @@ def _figure7_controller(degree: int = 32) -> DeepUMController:
     return ctl
 
 
+def _walk(ctl: DeepUMController, limit: int) -> list[tuple[int, int]]:
+    """The walk's output as (block, execution ID) pairs."""
+    blocks, execs = ctl._walk(limit)
+    return list(zip(blocks.tolist(), execs.tolist()))
+
+
 def test_figure7_tables_as_drawn():
     ctl = _figure7_controller()
     assert ctl.tables[0].successors(a) == [b, p] and ctl.tables[0].successors(b) == [e, q]
@@ -96,7 +102,7 @@ def test_figure7_chaining_walkthrough():
     block, so the walk predicts kernel 1 and continues from its start block k."""
     ctl = _figure7_controller()
     ctl.chain = Chain(0, (5, 6, 7), b)
-    out = ctl._walk(100)
+    out = _walk(ctl, 100)
     assert out[:3] == [(e, 0), (q, 0), (k, 1)]
     assert out[3:5] == [(g, 1), (n, 1)]
     assert (t, 1) in out and (i, 1) in out
@@ -115,7 +121,7 @@ def test_chaining_pauses_after_degree_kernels_and_resumes():
         hist.append(x)
     ctl.history, ctl.cur = [3, 4, 5, 0], 0
     ctl.chain = Chain(0, (3, 4, 5), None)
-    out = ctl._walk(100)
+    out = _walk(ctl, 100)
     assert [blk for blk, _ in out] == [100, 101, 102]  # current kernel + 2 ahead
     assert ctl.chain.paused
     # kernel 0 finishes (kernel 1 launches): the walk resumes and covers one more kernel
@@ -124,7 +130,7 @@ def test_chaining_pauses_after_degree_kernels_and_resumes():
     ev["exec_hash"] = 1001
     ctl._launch(ev)
     assert not ctl.chain.paused
-    assert [blk for blk, _ in ctl._walk(100)] == [103]
+    assert [blk for blk, _ in _walk(ctl, 100)] == [103]
 
 
 @pytest.mark.parametrize("rows,assoc,succs", [(128, 2, 4), (2048, 2, 4), (4096, 2, 4), (512, 4, 4)])

@@ -28,7 +28,8 @@ class PairCorrelationTable:
     (``last[0]`` is *Last*, ``last[1]`` *SecondLast*).
     """
 
-    __slots__ = ("num_rows", "assoc", "num_succs", "num_levels", "rows", "last", "n_entries", "n_evicted")
+    __slots__ = ("num_rows", "assoc", "num_succs", "num_levels", "rows", "last", "n_entries", "n_evicted",
+                 "version")
 
     def __init__(self, num_rows: int = 2048, assoc: int = 2, num_succs: int = 4, num_levels: int = 1):
         if min(num_rows, assoc, num_succs, num_levels) < 1:
@@ -41,6 +42,9 @@ class PairCorrelationTable:
         self.last: list[int] = []
         self.n_entries = 0
         self.n_evicted = 0
+        #: bumped whenever what ``successors`` returns may change (a successor list or a way
+        #: allocated or evicted), so walkers can cache paths through the table
+        self.version = 0
 
     def row_of(self, key: int) -> int:
         """Set index: a multiplicative hash, so that neighbouring blocks (one tensor) spread
@@ -63,6 +67,7 @@ class PairCorrelationTable:
         row = self.rows.setdefault(self.row_of(key), [])
         way = [key] + [[] for _ in range(self.num_levels)]
         row.insert(0, way)
+        self.version += 1
         if len(row) > self.assoc:
             row.pop()  # the least recently used way of the set
             self.n_evicted += 1
@@ -84,6 +89,7 @@ class PairCorrelationTable:
                 succ.remove(key)
             succ.insert(0, key)
             del succ[self.num_succs:]
+            self.version += 1
         if self._find(key) is None:
             self._allocate(key)
         self.last.insert(0, key)
