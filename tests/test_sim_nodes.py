@@ -105,3 +105,30 @@ def test_the_thesis_cluster_calibration_has_a_source_for_every_constant():
     cal = Calibration.load("snurhac-v100-edr")
     v100 = Calibration.load("v100-pcie3")
     assert cal.internode_Bps == pytest.approx(12e9) and cal.prefetch_h2d_Bps == v100.prefetch_h2d_Bps
+
+
+def test_the_wide_core_replays_as_the_narrow_one(monkeypatch):
+    """Up to 8 GPUs the 8-bit build runs; the 32-bit build must give the same replay."""
+    w = gemm(2, 2)
+    narrow = simulate(w, make_controller("snurhac-sp-dp")).summary()
+    monkeypatch.setattr(core, "width", lambda n_gpus: 32)
+    sim = Simulator(w, make_controller("snurhac-sp-dp"))
+    assert sim.gmask.dtype == np.uint32
+    wide = sim.run().summary()
+    for k in ("time_ns", "faults", "fault_batches", "bytes_h2d", "bytes_p2p", "bytes_internode", "internode_messages"):
+        assert wide[k] == narrow[k], k
+
+
+def test_handwritten_versions_split_the_work_over_one_node():
+    """Figure 7.12's comparison: the program written for the GPUs of one node copies each GPU its
+    band and a whole B, runs a band per GPU, and needs no UM (no faults)."""
+    one = load_scenario("mgpu-gemm", {**SMALL, "gpus": "1", "handwritten": "true"})
+    four = load_scenario("mgpu-gemm", {**SMALL, "gpus": "4", "handwritten": "true"})
+    r1, r4 = simulate(one, make_controller("none")), simulate(four, make_controller("none"))
+    assert r1.faults == r4.faults == 0 and r4.time_ns < r1.time_ns / 2
+    assert (r4.gpu_kernel_ns > 0).all()
+    n = four.meta["n"]
+    assert r4.copy_bytes - r1.copy_bytes == 3 * n * n * 4   # three more whole copies of B
+    for params, words in (({"nodes": "2"}, "nodes = 1"), ({"program": "stencil"}, "only gemm")):
+        with pytest.raises(UmctlError, match=words):
+            load_scenario("mgpu-gemm", {**SMALL, "handwritten": "true", **params})

@@ -33,6 +33,13 @@ that fits", §7.3.1); ``oversub`` is accepted for uniformity and does not apply.
 GPUs, ``gpus`` per node, node 0 holding the program's host memory (``meta["nodes"]``: the
 simulator's topology). A kernel's grid gets at least as many thread-block rows as there are
 GPUs (``tiles`` is raised to the GPU count), so that partitioning along y gives every GPU a slab.
+
+``handwritten = true`` writes the program for all the GPUs of one node instead, as the CUDA
+samples written for several GPUs do (the thesis's Figure 7.12 compares SnuRHAC with such
+programs): each GPU gets its band of the banded inputs and outputs and a whole copy of the
+inputs every band reads (B of gemm, B and C of 2mm, x of gesummv) in its own device memory,
+copied with cudaMemcpyAsync from pinned host memory on a stream per GPU, and runs its band.
+For gemm, 2mm and gesummv, whose bands need nothing from one another.
 """
 
 from __future__ import annotations
@@ -70,6 +77,13 @@ PROGRAMS: dict[str, tuple[tuple[str, str, bool, bool], ...]] = {
 FULL_MB: dict[str, float] = {
     "gemm": 3072, "2mm": 1280, "3mm": 1792, "gesummv": 8192, "stencil": 12288, "particles": 3360,
     "lavamd": 7492, "covariance": 128,
+}
+#: ``handwritten``: per program, each buffer's part on a GPU: "band" (rows n/G, or n/G elements of
+#: a vector) or "all" (a whole copy on every GPU).
+HANDWRITTEN: dict[str, dict[str, str]] = {
+    "gemm": {"A": "band", "B": "all", "C": "band"},
+    "2mm": {"A": "band", "B": "all", "C": "all", "D": "band", "tmp": "band"},
+    "gesummv": {"A": "band", "B": "band", "x": "all", "y": "band", "tmp": "band"},
 }
 #: Most GPUs of one node, and of a cluster (the simulator's GPU masks).
 MAX_NODE_GPUS, MAX_GPUS = 8, 32
@@ -257,8 +271,13 @@ def generate(params: dict) -> Workload:
     else:
         foot = params["fill"] * params["gpu_mem"]
     tiles = max(int(params["tiles"]), G)
+    if params["handwritten"]:
+        check(program in HANDWRITTEN, f"handwritten: only {', '.join(HANDWRITTEN)} (got {program})")
+        check(nodes == 1, "handwritten: the program spreads over the GPUs of one node (nodes = 1)")
     n = int(math.sqrt(foot / (n_mat * 4))) // tiles * tiles
     check(n >= 64 * tiles, "footprint too small for this many tiles: raise gpu_mem or fill, or lower tiles")
+    if params["handwritten"]:
+        return _handwritten(program, n, G, tiles, params)
     b = WorkloadBuilder("scenario", n_gpus=G, gpu_mem=params["gpu_mem"])
     dev: dict[str, Buffer] = {}
     host: dict[str, Buffer] = {}
@@ -302,3 +321,46 @@ def generate(params: dict) -> Workload:
             src = dev["temp_b"] if program == "stencil" and params["iterations"] % 2 and name == "temp_a" else dev[name]
             b.copy(src, host[name], kind=CopyKind.D2H)
     return b.build(meta={"n": n, "program": program, "nodes": nodes, "tiles": tiles})
+
+
+def _handwritten(program: str, n: int, G: int, tiles: int, params: dict) -> Workload:
+    """The program written for G GPUs of one node (see the module docstring)."""
+    b = WorkloadBuilder("scenario", n_gpus=G, gpu_mem=params["gpu_mem"])
+    prog = _Program(b, n, tiles, params)
+    roles = HANDWRITTEN[program]
+    bufs = PROGRAMS[program]
+    host = {name: b.alloc(f"h_{name}", n * n * 4 if shape == "mat" else n * 4, managed=False, gpu=-1, emit=True)
+            for name, shape, copy_in, copy_out in bufs if copy_in or copy_out}
+    rows = [(g * n // G, (g + 1) * n // G) for g in range(G)]   # each GPU's band of rows (elements)
+    width = {name: (n * 4 if shape == "mat" else 4) for name, shape, _, _ in bufs}
+    dev: list[dict[str, Buffer]] = []
+    for g, (r0, r1) in enumerate(rows):
+        dev.append({name: b.alloc(f"{name}{g}", (n if roles[name] == "all" else r1 - r0) * width[name], managed=False,
+                                  gpu=g, emit=True) for name, _, _, _ in bufs})
+    part = {name: lambda buf, r0, r1, name=name: buf if roles[name] == "all" else
+            buf.slice(r0 * width[name], (r1 - r0) * width[name]) for name in roles}
+    for g, (r0, r1) in enumerate(rows):
+        for name, _, copy_in, _ in bufs:
+            if copy_in:
+                b.copy(part[name](host[name], r0, r1), dev[g][name], kind=CopyKind.H2D, is_async=True, gpu=g)
+    for it in range(params["iterations"]):
+        b.iteration = it
+        for g, (r0, r1) in enumerate(rows):
+            d, share = dev[g], (r1 - r0) / n
+            if program == "gemm":
+                b.kernel("gemm_kernel", reads=[d["A"], d["B"]], writes=[d["C"]], gpu=g,
+                         compute_ns=max(1, int(share * prog.ns_flops(2.0 * n ** 3))))
+            elif program == "2mm":
+                b.kernel("mm2_kernel1", reads=[d["A"], d["B"]], writes=[d["tmp"]], gpu=g,
+                         compute_ns=max(1, int(share * prog.ns_flops(2.0 * n ** 3))))
+                b.kernel("mm2_kernel2", reads=[d["tmp"], d["C"]], writes=[d["D"]], gpu=g,
+                         compute_ns=max(1, int(share * prog.ns_flops(2.0 * n ** 3))))
+            else:
+                b.kernel("gesummv_kernel", reads=[d["A"], d["B"], d["x"]], writes=[d["tmp"], d["y"]], gpu=g,
+                         compute_ns=max(1, int(share * prog.ns_bytes(2.0 * n * prog.row))))
+    for g, (r0, r1) in enumerate(rows):
+        for name, _, _, copy_out in bufs:
+            if copy_out:
+                b.copy(dev[g][name], part[name](host[name], r0, r1), kind=CopyKind.D2H, is_async=True, gpu=g)
+    b.sync(-1)
+    return b.build(meta={"n": n, "program": program, "nodes": 1, "tiles": tiles, "handwritten": True})
