@@ -56,3 +56,19 @@ def test_summary():
     s = bench.summarize([1.0, 2.0, 3.0])
     assert s["n"] == 3 and s["median"] == 2.0 and s["ci95"][0] < 2.0 < s["ci95"][1]
     assert bench.summarize([]) == {"n": 0}
+
+
+def test_interleaved_windows_alternate_and_shuffle():
+    """Every attached window sits between two unattached ones, each configuration once per round."""
+    made = []
+
+    def window(cfg):
+        made.append(cfg)
+        return bench.Window(cfg, len(made), len(made) + 1)
+
+    ws = bench.interleaved_windows(["a", "b", "c"], rounds=3, seed=1, window=window, label=lambda w: "")
+    cfgs = [w.config for w in ws]
+    assert cfgs[::2] == [bench.OFF] * 10 and len(cfgs) == 19
+    rounds = [sorted(cfgs[1 + 6 * r: 7 + 6 * r: 2]) for r in range(3)]
+    assert rounds == [["a", "b", "c"]] * 3
+    assert len({tuple(cfgs[1 + 6 * r: 7 + 6 * r: 2]) for r in range(3)}) > 1   # shuffled per round

@@ -41,6 +41,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -220,6 +221,29 @@ def start_loop(seconds: float, extra: list[str]) -> tuple[subprocess.Popen, int,
     return p, pid, lines
 
 
+def interleaved_windows(configs: list[str], rounds: int, seed: int, window: Callable[[str], Window],
+                        label: Callable[[Window], str]) -> list[Window]:
+    """Unattached and attached windows alternated, the configurations shuffled per round and an
+    unattached window last, so that the loop's drift falls on both sides of every pair."""
+    rng = random.Random(seed)
+    windows: list[Window] = []
+    for r in range(rounds):
+        order = configs[:]
+        rng.shuffle(order)
+        for c in order:
+            windows.append(window(OFF))
+            windows.append(window(c))
+            print(f"round {r} {c}: {label(windows[-1])}", file=sys.stderr, flush=True)
+    windows.append(window(OFF))
+    return windows
+
+
+def unattached_medians(steps: list[Step], windows: list[Window], settle_s: float) -> list[float]:
+    """Median step (ms) of each unattached window: the baseline the tables print."""
+    return [statistics.median(v) for v in (window_steps(steps, w, int(settle_s * 1e9)) for w in windows
+                                           if w.config == OFF) if v]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--window", type=float, default=3.0, help="seconds per window")
@@ -238,24 +262,15 @@ def main() -> None:
     total = a.warmup + a.rounds * (2 * len(configs) + 1) * (a.window + 0.3) + 30
     p, pid, lines = start_loop(total, ["--no-touch"] if a.no_touch else [])
     time.sleep(a.warmup)
-    rng = random.Random(a.seed)
-    windows: list[Window] = []
     try:
-        for r in range(a.rounds):
-            order = configs[:]
-            rng.shuffle(order)
-            for c in order:
-                windows.append(run_window(OFF, pid, a.window))
-                windows.append(run_window(c, pid, a.window))
-                print(f"round {r} {c}: {windows[-1].events} events", file=sys.stderr, flush=True)
-        windows.append(run_window(OFF, pid, a.window))
+        windows = interleaved_windows(configs, a.rounds, a.seed, lambda c: run_window(c, pid, a.window),
+                                      lambda w: f"{w.events} events")
     finally:
         p.kill()
         p.wait()
     steps = parse_steps(lines)
     per = paired_overheads(steps, windows, a.settle)
-    off_ms = [statistics.median(v) for v in (window_steps(steps, w, int(a.settle * 1e9)) for w in windows
-                                            if w.config == OFF) if v]
+    off_ms = unattached_medians(steps, windows, a.settle)
     rows = []
     for c in configs:
         ws = [w for w in windows if w.config == c]

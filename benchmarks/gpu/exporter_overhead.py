@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import random
 import re
 import statistics
 import subprocess
@@ -37,7 +36,7 @@ import urllib.request
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 from attach_overhead import (  # noqa: E402
-    OFF, Window, paired_overheads, parse_steps, start_loop, summarize, window_steps,
+    OFF, Window, interleaved_windows, paired_overheads, parse_steps, start_loop, summarize, unattached_medians,
 )
 
 CONFIGS = {"exporter, sampled 10% (default)": 0.1, "exporter, --sample 1": 1.0}
@@ -159,18 +158,10 @@ def main() -> None:
     total = a.warmup + a.rounds * (2 * len(configs) + 1) * (a.window + 1.0) + a.compare + 60
     p, pid, lines = start_loop(total, [])
     time.sleep(a.warmup)
-    rng = random.Random(a.seed)
-    windows: list[Window] = []
     cmp = None
     try:
-        for r in range(a.rounds):
-            order = configs[:]
-            rng.shuffle(order)
-            for c in order:
-                windows.append(overhead_window(OFF, a.window))
-                windows.append(overhead_window(c, a.window))
-                print(f"round {r} {c}: ~{windows[-1].events} faults", file=sys.stderr, flush=True)
-        windows.append(overhead_window(OFF, a.window))
+        windows = interleaved_windows(configs, a.rounds, a.seed, lambda c: overhead_window(c, a.window),
+                                      lambda w: f"~{w.events} faults")
         if a.compare > 0:
             cmp = compare(pid, a.compare)
     finally:
@@ -178,8 +169,7 @@ def main() -> None:
         p.wait()
     steps = parse_steps(lines)
     per = paired_overheads(steps, windows, a.settle)
-    off_ms = [statistics.median(v) for v in (window_steps(steps, w, int(a.settle * 1e9)) for w in windows
-                                            if w.config == OFF) if v]
+    off_ms = unattached_medians(steps, windows, a.settle)
     rows = [{"config": c, **summarize(per.get(c, [])), "overheads": per.get(c, [])} for c in configs]
     print(f"\nExporter overhead on one running PyTorch loop (host writes the batch every step); {a.rounds} rounds x "
           f"{a.window:g} s windows, /metrics scraped every 1 s; unattached step {statistics.median(off_ms):.2f} ms "
