@@ -37,6 +37,11 @@ What is modelled, and why at this grain:
     neighbours round robin, part of each fault batch may come through a neighbour's PCIe lane
     in parallel, and write-back may run at a faster (large-page) rate.
 
+  * Nodes (``workload.meta["nodes"]``, SnuRHAC's cluster): GPUs spread evenly over nodes, the
+    host memory on node 0; crossing nodes adds a network leg (a fixed share of a node's link)
+    and SnuRHAC's fault-protocol round trips (``_init_nodes``, ``_simcore.c``); GPU sets are
+    8-bit masks up to 8 GPUs and 32-bit ones beyond (two builds of the core, ``core.py``).
+
   * Advice: read-mostly duplicates on read faults (writes collapse the copies); preferred
     location is recorded but has no effect yet.
   * Explicit copies (``OpType.COPY``): ``cudaMemcpy`` is pageable (host blocks), ``cudaMemcpyAsync``
