@@ -132,3 +132,38 @@ def test_handwritten_versions_split_the_work_over_one_node():
     for params, words in (({"nodes": "2"}, "nodes = 1"), ({"program": "stencil"}, "only gemm")):
         with pytest.raises(UmctlError, match=words):
             load_scenario("mgpu-gemm", {**SMALL, "handwritten": "true", **params})
+
+
+def test_a_prefetch_across_nodes_runs_at_the_network_rate():
+    """A pipelined prefetch from node 0's memory into a GPU of node 1: the slower leg, the link
+    (12 GB/s here, against 49.5 GB/s of PCIe), sets its pace; on node 0 the same prefetch runs at
+    the PCIe rate. Every byte crosses the network once."""
+    from simkit import Scripted
+    from umctl.events.schema import Op, commands
+    from umctl.sources.workload import Init, WorkloadBuilder
+    from umctl.units import MiB
+
+    def run(nodes: int):
+        b = WorkloadBuilder("net", n_gpus=2, gpu_mem=256 * MiB)
+        y = b.alloc("y", 64 * MiB, init=Init.HOST)
+        b.kernel("ry", reads=[y], compute_ns=1000, gpu=1)
+        return simulate(b.build(meta={"nodes": nodes}), Scripted({0: commands(Op.PREFETCH, y.addr, y.nbytes, dst=1)}))
+
+    one, two = run(1), run(2)
+    assert one.bytes_internode == 0 and two.bytes_internode == 64 * MiB
+    link = 64 * MiB / DEFAULT.internode_Bps * 1e9
+    assert two.time_ns == pytest.approx(link, rel=0.1)
+    assert one.time_ns == pytest.approx(64 * MiB / DEFAULT.prefetch_h2d_Bps * 1e9, rel=0.15)
+    assert two.internode_messages > 0
+
+
+def test_the_cli_replays_the_thesis_cluster_and_refuses_bad_topologies(capsys):
+    from umctl.cli.main import main
+
+    args = ["replay", "mgpu-gemm", "-m", "snurhac-sp-dp", "--param", "gpu_mem=64MiB", "--json"]
+    assert main(args + ["--param", "nodes=8", "--param", "gpus=4"]) == 0
+    row = [r for r in json.loads(capsys.readouterr().out) if r["mode"] == "snurhac-sp-dp"][0]
+    assert row["nodes"] == 8 and row["bytes_internode"] > 0
+    assert main(args + ["--param", "nodes=0"]) != 0
+    err = capsys.readouterr().err
+    assert "nodes must be at least 1" in err and "Traceback" not in err

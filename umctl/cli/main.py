@@ -116,7 +116,7 @@ def _run_replay(target: str, modes: str, overrides: dict[str, str], seed: int, p
                  "workload", "demand_bytes", "driver_prefetch_bytes", "user_prefetch_bytes",
                  "bytes_p2p", "preevictions", "invalidated_bytes", "prefetch_pages", "stall_ns",
                  "compute_ns", "kernels", "accesses", "commands", "wall_s", "fault_causes",
-                 "steady_fault_causes_per_iter", "controller")
+                 "steady_fault_causes_per_iter", "nodes", "bytes_internode", "internode_messages", "controller")
         print(json.dumps([{k: r.get(k) for k in keys + extra} for r in rows], indent=2))
     else:
         out.print(replay_table(rows, _describe(workload)))
