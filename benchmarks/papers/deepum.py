@@ -100,6 +100,7 @@ def replay(model: str, batch: int, mode: str, iters: int, overrides: dict | None
     late = [FAULT_CAUSES.index(c) for c in ("late_prefetch", "in_flight")]
     return {"iter_s": (ends[-1] - ends[skip - 1]) / n / 1e9, "faults": float(faults[skip:].mean()),
             "late_faults": float(causes[skip:, late].sum(axis=1).mean()),
+            "fault_causes": {c: float(v) for c, v in zip(FAULT_CAUSES, causes[skip:].mean(axis=0)) if v},
             "oversub": w.meta.get("footprint_oversub"), "wall_s": r.wall_s}
 
 
@@ -191,7 +192,8 @@ def build(args) -> list[Row]:
         rows.append(Row(PAPER, "Table 5", label, "DeepUM faults / UM faults", f_du / f_um,
                         du["faults"] / um["faults"] if um["faults"] else None,
                         note=("paper < 1 %" if f_du / f_um < 0.01 else "") + late,
-                        extra={"deepum_faults": du["faults"], "deepum_late_faults": du["late_faults"]}))
+                        extra={"deepum_faults": du["faults"], "deepum_late_faults": du["late_faults"],
+                               "deepum_fault_causes": du["fault_causes"], "um_fault_causes": um["fault_causes"]}))
     if args.ablation:
         for mode, paper_red in FIG10.items():
             reds = [1 - get(m, b, mode)["iter_s"] / get(m, b, "none")["iter_s"] for (m, b) in firsts]
