@@ -73,6 +73,7 @@ class Segment:
     prev: np.ndarray            # index of the previous offer of the same block in ``emit``, or -1
     hop_end: np.ndarray         # end of each hop's offers in ``emit``
     from_start: bool            # began at the table's start block (which is offered first)
+    visited0: frozenset         # blocks already visited in this table when the trace began
 
 
 @dataclass
@@ -331,6 +332,7 @@ class DeepUMController(Controller):
         """Follow ``t`` from ``block`` as the walk does: offer the block's successors, leave at
         the end block (or when it is among them), else go on to the first successor not yet
         visited, leave when there is none."""
+        visited0 = frozenset(visited)
         blocks: list[int] = []
         emit: list[int] = []
         hop_end: list[int] = []
@@ -359,7 +361,7 @@ class DeepUMController(Controller):
             prev[k] = last.get(x, -1)
             last[x] = k
         return Segment((t.version, t.start, end), blocks, np.array(emit, np.int64), self._dense(emit), prev,
-                       np.array(hop_end, np.int64), from_start)
+                       np.array(hop_end, np.int64), from_start, visited0)
 
     def _segment(self, c: Chain, t: BlockTable) -> tuple[Segment, int]:
         """The traced walk for the chain's position and the hop to go on at."""
@@ -368,10 +370,9 @@ class DeepUMController(Controller):
         if seg is not None:
             if seg.key == key:
                 return seg, c.hop
-            # the table changed under a walk in progress: go on from where it stands
-            visited = set(seg.blocks[1:c.hop + 1])
-            if seg.from_start:
-                visited.add(seg.blocks[0])
+            # the table changed under a walk in progress: go on from where it stands, with the
+            # blocks this visit of the table has been through so far
+            visited = set(seg.visited0).union(seg.blocks[1:c.hop + 1])
             c.seg = self._trace(t, seg.blocks[c.hop], visited, False)
             return c.seg, 0
         at = c.block
