@@ -7,7 +7,6 @@ from hypothesis import strategies as st
 from simkit import Chaos, mini_dnn, sweep
 from umctl.controller import make_controller
 from umctl.events.schema import AllocOp
-from umctl.sim import core
 from umctl.sim.engine import Simulator, simulate
 from umctl.sources.workload import Init, WorkloadBuilder
 from umctl.units import BLOCK_SIZE, MiB, PAGE_SIZE
@@ -25,7 +24,7 @@ def _check_conservation(sim: Simulator, r) -> None:
         assert not np.any(gm & (gm - 1))  # at most one GPU bit
     # chunk bookkeeping matches page residency
     for g in range(sim.n_gpus):
-        bit = core.bit(g)
+        bit = sim._bit(g)
         per_block = ((sim.gmask & bit) != 0).reshape(-1, 512).sum(1)
         assert np.array_equal(per_block, sim.rescount[g])
         assert np.all(sim.has_chunk[g][per_block > 0])

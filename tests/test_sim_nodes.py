@@ -33,7 +33,7 @@ def test_16_and_32_gpus_replay_and_keep_the_invariants(nodes, gpus):
     sim = Simulator(w, make_controller("snurhac-sp-dp"))
     r = sim.run()
     _check_conservation(sim, r)
-    top = core.bit(w.n_gpus - 1)
+    top = sim._bit(w.n_gpus - 1)
     assert (sim.gmask & top).any() and sim.rescount[w.n_gpus - 1].sum() > 0
     assert np.all((sim.gmask[sim.managed] != 0) | sim.cpu_valid[sim.managed])
     assert r.nodes == nodes and r.bytes_internode > 0 and r.internode_messages > 0

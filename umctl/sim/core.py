@@ -42,10 +42,6 @@ def width(n_gpus: int) -> int:
     return min(w for w in WIDTHS if w >= n_gpus)
 
 
-def bit(g: int):
-    """GPU g's bit, as a mask wide enough for it."""
-    return WIDTHS[width(g + 1)][1](1 << g)
-
 P = C.c_void_p
 i64 = C.c_int64
 f64 = C.c_double
