@@ -22,13 +22,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
+import statistics
 import sys
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent / "papers"))
 
+from common import geomean  # noqa: E402  (benchmarks/papers/common.py)
 from snurhac import STAND_INS, TABLE_7_11  # noqa: E402  (benchmarks/papers/snurhac.py)
 
 from umctl.controller import make_controller  # noqa: E402
@@ -241,8 +242,8 @@ def main() -> None:
         print(file=out)
     errs = [abs(r["error"]) for r in pts.values() if "error" in r]
     if errs:
-        print(f"Table 7.11 points: {len(errs)}, median |error| {sorted(errs)[len(errs) // 2]:.0%}, geometric mean of "
-              f"1 + |error| {math.exp(sum(math.log(1 + e) for e in errs) / len(errs)):.2f}\n", file=out)
+        print(f"Table 7.11 points: {len(errs)}, median |error| {statistics.median(errs):.0%}, geometric mean of "
+              f"1 + |error| {geomean(1 + e for e in errs):.2f}\n", file=out)
     print("| thesis claim (§7.3.2) | result | evidence |\n| --- | --- | --- |", file=out)
     for c in checked:
         print(f"| {c['claim']} | {c['result']} | {c['evidence']} |", file=out)
