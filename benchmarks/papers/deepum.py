@@ -32,7 +32,7 @@ from __future__ import annotations
 import os
 import statistics
 import sys
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import ProcessPoolExecutor, as_completed
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
@@ -95,43 +95,37 @@ def replay(model: str, batch: int, mode: str, iters: int, overrides: dict | None
         calib = calib.with_overrides(**overrides)
     w = load_scenario(model, {"scale": "full", "batch": str(batch), "iterations": str(iters)})
     r = simulate(w, make_controller(mode, **(mode_options or {})), calib=calib)
-    ends, faults, causes = r.iteration_end_ns, r.iteration_faults, r.iteration_fault_causes
+    ends, faults = r.iteration_end_ns, r.iteration_faults
     n = len(ends) - skip
-    late = [FAULT_CAUSES.index(c) for c in ("late_prefetch", "in_flight")]
+    causes = {c: float(v) for c, v in zip(FAULT_CAUSES, r.iteration_fault_causes[skip:].mean(axis=0)) if v}
     return {"iter_s": (ends[-1] - ends[skip - 1]) / n / 1e9, "faults": float(faults[skip:].mean()),
-            "late_faults": float(causes[skip:, late].sum(axis=1).mean()),
-            "fault_causes": {c: float(v) for c, v in zip(FAULT_CAUSES, causes[skip:].mean(axis=0)) if v},
+            "late_faults": causes.get("late_prefetch", 0.0) + causes.get("in_flight", 0.0), "fault_causes": causes,
             "oversub": w.meta.get("footprint_oversub"), "wall_s": r.wall_s}
 
 
-def _job(args: tuple) -> tuple[tuple, dict]:
-    key, kw = args[0], args[1]
-    return key, replay(*key, **kw)
-
-
 def run_jobs(jobs: list[tuple], n_workers: int, iters: int, skip: int) -> dict:
-    """(model, batch, mode[, tag]) -> replay result, in worker processes (each replay is single
-    threaded; memory is the limit: a full-scale ResNet iteration holds ~4 GB of accesses)."""
+    """(model, batch, mode, degree or None) -> replay result, in worker processes (each replay
+    is single threaded; memory is the limit: a full-scale ResNet iteration holds ~4 GB of
+    accesses)."""
+    keyed = [((m, b, mode, extra.get("mode_options", {}).get("degree")), {"iters": iters, "skip": skip, **extra})
+             for (m, b, mode, extra) in jobs]
+
+    def results():
+        if n_workers <= 1:
+            for k, kw in keyed:
+                yield k, replay(*k[:3], **kw)
+            return
+        with ProcessPoolExecutor(n_workers) as ex:
+            futs = {ex.submit(replay, *k[:3], **kw): k for k, kw in keyed}
+            for f in as_completed(futs):
+                yield futs[f], f.result()
+
     prog = Progress(len(jobs))
     out: dict = {}
-    work = [((m, b, mode), {"iters": iters, "skip": skip, **extra}) for (m, b, mode, extra) in jobs]
-    tags = [extra.get("mode_options", {}).get("degree") for (_m, _b, _mode, extra) in jobs]
-    keyed = [(k + (t,), kw) for (k, kw), t in zip(work, tags)]
-    if n_workers <= 1:
-        for k, kw in keyed:
-            out[k] = replay(*k[:3], **kw)
-            prog.step(f"{k[0]} batch {batch_label(k[0], k[1])} {k[2]}{'' if k[3] is None else f' N={k[3]}'}: "
-                      f"{out[k]['iter_s']:.2f} s/iter, {out[k]['faults']:,.0f} faults/iter "
-                      f"({out[k]['wall_s']:.0f} s wall)")
-        return out
-    with ProcessPoolExecutor(n_workers) as ex:
-        futs = {ex.submit(replay, *k[:3], **kw): k for k, kw in keyed}
-        from concurrent.futures import as_completed
-        for f in as_completed(futs):
-            k = futs[f]
-            out[k] = f.result()
-            prog.step(f"{k[0]} batch {batch_label(k[0], k[1])} {k[2]}{'' if k[3] is None else f' N={k[3]}'}: "
-                      f"{out[k]['iter_s']:.2f} s/iter, {out[k]['faults']:,.0f} faults/iter")
+    for k, r in results():
+        out[k] = r
+        prog.step(f"{k[0]} batch {batch_label(k[0], k[1])} {k[2]}{'' if k[3] is None else f' N={k[3]}'}: "
+                  f"{r['iter_s']:.2f} s/iter, {r['faults']:,.0f} faults/iter ({r['wall_s']:.0f} s wall)")
     return out
 
 
