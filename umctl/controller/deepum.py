@@ -444,7 +444,7 @@ class DeepUMController(Controller):
         several chains when a kernel's faults came in different orders); then chain on."""
         t = self.tables.get(c.exec_id) if self.whole_tables else None
         if t is not None:
-            keys = list(dict.fromkeys(t.keys()))
+            keys = list(t.keys())     # each recorded block once
             ids = self._dense(keys)
             ok = ~(self._res[ids] | self._seen[ids])
             if ok.any():
