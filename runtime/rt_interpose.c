@@ -150,15 +150,13 @@ API cudaError_t cudaMemcpy(void *dst, const void *src, size_t n, int kind)
     if (hum_try(dst, src, n, kind, NULL, 0))
         return 0;
     hum_barrier();
-    if (kind == 2 /* D2H */ || kind == 4 /* default */)
+    int k = copy_kind(kind, dst, src);
+    if (k == 1)   /* the host reads managed data: on a cluster, the node's copy is made current first */
         cl_host_sync();
     int64_t t0 = sock_fd >= 0 ? now_ns() : 0;
     cudaError_t r = real_cudaMemcpy(dst, src, n, kind);
-    if (sock_fd >= 0 && !tl_internal && r == 0) {
-        int k = copy_kind(kind, dst, src);
-        if (k >= 0)
-            report_copy(t0, now_ns(), k, dst, src, n, NULL, 0, current_device());
-    }
+    if (sock_fd >= 0 && !tl_internal && r == 0 && k >= 0)
+        report_copy(t0, now_ns(), k, dst, src, n, NULL, 0, current_device());
     return r;
 }
 

@@ -7,8 +7,9 @@
  * C = A x B (a thread block a row of C: every block reads all of B; A and B marked read-only),
  * then STEPS steps of a 5-point stencil between the grids (halo rows from the neighbouring bands;
  * rows of N ints do not end on page boundaries, so neighbouring slabs write the same pages),
- * then B = 3B + 1 in place by rows (B loses its read-only mark) and D = A x B into C's place;
- * cudaDeviceSynchronize, copies C and the last grid back and prints
+ * then B = 3B + 1 in place by rows (B loses its read-only mark), copies C back (cudaMemcpyDefault,
+ * no device synchronisation first), D = A x B into C's place; cudaDeviceSynchronize, copies C and
+ * the last grid back (the grid with cudaMemcpyDefault) and prints
  * `RESULT <checksum of C> <checksum of the grid>`: equal with and without the runtime, on one
  * node or several. */
 #include <dlfcn.h>
@@ -23,7 +24,7 @@ int cudaMemcpy(void *, const void *, size_t, int);
 int cudaLaunchKernel(const void *, dim3, dim3, void **, size_t, void *);
 int cudaDeviceSynchronize(void);
 extern __thread dim3 fake_cur_grid;
-enum { H2D = 1, D2H = 2 };
+enum { H2D = 1, D2H = 2, DEFAULT = 4 };   /* DEFAULT: the runtime tells the direction from the pointers */
 
 struct umctl_part { unsigned off[3], grid[3], ro_mask, magic; };
 static unsigned N;
@@ -115,7 +116,7 @@ int main(int argc, char **argv)
         cudaMalloc((void **)&G[0], bytes) || cudaMalloc((void **)&G[1], bytes))
         return 1;
     cudaMemcpy(A, hA, bytes, H2D);
-    cudaMemcpy(B, hB, bytes, H2D);
+    cudaMemcpy(B, hB, bytes, DEFAULT);
     cudaMemcpy(G[0], hG, bytes, H2D);
     struct umctl_part p;
     void *g3[4] = {&p, &A, &B, &C};
@@ -127,13 +128,12 @@ int main(int argc, char **argv)
     void *sc[2] = {&p, &B};
     launch((void *)scale_k, 0, sc);
     uint64_t c1 = 0;
-    cudaDeviceSynchronize();
-    cudaMemcpy(hC, C, bytes, D2H);
+    cudaMemcpy(hC, C, bytes, DEFAULT);   /* no cudaDeviceSynchronize first: the copy's own sync brings C */
     c1 = checksum(hC, bytes);
     launch((void *)gemm_k, 1u << 1 | 1u << 2, g3);
     cudaDeviceSynchronize();
     cudaMemcpy(hC, C, bytes, D2H);
-    cudaMemcpy(hG, G[steps & 1], bytes, D2H);
+    cudaMemcpy(hG, G[steps & 1], bytes, DEFAULT);
     printf("RESULT %016llx %016llx %016llx\n", (unsigned long long)c1, (unsigned long long)checksum(hC, bytes),
            (unsigned long long)checksum(hG, bytes));
     return 0;
