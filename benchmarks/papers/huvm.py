@@ -141,10 +141,8 @@ def build(args) -> list[Row]:
         def job(mode: str) -> float:   # a job over several GPUs ends when its slowest half does
             return max(t[mode][g] for g in gpus)
 
-        if role == "yielder":
-            r.umctl_value = job("harvest") / job("none")
-        else:
-            r.umctl_value = job("none" if metric.endswith("Base") else "pre-ef-host") / job("harvest")
+        # yielders: slowdown of harvest over none; the others: speedup of harvest over `other`
+        r.umctl_value = job("harvest") / job(other) if role == "yielder" else job(other) / job("harvest")
         r.extra = {"group": f"{role}: {metric}", "gpus": list(gpus), **{f"{m}_ms": job(m) / 1e6 for m in MODES if m in t}}
     return rows
 
