@@ -96,18 +96,14 @@ class NodeAgent:
     def kernel_done(self) -> None:
         """All nodes finished the kernel: descriptor owners unmap stale read copies (collective)."""
         self._barrier()
-        sends = []
+        msgs = []
         for block, stale in self.desc.stale():
             if self.desc.owner(block) != self.node or block in self.desc.read_only:
                 continue                          # flagged read-only: its copies stay (§6.4)
             self.desc.read[block] &= ~stale
-            for n in np.flatnonzero(stale.any(1)).tolist():
-                offs = np.flatnonzero(stale[n]).astype(np.int32)
-                if n == self.node:
-                    self._invalidate(block, offs)
-                else:
-                    sends.append(self.comm.issend((block, offs), dest=n, tag=INVALIDATE))
-        self._wait(lambda: all(r.Test() for r in sends), "invalidations to be received")
+            msgs += [(n, (block, np.flatnonzero(stale[n]).astype(np.int32)))
+                     for n in np.flatnonzero(stale.any(1)).tolist()]
+        self._send_applied(msgs, INVALIDATE, "invalidations to be received")
         self._barrier()
 
     def set_read_only(self, addr: int, nbytes: int, flag: bool) -> None:
@@ -116,7 +112,7 @@ class NodeAgent:
         Flagging degrades the buffer's writer (the host's copy-in) to a read copy like any other,
         so that the synchronisation after a kernel keeps every node's copy: pages of a flagged
         buffer move once, then stay."""
-        sends = []
+        msgs = []
         for block in range(addr >> BLOCK_SHIFT, ((addr + nbytes - 1) >> BLOCK_SHIFT) + 1):
             if self.desc.owner(block) != self.node:
                 continue
@@ -125,15 +121,10 @@ class NodeAgent:
                 continue
             self.desc.read_only.add(block)
             r, w = self.desc._masks(block)
-            for n in np.flatnonzero(w.any(1)).tolist():
-                msg = (block, np.flatnonzero(w[n]).astype(np.int32))
-                if n == self.node:
-                    self._handle(n, DEGRADE, msg)
-                else:
-                    sends.append(self.comm.issend(msg, dest=n, tag=DEGRADE))
+            msgs += [(n, (block, np.flatnonzero(w[n]).astype(np.int32))) for n in np.flatnonzero(w.any(1)).tolist()]
             w[:] = False
-        # synchronous sends: no node leaves before its degradation is applied
-        self._wait(lambda: all(q.Test() for q in sends), "degradations to be received")
+        # no node leaves before its degradation is applied
+        self._send_applied(msgs, DEGRADE, "degradations to be received")
         self._barrier()
 
     def stats(self) -> dict:
@@ -258,14 +249,8 @@ class NodeAgent:
         # the old writer must stop storing locally before the new one gets the page: a store it
         # made after the page moved would be lost (synchronous sends; the receiver applies a
         # message as it receives it, and serves while it waits, so this cannot deadlock)
-        sends = []
-        for n, o in degrade.items():
-            msg = (block, np.array(o, np.int32))
-            if n == self.node:
-                self._handle(n, DEGRADE, msg)
-            else:
-                sends.append(self.comm.issend(msg, dest=n, tag=DEGRADE))
-        self._wait(lambda: all(q.Test() for q in sends), "a writer to give up its pages")
+        self._send_applied([(n, (block, np.array(o, np.int32))) for n, o in degrade.items()], DEGRADE,
+                           "a writer to give up its pages")
         self._send(who, {s: np.array(o, np.int32) for s, o in sources.items()}, OWNERS)
 
     def _invalidate(self, block: int, offs: np.ndarray) -> None:
@@ -275,6 +260,18 @@ class NodeAgent:
         self.st["invalidated"] += len(offs)
 
     # ------------------------------------------------------------------ transport
+    def _send_applied(self, msgs: list[tuple[int, object]], tag: int, what: str) -> None:
+        """(node, message) pairs that must be applied before this node goes on: synchronous sends
+        (a receiver applies a message as it receives it), ours handled in place; requests are
+        served while waiting, so two nodes doing this at once cannot deadlock."""
+        sends = []
+        for n, msg in msgs:
+            if n == self.node:
+                self._handle(n, tag, msg)
+            else:
+                sends.append(self.comm.issend(msg, dest=n, tag=tag))
+        self._wait(lambda: all(q.Test() for q in sends), what)
+
     def _send(self, dest: int, msg, tag: int) -> None:
         """To another node over MPI; to ourselves, handled in place (no loopback message)."""
         if dest == self.node:
