@@ -26,6 +26,8 @@ sys.path.insert(0, str(HERE))
 import cluster_prog as prog  # noqa: E402
 
 MPIRUN = shutil.which("mpirun")
+#: OpenMPI as these tests run it: as root in containers, over TCP on one machine
+MPI_ENV = {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1", "OMPI_MCA_btl": "self,tcp"}
 
 
 def _mpi_missing() -> str | None:
@@ -44,8 +46,7 @@ if (_why := _mpi_missing()) is not None:
 
 
 def mpirun(case: str, ranks: int, out: Path, gpus: int = 1, timeout: float = 90) -> subprocess.CompletedProcess:
-    env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
-               OMPI_MCA_btl="self,tcp", OMPI_MCA_rmaps_base_oversubscribe="1", CLUSTER_TIMEOUT_S="20")
+    env = dict(os.environ, **MPI_ENV, OMPI_MCA_rmaps_base_oversubscribe="1", CLUSTER_TIMEOUT_S="20")
     return subprocess.run([MPIRUN, "--oversubscribe", "-n", str(ranks), sys.executable, str(HERE / "cluster_prog.py"),
                            case, str(out), str(gpus)], env=env, capture_output=True, text=True, timeout=timeout)
 

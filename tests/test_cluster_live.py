@@ -15,7 +15,7 @@ import sys
 
 import pytest
 
-from test_cluster import MPIRUN
+from test_cluster import MPI_ENV, MPIRUN
 from test_runtime import SRC, _gcc, built  # noqa: F401 - built: the module-scoped build fixture
 
 
@@ -33,9 +33,8 @@ def results(out: str) -> list[str]:
 
 def run_cluster(built, prog, tmp_path, nodes: int, gpus: int, args=("100", "4"), timeout: float = 90):  # noqa: F811
     env = {k: v for k, v in os.environ.items() if not k.startswith(("UMCTL_RT_", "LD_PRELOAD", "FAKE_"))}
-    env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", OMPI_MCA_btl="self,tcp",
-               FAKE_LIBCUDA=str(built["libcuda"]), FAKE_DEVICES=str(gpus), UMCTL_RT_LIBCUDA=str(built["libcuda"]),
-               UMCTL_RT_STATS="1")
+    env.update(MPI_ENV, FAKE_LIBCUDA=str(built["libcuda"]), FAKE_DEVICES=str(gpus),
+               UMCTL_RT_LIBCUDA=str(built["libcuda"]), UMCTL_RT_STATS="1")
     p = subprocess.run([MPIRUN, "--oversubscribe", "-n", str(nodes), sys.executable, "-m", "umctl.cluster.live",
                         "--gpus", str(gpus), "--um-space", str(64 << 20), "--timeout", "20", "--stats",
                         str(tmp_path / "st"), "--library", str(built["lib"]), "--", str(prog), *args],
@@ -61,7 +60,8 @@ def test_partitioned_program_over_nodes_equals_one_gpu(built, prog, tmp_path, no
     for line in (ln for ln in p.stderr.splitlines() if ln.startswith("umctl_rt:")):
         assert "partitioned=7 " in line and "part_fallbacks=0 " in line
     for s in st:
-        assert s["rc"] == 0 and s["launches"] == 7 and s["host_syncs"] == 4   # 1 device sync, 3 copies back (not the cudaMemcpyDefault copy in)
+        # 1 device sync and 3 copies back; the cudaMemcpyDefault copy in does not sync
+        assert s["rc"] == 0 and s["launches"] == 7 and s["host_syncs"] == 4
         assert s["pages_written"] > 0 and s["invalidated"] > 0
     # pages crossed nodes as MPI messages, and the shared pages' writers were degraded
     assert all(s["pages_in"] > 0 for s in st[1:]) and sum(s["pages_out"] for s in st) > 0
@@ -78,7 +78,7 @@ def test_pages_large_enough_for_the_rendezvous_protocol(built, prog, tmp_path): 
 
 def test_a_failing_program_on_one_node_stops_the_cluster(built, prog, tmp_path):  # noqa: F811
     """A node whose program cannot start: mpirun exits non-zero, no hang."""
-    env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", OMPI_MCA_btl="self,tcp")
+    env = dict(os.environ, **MPI_ENV)
     p = subprocess.run([MPIRUN, "--oversubscribe", "-n", "2", sys.executable, "-m", "umctl.cluster.live",
                         "--timeout", "10", "--library", str(built["lib"]), "--", str(tmp_path / "missing")],
                        env=env, capture_output=True, text=True, timeout=60)
@@ -93,8 +93,7 @@ def test_umctl_run_hosts_runs_the_program_on_every_node(built, prog, tmp_path): 
     if library_path().stat().st_mtime < (SRC.parent.parent / "runtime" / "rt_snurhac.c").stat().st_mtime:
         pytest.fail("the package's libumctl_rt.so is older than runtime/: reinstall (pip install -e .)")
     env = {k: v for k, v in os.environ.items() if not k.startswith(("UMCTL_RT_", "LD_PRELOAD", "FAKE_"))}
-    env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", OMPI_MCA_btl="self,tcp",
-               FAKE_LIBCUDA=str(built["libcuda"]), FAKE_DEVICES="1", UMCTL_RT_LIBCUDA=str(built["libcuda"]))
+    env.update(MPI_ENV, FAKE_LIBCUDA=str(built["libcuda"]), FAKE_DEVICES="1", UMCTL_RT_LIBCUDA=str(built["libcuda"]))
     p = subprocess.run([sys.executable, "-c", "from umctl.cli.main import entry; entry()", "run", "--mode", "snurhac",
                         "--hosts", "localhost:2", "--", str(prog), "100", "4"],
                        env=env, capture_output=True, text=True, timeout=90)
