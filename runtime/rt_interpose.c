@@ -143,6 +143,20 @@ static int copy_kind(int kind, const void *dst, const void *src)
 
 static void cl_host_sync(void);   /* rt_snurhac.c: the node's agent brings current data first */
 
+/* Before a copy (synchronous or not): one out of managed memory to the host (copy_kind 1) reads
+   what the kernels wrote, so on a cluster the node's copy is made current first; host-to-device
+   and device-to-device copies do not sync (the host reads nothing there). An asynchronous copy
+   syncs at its call, not at the wait after it (by then it would have copied stale data): on a
+   cluster a partitioned kernel has ended on every node when its launch returns. Returns
+   copy_kind(). */
+static int copy_host_sync(int kind, const void *dst, const void *src)
+{
+    int k = copy_kind(kind, dst, src);
+    if (k == 1)
+        cl_host_sync();
+    return k;
+}
+
 API cudaError_t cudaMemcpy(void *dst, const void *src, size_t n, int kind)
 {
     if (!get_cudaMemcpy())
@@ -150,9 +164,7 @@ API cudaError_t cudaMemcpy(void *dst, const void *src, size_t n, int kind)
     if (hum_try(dst, src, n, kind, NULL, 0))
         return 0;
     hum_barrier();
-    int k = copy_kind(kind, dst, src);
-    if (k == 1)   /* the host reads managed data: on a cluster, the node's copy is made current first */
-        cl_host_sync();
+    int k = copy_host_sync(kind, dst, src);
     int64_t t0 = sock_fd >= 0 ? now_ns() : 0;
     cudaError_t r = real_cudaMemcpy(dst, src, n, kind);
     if (sock_fd >= 0 && !tl_internal && r == 0 && k >= 0)
@@ -167,13 +179,11 @@ API cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t n, int kind, 
     if (hum_try(dst, src, n, kind, s, 1))
         return 0;
     hum_barrier();
+    int k = copy_host_sync(kind, dst, src);
     int64_t t0 = sock_fd >= 0 ? now_ns() : 0;
     cudaError_t r = real_cudaMemcpyAsync(dst, src, n, kind, s);
-    if (sock_fd >= 0 && !tl_internal && r == 0) {
-        int k = copy_kind(kind, dst, src);
-        if (k >= 0)
-            report_copy(t0, 0, k, dst, src, n, s, 1, current_device());
-    }
+    if (sock_fd >= 0 && !tl_internal && r == 0 && k >= 0)
+        report_copy(t0, 0, k, dst, src, n, s, 1, current_device());
     return r;
 }
 

@@ -214,7 +214,8 @@ static void part_forget(const void *p)
      after this node's slabs ('E'): each page they changed, new and old contents (the agent stores
        only the changed bytes, under the page's lock, so that two nodes writing one page merge);
        the agent answers once the cluster-wide synchronisation after the kernel is done;
-     at cudaDeviceSynchronize ('S'): as 'B', so that the host then reads current data.
+     where the host waits for the GPU or copies managed data out ('S', cl_host_sync): as 'B',
+       so that the host then reads current data.
    Records: {i64 id; u64 size; u32 page; u32 kind} (kind 0: an allocation, page = 0/1/2 as above;
    kind 1: a page, followed by its new then old 4 KiB). Answer: u32 count, then {i64 id; u32 page;
    u32 pad} + 4 KiB each. The diffs are taken after synchronising the caller's stream (before)
@@ -225,6 +226,7 @@ static void part_forget(const void *p)
 struct cl_rec { int64_t id; uint64_t size; uint32_t page, kind; };
 struct cl_twin { int64_t id; uintptr_t addr; size_t n; unsigned char *twin; int seen; };
 static int cl_fd = -2, cl_node;
+static int cl_behind;   /* a partitioned kernel ended since this node's data was last made current */
 static struct cl_twin cl_tw[MAX_RO];
 static int cl_ntw;
 
@@ -360,13 +362,29 @@ static void cl_end(void)
     cl_install();
 }
 
-/* The host is about to read what the kernels wrote (cudaDeviceSynchronize). */
+/* The host is about to read what the kernels wrote: it waited for the GPU (cudaDeviceSynchronize,
+   cudaStreamSynchronize, cudaEventSynchronize: PASS_SYNC / PASS_WAIT below) or copies managed
+   data to the host (copy_host_sync). Brings the pages other nodes wrote in the partitioned kernels
+   since the last time ('S'), once: further waits before the next partitioned kernel find nothing
+   new and cost nothing (an 'S' reads every managed byte on the host to diff it against its twin,
+   which on a real GPU migrates every managed page to the host, then faults in every page the node
+   lacks, a lock and a page request per 2 MiB block). Nor is there anything to bring before the
+   first partitioned kernel, and an 'S' there would be wrong: node 0's copies in may not have
+   reached its agent yet, and the agent would hand back zeros over this node's own copies in.
+   Not collective: the agent fetches the pages from the nodes holding them, point to point, while
+   the other agents serve whatever their programs do, so a wait reached on one rank and not on
+   another (SPMD programs that wait differently per rank) is fine. Assumes, as the rest of the
+   protocol does, that every node runs the same host code: host writes after the wait are made by
+   each node itself; only node 0's reach the agents (at the next 'B' or 'S'). */
 static void cl_host_sync(void)
 {
     if (tl_internal || cfg_gpus < 2 || !cl_on())
         return;
     pthread_mutex_lock(&part_mu);
-    cl_begin('S', NULL, NULL, 0);
+    if (cl_behind) {
+        cl_begin('S', NULL, NULL, 0);
+        cl_behind = 0;
+    }
     pthread_mutex_unlock(&part_mu);
 }
 
@@ -469,8 +487,10 @@ static int part_launch(const void *f, dim3 g, dim3 b, void **args, size_t smem, 
         if (done[k])
             real_cudaStreamSynchronize(part_stream[k]);   /* the slabs' writes, before the diff */
     tl_internal--;
-    if (cluster)
+    if (cluster) {
         cl_end();   /* (a launch that failed here still ends the kernel on every node) */
+        cl_behind = 1;
+    }
     pthread_mutex_unlock(&part_mu);
     if (!ok) {
         atomic_fetch_add(&st_part_fallback, 1);
@@ -606,9 +626,10 @@ API cudaError_t cudaLaunchKernel_ptsz(const void *f, dim3 g, dim3 b, void **args
     return launch_plain(real, f, g, b, args, smem, s, 1);
 }
 
-/* Everything else that enqueues work, synchronises or touches memory: barrier, then the real
-   call, arguments passed through unchanged (see the trampolines above for why this is exact). */
-#define PASS_THEN(name, after)                                                                         \
+/* Everything else that enqueues work, synchronises or touches memory: barrier, `before`, the real
+   call, `after`, arguments passed through unchanged (see the trampolines above for why this is
+   exact). */
+#define PASS_AROUND(name, before, after)                                                               \
     API u64 name(u64 a, u64 b, u64 c, u64 d, u64 e, u64 f, u64 g, u64 h, u64 i, u64 j, u64 k, u64 l)   \
     {                                                                                                  \
         static fn12 real;                                                                              \
@@ -617,14 +638,22 @@ API cudaError_t cudaLaunchKernel_ptsz(const void *f, dim3 g, dim3 b, void **args
         if (!real)                                                                                     \
             return 1;                                                                                  \
         hum_barrier();                                                                                 \
+        before;                                                                                        \
         u64 r = real(a, b, c, d, e, f, g, h, i, j, k, l);                                              \
         after;                                                                                         \
         return r;                                                                                      \
     }
+#define PASS_THEN(name, after) PASS_AROUND(name, (void)0, after)
 #define PASS(name) PASS_THEN(name, (void)0)
-/* the host waited for the GPU to drain: an iteration boundary for exec_hash's occurrence counts */
-#define PASS_SYNC(name) PASS_THEN(name, if (!tl_internal) occ_reset())
-PASS_THEN(cudaDeviceSynchronize, if (!tl_internal) { occ_reset(); cl_host_sync(); })
+/* the host waited for the GPU: on a cluster, the node's managed data is made current */
+#define PASS_WAIT(name) PASS_THEN(name, cl_host_sync())
+/* ... and it waited for the GPU to drain: an iteration boundary for exec_hash's occurrence counts */
+#define PASS_SYNC(name) PASS_THEN(name, if (!tl_internal) { occ_reset(); cl_host_sync(); })
+/* a copy whose destination, source and cudaMemcpyKind are these arguments: copy_host_sync */
+#define PASS_COPY(name, dst, src, kind)                                                                \
+    PASS_AROUND(name, copy_host_sync((int)(kind), (const void *)(uintptr_t)(dst),                      \
+                                     (const void *)(uintptr_t)(src)), (void)0)
+PASS_SYNC(cudaDeviceSynchronize)
 PASS_SYNC(cudaStreamSynchronize)
 PASS(cudaStreamQuery)
 PASS(cudaStreamWaitEvent)
@@ -633,7 +662,7 @@ PASS(cudaStreamDestroy)
 PASS(cudaStreamBeginCapture)
 PASS(cudaEventRecord)
 PASS(cudaEventRecordWithFlags)
-PASS(cudaEventSynchronize)
+PASS_WAIT(cudaEventSynchronize)
 PASS(cudaEventQuery)
 PASS(cudaLaunchHostFunc)
 PASS(cudaLaunchCooperativeKernel)
@@ -642,8 +671,8 @@ PASS(cudaMemset)
 PASS(cudaMemsetAsync)
 PASS(cudaMemset2D)
 PASS(cudaMemset2DAsync)
-PASS(cudaMemcpy2D)
-PASS(cudaMemcpy2DAsync)
+PASS_COPY(cudaMemcpy2D, a, c, g)   /* dst, dpitch, src, spitch, width, height, kind */
+PASS_COPY(cudaMemcpy2DAsync, a, c, g)
 PASS(cudaMemcpy3D)
 PASS(cudaMemcpy3DAsync)
 PASS(cudaMemcpyPeer)
@@ -658,8 +687,8 @@ PASS(cudaFreeAsync)
 PASS(cudaDeviceReset)
 PASS(cudaHostUnregister)
 PASS(cudaIpcGetMemHandle)
-PASS(cudaMemcpy_ptds)
-PASS(cudaMemcpyAsync_ptsz)
+PASS_COPY(cudaMemcpy_ptds, a, b, d)   /* dst, src, count, kind */
+PASS_COPY(cudaMemcpyAsync_ptsz, a, b, d)
 PASS(cudaMemset_ptds)
 PASS(cudaMemsetAsync_ptsz)
 PASS_SYNC(cudaStreamSynchronize_ptsz)
@@ -667,6 +696,6 @@ PASS(cudaStreamQuery_ptsz)
 PASS(cudaStreamWaitEvent_ptsz)
 PASS(cudaEventRecord_ptsz)
 PASS(cudaGraphLaunch_ptsz)
-PASS(cudaMemcpy2D_ptds)
-PASS(cudaMemcpy2DAsync_ptsz)
+PASS_COPY(cudaMemcpy2D_ptds, a, c, g)
+PASS_COPY(cudaMemcpy2DAsync_ptsz, a, c, g)
 PASS(cudaMemPrefetchAsync_ptsz)

@@ -31,10 +31,11 @@ def results(out: str) -> list[str]:
     return [ln for ln in out.splitlines() if ln.startswith("RESULT ")]
 
 
-def run_cluster(built, prog, tmp_path, nodes: int, gpus: int, args=("100", "4"), timeout: float = 90):  # noqa: F811
+def run_cluster(built, prog, tmp_path, nodes: int, gpus: int, args=("100", "4"), timeout: float = 90,  # noqa: F811
+                extra: dict | None = None):
     env = {k: v for k, v in os.environ.items() if not k.startswith(("UMCTL_RT_", "LD_PRELOAD", "FAKE_"))}
     env.update(MPI_ENV, FAKE_LIBCUDA=str(built["libcuda"]), FAKE_DEVICES=str(gpus),
-               UMCTL_RT_LIBCUDA=str(built["libcuda"]), UMCTL_RT_STATS="1")
+               UMCTL_RT_LIBCUDA=str(built["libcuda"]), UMCTL_RT_STATS="1", **(extra or {}))
     p = subprocess.run([MPIRUN, "--oversubscribe", "-n", str(nodes), sys.executable, "-m", "umctl.cluster.live",
                         "--gpus", str(gpus), "--um-space", str(64 << 20), "--timeout", "20", "--stats",
                         str(tmp_path / "st"), "--library", str(built["lib"]), "--", str(prog), *args],
@@ -60,12 +61,31 @@ def test_partitioned_program_over_nodes_equals_one_gpu(built, prog, tmp_path, no
     for line in (ln for ln in p.stderr.splitlines() if ln.startswith("umctl_rt:")):
         assert "partitioned=7 " in line and "part_fallbacks=0 " in line
     for s in st:
-        # 1 device sync and 3 copies back; the cudaMemcpyDefault copy in does not sync
-        assert s["rc"] == 0 and s["launches"] == 7 and s["host_syncs"] == 4
+        # the first host read after a partitioned kernel syncs (the copy of C back after the scale,
+        # cudaDeviceSynchronize after the last gemm); the copies back after it find nothing new,
+        # and copies in (before the kernels, and A again after the stencil) never sync
+        assert s["rc"] == 0 and s["launches"] == 7 and s["host_syncs"] == 2
         assert s["pages_written"] > 0 and s["invalidated"] > 0
     # pages crossed nodes as MPI messages, and the shared pages' writers were degraded
     assert all(s["pages_in"] > 0 for s in st[1:]) and sum(s["pages_out"] for s in st) > 0
     assert sum(s["degraded"] for s in st) > 0
+
+
+@pytest.mark.parametrize("wait", ["stream", "event", "async"])
+def test_host_waiting_on_a_stream_or_an_event_reads_every_nodes_results(built, prog, tmp_path, wait):  # noqa: F811
+    """The host waits only with cudaStreamSynchronize, with cudaEventSynchronize, or with a
+    cudaMemcpyAsync to the host then cudaStreamSynchronize (no cudaDeviceSynchronize, no cudaMemcpy
+    back), then reads: node 1 must see every node's slabs, not its own alone. Node 0 starts its
+    copies in 0.3 s late: node 1's wait before the first kernel must not fetch the buffers from the
+    agents before node 0's host data reached them (it would overwrite node 1's own copies in)."""
+    args = ("100", "4", wait)
+    want = plain(built, prog)
+    assert plain(built, prog, args) == want
+    p, st = run_cluster(built, prog, tmp_path, 2, 1, args=args, extra={"CLUSTERPROG_NODE0_LAG_MS": "300"})
+    assert results(p.stdout) == [want] * 2
+    for s in st:
+        # one sync after the scale and one after the last gemm, whatever the number of waits
+        assert s["rc"] == 0 and s["launches"] == 7 and s["host_syncs"] == 2
 
 
 def test_pages_large_enough_for_the_rendezvous_protocol(built, prog, tmp_path):  # noqa: F811

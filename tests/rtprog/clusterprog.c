@@ -1,28 +1,44 @@
 /* A single-GPU program in the SnuRHAC convention for the cluster tests (tests/test_cluster_live.py),
  * on the fake CUDA runtime (fakecudart.c: kernels are host functions run at the launch call).
  *
- *   clusterprog N STEPS
+ *   clusterprog N STEPS [WAIT]
  *
  * cudaMalloc A, B, C (N x N ints) and two N x N grids; copies A, B and grid 0 in; launches
  * C = A x B (a thread block a row of C: every block reads all of B; A and B marked read-only),
  * then STEPS steps of a 5-point stencil between the grids (halo rows from the neighbouring bands;
  * rows of N ints do not end on page boundaries, so neighbouring slabs write the same pages),
- * then B = 3B + 1 in place by rows (B loses its read-only mark), copies C back (cudaMemcpyDefault,
- * no device synchronisation first), D = A x B into C's place; cudaDeviceSynchronize, copies C and
- * the last grid back (the grid with cudaMemcpyDefault) and prints
- * `RESULT <checksum of C> <checksum of the grid>`: equal with and without the runtime, on one
- * node or several. */
+ * copies A in again (the same bytes: a host-to-device copy after a kernel, which must not make
+ * the runtime sync), then B = 3B + 1 in place by rows (B loses its read-only mark), reads C back
+ * (no device synchronisation first), D = A x B into C's place; reads C and the last grid back and
+ * prints `RESULT <checksum of C> <checksum of D> <checksum of the grid>`: equal with and without
+ * the runtime, on one node or several, whatever WAIT is.
+ *
+ * WAIT: how the host waits for the kernels before it reads (read_back):
+ *   device (default): cudaMemcpy back (the first read of C and the grid with cudaMemcpyDefault),
+ *     cudaDeviceSynchronize before the last reads;
+ *   stream: cudaStreamSynchronize, then the host reads the managed buffer itself;
+ *   event: cudaEventRecord + cudaEventSynchronize, then the host reads the managed buffer itself;
+ *   async: cudaMemcpyAsync to the host (same kinds as device), then cudaStreamSynchronize.
+ * Besides device, the host also waits once right after the copies in, before any kernel.
+ * CLUSTERPROG_NODE0_LAG_MS: node 0 (UMCTL_RT_NODE=0) sleeps that long before its copies in, so
+ * that the other nodes reach that first wait before node 0's host data reached its agent. */
 #include <dlfcn.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 typedef struct { unsigned x, y, z; } dim3;
 int cudaMalloc(void **, size_t);
 int cudaMemcpy(void *, const void *, size_t, int);
 int cudaLaunchKernel(const void *, dim3, dim3, void **, size_t, void *);
 int cudaDeviceSynchronize(void);
+int cudaMemcpyAsync(void *, const void *, size_t, int, void *);
+int cudaStreamSynchronize(void *);
+int cudaEventCreateWithFlags(void **, unsigned);
+int cudaEventRecord(void *, void *);
+int cudaEventSynchronize(void *);
 extern __thread dim3 fake_cur_grid;
 enum { H2D = 1, D2H = 2, DEFAULT = 4 };   /* DEFAULT: the runtime tells the direction from the pointers */
 
@@ -83,6 +99,37 @@ static uint64_t checksum(const void *v, size_t n)
     return s;
 }
 
+static const char *wait_mode = "device";
+static void *wait_ev;
+
+/* The host waits for the kernels queued on the default stream, WAIT's way (never device-wide). */
+static void host_wait(void)
+{
+    int e = 0;
+    if (!strcmp(wait_mode, "event"))
+        e = cudaEventRecord(wait_ev, NULL) || cudaEventSynchronize(wait_ev);
+    else
+        e = cudaStreamSynchronize(NULL);
+    if (e) {
+        fprintf(stderr, "wait failed\n");
+        exit(1);
+    }
+}
+
+/* n bytes of the managed buffer d into h, as WAIT says (kind: the copy's direction). */
+static void read_back(void *h, const void *d, size_t n, int kind)
+{
+    if (!strcmp(wait_mode, "device")) {
+        cudaMemcpy(h, d, n, kind);
+    } else if (!strcmp(wait_mode, "async")) {
+        cudaMemcpyAsync(h, d, n, kind, NULL);
+        host_wait();
+    } else {
+        host_wait();
+        memcpy(h, d, n);   /* the host reads managed memory itself */
+    }
+}
+
 static void launch(void *k, unsigned ro_mask, void **args)
 {
     dim3 g = {1, N, 1}, b = {32, 1, 1};
@@ -98,6 +145,14 @@ int main(int argc, char **argv)
 {
     N = argc > 1 ? (unsigned)atoi(argv[1]) : 96;
     int steps = argc > 2 ? atoi(argv[2]) : 4;
+    wait_mode = argc > 3 ? argv[3] : "device";
+    if (strcmp(wait_mode, "device") && strcmp(wait_mode, "stream") && strcmp(wait_mode, "event") &&
+        strcmp(wait_mode, "async")) {
+        fprintf(stderr, "WAIT: device, stream, event or async\n");
+        return 2;
+    }
+    if (!strcmp(wait_mode, "event") && cudaEventCreateWithFlags(&wait_ev, 0))
+        return 1;
     const char *path = getenv("FAKE_LIBCUDA");   /* parameter sizes, as cuFuncGetParamInfo gives them */
     void *h = path ? dlopen(path, RTLD_NOW | RTLD_GLOBAL) : NULL;
     void (*set)(void *, int, const size_t *) = h ? (void (*)(void *, int, const size_t *))dlsym(h, "fake_set_params") : NULL;
@@ -115,9 +170,14 @@ int main(int argc, char **argv)
     if (cudaMalloc((void **)&A, bytes) || cudaMalloc((void **)&B, bytes) || cudaMalloc((void **)&C, bytes) ||
         cudaMalloc((void **)&G[0], bytes) || cudaMalloc((void **)&G[1], bytes))
         return 1;
+    const char *lag = getenv("CLUSTERPROG_NODE0_LAG_MS"), *node = getenv("UMCTL_RT_NODE");
+    if (lag && node && atoi(node) == 0)
+        usleep((useconds_t)atoi(lag) * 1000);
     cudaMemcpy(A, hA, bytes, H2D);
     cudaMemcpy(B, hB, bytes, DEFAULT);
     cudaMemcpy(G[0], hG, bytes, H2D);
+    if (strcmp(wait_mode, "device"))
+        host_wait();   /* before any kernel: nothing to bring, and the copies in must stay */
     struct umctl_part p;
     void *g3[4] = {&p, &A, &B, &C};
     launch((void *)gemm_k, 1u << 1 | 1u << 2, g3);
@@ -125,15 +185,17 @@ int main(int argc, char **argv)
         void *st[3] = {&p, &G[s & 1], &G[(s + 1) & 1]};
         launch((void *)stencil_k, 1u << 1, st);
     }
+    cudaMemcpy(A, hA, bytes, H2D);   /* the same bytes again: host-to-device, no sync */
     void *sc[2] = {&p, &B};
     launch((void *)scale_k, 0, sc);
     uint64_t c1 = 0;
-    cudaMemcpy(hC, C, bytes, DEFAULT);   /* no cudaDeviceSynchronize first: the copy's own sync brings C */
+    read_back(hC, C, bytes, DEFAULT);   /* no cudaDeviceSynchronize first: the read's own wait brings C */
     c1 = checksum(hC, bytes);
     launch((void *)gemm_k, 1u << 1 | 1u << 2, g3);
-    cudaDeviceSynchronize();
-    cudaMemcpy(hC, C, bytes, D2H);
-    cudaMemcpy(hG, G[steps & 1], bytes, DEFAULT);
+    if (!strcmp(wait_mode, "device"))
+        cudaDeviceSynchronize();
+    read_back(hC, C, bytes, D2H);
+    read_back(hG, G[steps & 1], bytes, DEFAULT);
     printf("RESULT %016llx %016llx %016llx\n", (unsigned long long)c1, (unsigned long long)checksum(hC, bytes),
            (unsigned long long)checksum(hG, bytes));
     return 0;
