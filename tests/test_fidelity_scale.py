@@ -79,3 +79,30 @@ def test_paper_testbed_calibrations_give_a_source_for_every_constant(name: str) 
     assert fields <= set(sources), f"no source for {sorted(fields - set(sources))}"
     assert all(len(str(sources[f])) > 20 for f in fields)
     Calibration.load(name)   # loads by name
+
+
+def test_resnet_runs_bn_and_relu_as_pytorch_does_and_keeps_only_what_autograd_keeps() -> None:
+    """torchvision's bottleneck: conv, BN, ``relu_`` in place; the block ends with ``out +=
+    identity`` and ``relu_``, both in place. So each op is a kernel of its own, but only conv
+    and BN outputs are activations (relu_ and += write BN's tensor), and the projection
+    shortcut's BN output dies at the add, whose backward needs no activation."""
+    p = Params(resolve_params(find_scenario("resnet152"), {"batch": "2", "image": "64"}))
+    net = dnn.resnet_net(p)
+    steps = dnn.trace(net, p["optimizer"])
+    fwd = [s.name for s in steps if s.type is dnn.OpType.KERNEL][: len([o for o in net.ops if o.kind is not dnn.OpKind.INPUT])]
+    # stem conv-BN-ReLU-pool, then per block 3 x (conv, BN[, relu_]) + shortcut conv-BN + add_ + relu_
+    assert fwd[:4] == ["conv7x7_stem", "batch_norm", "relu_", "max_pool"]
+    assert fwd[4:16] == ["conv1x1_reduce", "batch_norm", "relu_", "conv3x3", "batch_norm", "relu_",
+                         "conv1x1_expand", "batch_norm", "conv1x1_shortcut", "batch_norm", "add_", "relu_"]
+    inplace = {i for i, op in enumerate(net.ops) if op.inplace}
+    acts = {r.op for r in dnn.lifetimes(steps) if r.space is dnn.Space.A}
+    assert inplace and not acts & inplace, "an in-place op allocates no tensor of its own"
+    for i in inplace:   # it reads and writes the tensor of the op that allocated it
+        k = next(s for s in steps if s.op == i and s.type is dnn.OpType.KERNEL)
+        assert k.writes[0] in k.reads and k.writes[0].op not in inplace
+    add = next(i for i, op in enumerate(net.ops) if op.name == "add_")
+    shortcut_bn = net.ops[add].inputs[1]
+    bwd = next(s for s in steps if s.name == "add__backward")
+    assert not any(r.space is dnn.Space.A for r in bwd.reads)
+    last = max(k for k, s in enumerate(steps) for r in s.reads + s.writes if r == dnn.Ref(dnn.Space.A, shortcut_bn))
+    assert steps[last].name == "add_", "the shortcut's BN output is freed after the add"

@@ -51,7 +51,9 @@ def test_every_scenario_loads_with_defaults(name: str) -> None:
     assert w.meta["family"] == find_scenario(name).family
     k = w.kernels
     assert len(k) > 0 and (k["compute_ns"] > 0).all()
-    assert w.n_accesses < 6_000_000, "defaults must replay in a few seconds"
+    # ResNet-152, every BN and ReLU its own kernel as in PyTorch, is the largest (7.4 M: 1.5 s
+    # for `umctl replay resnet152 -m none,deepum` on the 2-core development VM)
+    assert w.n_accesses < 8_000_000, "defaults must replay in a few seconds"
     print(f"{name}: {w.n_accesses} accesses, {w.managed_bytes >> 20} MiB managed, {elapsed:.2f} s")
 
 

@@ -63,6 +63,8 @@ class NetOp:
     sparse: bool = False            # GATHER: sparse gradient, only looked-up rows updated (DLRM)
     saved: float = 0.0              # what autograd keeps besides the output (dropout masks, the
                                     # intermediates of a GELU written as Python ops), read by backward
+    inplace: bool = False           # writes its first input's tensor (torchvision's relu_, out += x)
+    keeps: bool = True              # backward reads its inputs' activations (an add's does not)
 
     @property
     def row_bytes(self) -> int:
@@ -87,8 +89,14 @@ class Net:
              shares: int = -1) -> int:
         return self.add(name, OpKind.GEMM, out, inputs, weight=float(weight), shares=shares, flops=float(flops))
 
-    def elem(self, name: str, inputs: list[int], out: float, weight: float = 0.0, saved: float = 0.0) -> int:
-        return self.add(name, OpKind.ELEM, out, inputs, weight=float(weight), saved=float(saved))
+    def elem(self, name: str, inputs: list[int], out: float, weight: float = 0.0, saved: float = 0.0,
+             inplace: bool = False, keeps: bool = True) -> int:
+        """An elementwise op; ``inplace``: it overwrites its first input (same bytes, no new
+        tensor), as autograd lets ``relu_`` and ``+=`` do where no backward needs the old value."""
+        if inplace:
+            out = self.ops[inputs[0]].out
+        return self.add(name, OpKind.ELEM, out, inputs, weight=float(weight), saved=float(saved),
+                        inplace=inplace, keeps=keeps)
 
     def gather(self, name: str, index: int, rows: int, row_bytes: int, lookups: int, out: float,
                sparse: bool = False) -> int:
@@ -158,36 +166,42 @@ def transformer_net(p: dict) -> Net:
 def resnet_net(p: dict) -> Net:
     """Bottleneck ResNet as torchvision builds it (DeepUM runs ResNet-152/200 from the PyTorch
     ImageNet example): 7x7 stem, max-pool, stages of 1x1-3x3-1x1 bottlenecks (stride in the 3x3,
-    projection shortcut on each stage's first block), BN+ReLU fused per conv (ReLU is in-place
-    in torchvision, so it adds no activation), global pool, classifier."""
+    projection shortcut, a 1x1 conv and BN without ReLU, on each stage's first block), global
+    pool, classifier. Every op is its own kernel, as PyTorch launches them: conv, BN, then
+    ``relu_`` in place on BN's output; a block ends ``out = bn3(...); out += identity;
+    out = relu_(out)``, both in place, so a block keeps conv and BN outputs only (the shortcut's
+    BN output dies at the add, whose backward needs no activation)."""
     B, img, width, classes = p["batch"], p["image"], p["width"], p["classes"]
     for key in ("batch", "image", "width", "classes"):
         at_least(p, key, 1)
     check(len(p["blocks"]) >= 1 and min(p["blocks"]) >= 1, "blocks must list at least one block per stage")
     net = Net()
 
-    def conv(x: int, cin: int, cout: int, k: int, hw: int, name: str) -> int:
+    def conv_bn(x: int, cin: int, cout: int, k: int, hw: int, name: str, relu: bool = True) -> int:
         c = net.gemm(name, [x], B * cout * hw * hw * F32, 2 * B * hw * hw * cin * cout * k * k,
                      weight=cin * cout * k * k * F32)
-        return net.elem("batch_norm_relu", [c], B * cout * hw * hw * F32, weight=2 * cout * F32)
+        y = net.elem("batch_norm", [c], B * cout * hw * hw * F32, weight=2 * cout * F32)
+        return net.elem("relu_", [y], 0, inplace=True) if relu else y
 
     x = net.input("images", B * 3 * img * img * F32)
     hw = img // 2
-    x = conv(x, 3, width, 7, hw, "conv7x7_stem")
+    x = conv_bn(x, 3, width, 7, hw, "conv7x7_stem")
     hw //= 2
-    x = net.elem("max_pool", [x], B * width * hw * hw * F32)
+    # max_pool2d_with_indices keeps an int64 index per output element for its backward
+    x = net.elem("max_pool", [x], B * width * hw * hw * F32, saved=2 * B * width * hw * hw * F32)
     cin = width
     for stage, blocks in enumerate(p["blocks"]):
         mid = width * 2 ** stage
         for i in range(blocks):
             net.next_layer()
             stride = 2 if (i == 0 and stage > 0) else 1
-            y = conv(x, cin, mid, 1, hw, "conv1x1_reduce")
+            y = conv_bn(x, cin, mid, 1, hw, "conv1x1_reduce")
             hw_out = hw // stride
-            y = conv(y, mid, mid, 3, hw_out, "conv3x3")
-            y = conv(y, mid, 4 * mid, 1, hw_out, "conv1x1_expand")
-            shortcut = conv(x, cin, 4 * mid, 1, hw_out, "conv1x1_shortcut") if i == 0 else x
-            x = net.elem("add_relu", [y, shortcut], B * 4 * mid * hw_out * hw_out * F32)
+            y = conv_bn(y, mid, mid, 3, hw_out, "conv3x3")
+            y = conv_bn(y, mid, 4 * mid, 1, hw_out, "conv1x1_expand", relu=False)
+            shortcut = conv_bn(x, cin, 4 * mid, 1, hw_out, "conv1x1_shortcut", relu=False) if i == 0 else x
+            y = net.elem("add_", [y, shortcut], 0, inplace=True, keeps=False)
+            x = net.elem("relu_", [y], 0, inplace=True)
             cin, hw = 4 * mid, hw_out
     net.next_layer()
     x = net.elem("avg_pool", [x], B * cin * F32)
@@ -252,9 +266,18 @@ def dense_grad(op: NetOp) -> bool:
 
 
 def trace(net: Net, optimizer: str) -> list[Step]:
-    """One training iteration, in program order."""
+    """One training iteration, in program order. An in-place op's activation is its first
+    input's tensor (followed to the op that allocated it); its gradient is its own."""
     ops = net.ops
     steps: list[Step] = []
+    root = list(range(len(ops)))
+    for i, op in enumerate(ops):
+        if op.inplace:
+            root[i] = root[op.inputs[0]]
+
+    def act(j: int) -> Ref:
+        return Ref(Space.A, root[j])
+
     for i, op in enumerate(ops):
         if op.kind is OpKind.INPUT:
             steps.append(Step(OpType.HOST_WRITE, "load_batch", i, writes=(Ref(Space.H, i),)))
@@ -262,14 +285,14 @@ def trace(net: Net, optimizer: str) -> list[Step]:
     for i, op in enumerate(ops):
         if op.kind is OpKind.INPUT:
             continue
-        reads = tuple(Ref(Space.A, j) for j in op.inputs)
+        reads = tuple(act(j) for j in op.inputs)
         w = owner(net, i)
         if op.kind is OpKind.GATHER:
             reads += (Ref(Space.W, i, rows=True),)
         elif w >= 0:
             reads = (Ref(Space.W, w),) + reads
         saved = (Ref(Space.X, i),) if op.saved > 0 else ()
-        steps.append(Step(OpType.KERNEL, op.name, i, reads, (Ref(Space.A, i),) + saved, op.flops))
+        steps.append(Step(OpType.KERNEL, op.name, i, reads, (act(i),) + saved, op.flops))
 
     consumed = {j for op in ops for j in op.inputs}
     born: set[int] = set()  # activations whose gradient exists already (later writers accumulate)
@@ -288,21 +311,22 @@ def trace(net: Net, optimizer: str) -> list[Step]:
         w = owner(net, i)
         if op.kind is OpKind.GATHER:
             dst = Ref(Space.S, i) if op.sparse else Ref(Space.G, i, rows=True)
-            steps.append(Step(OpType.KERNEL, f"{op.name}_backward", i, gout + (Ref(Space.A, op.inputs[0]),), (dst,)))
+            steps.append(Step(OpType.KERNEL, f"{op.name}_backward", i, gout + (act(op.inputs[0]),), (dst,)))
         elif op.kind is OpKind.GEMM and w >= 0:
             if targets:
                 acc, d = grad_of(targets[0])
                 steps.append(Step(OpType.KERNEL, f"{op.name}_dgrad", i, gout + (Ref(Space.W, w),) + acc, (d,),
                                   op.flops))
-            steps.append(Step(OpType.KERNEL, f"{op.name}_wgrad", i, gout + (Ref(Space.A, op.inputs[0]),),
+            steps.append(Step(OpType.KERNEL, f"{op.name}_wgrad", i, gout + (act(op.inputs[0]),),
                               (Ref(Space.G, w),), op.flops))
         elif op.kind is OpKind.GEMM:
             for k, j in enumerate(targets):
-                others = tuple(Ref(Space.A, o) for o in op.inputs if o != j) or (Ref(Space.A, j),)
+                others = tuple(act(o) for o in op.inputs if o != j) or (act(j),)
                 acc, d = grad_of(j)
                 steps.append(Step(OpType.KERNEL, f"{op.name}_backward{k}", i, gout + others + acc, (d,), op.flops))
         else:
-            reads = gout + tuple(Ref(Space.A, j) for j in op.inputs) + ((Ref(Space.W, w),) if w >= 0 else ())
+            reads = gout + (tuple(act(j) for j in op.inputs) if op.keeps else ())
+            reads += (Ref(Space.W, w),) if w >= 0 else ()
             reads += (Ref(Space.X, i),) if op.saved > 0 else ()
             writes: tuple[Ref, ...] = ()
             for j in targets:
