@@ -50,6 +50,14 @@ class BlockTable(PairCorrelationTable):
         self.start: int | None = None
         self.end: int | None = None
 
+    def row_of(self, key: int) -> int:
+        """Set index: the UM block number's low bits, as a driver keyed by block address (and
+        the original correlation prefetcher, by the miss address) indexes its table. A
+        kernel's tensors are runs of consecutive blocks, so a run of up to NumRows x Assoc
+        blocks (8 GiB at the paper's 2048 x 2) fits without one conflict, where a hash
+        evicts ways at random long before the table is full."""
+        return key % self.num_rows
+
 
 def _whole(parts: list[tuple[int, int]]) -> bool:
     """Whether a block's inactive parts (``_inactive_parts``) cover all of it: only then may
