@@ -18,7 +18,9 @@ def test_oracle_never_slower_than_none(name):
     w = load_scenario(name, _small(name))
     none, oracle = run_modes(w, ["none", "oracle"])
     assert oracle.time_ns <= none.time_ns * 1.001, (name, none.time_s, oracle.time_s)
-    assert oracle.faults <= none.faults
+    # a write to a page the oracle discarded as dead faults too, but moves nothing (a zero-fill):
+    # only the faults that bring data back must not outnumber the stock driver's
+    assert oracle.faults - oracle.fault_causes["discarded"] <= none.faults
     assert none.kernels == oracle.kernels == len(w.kernels)
 
 

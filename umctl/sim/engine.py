@@ -134,6 +134,7 @@ class SimResult:
     #: or why it was not usable yet (a prefetch still in flight); totals and per iteration
     fault_causes: dict = field(default_factory=dict)
     iteration_fault_causes: np.ndarray | None = None
+    kernel_fault_causes: np.ndarray | None = None     # kernels x causes (which kernel pays for what)
     #: per GPU: when its last kernel ended, and the time its kernels ran (compute + fault
     #: stalls). On a shared server the latter is a tenant's own time: the jobs share one
     #: simulated host thread, so end times also carry the other tenants' synchronisations.
@@ -1049,6 +1050,7 @@ class Simulator:
         r.kernel_start_ns = self._kstart[kmask].astype(np.int64)
         r.kernel_end_ns = self._kend[kmask].astype(np.int64)
         r.kernel_faults = self._kfaults[kmask]
+        r.kernel_fault_causes = self._kcauses[kmask]
         r.gpu_end_ns = np.zeros(self.n_gpus, np.int64)
         if kmask.any():
             np.maximum.at(r.gpu_end_ns, ops["gpu"][kmask].astype(np.int64), r.kernel_end_ns)
