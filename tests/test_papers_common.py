@@ -80,6 +80,14 @@ def test_table_and_figure(tmp_path, capsys):
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def test_emit_draws_only_the_rows_the_script_selects(tmp_path, monkeypatch, capsys):
+    drawn = []
+    monkeypatch.setattr(common, "figure", lambda rs, path, title: drawn.extend(r.row for r in rs))
+    common.emit(rows(), Namespace(json=True, png=str(tmp_path / "f.png")), "t", lambda r: r.row in ("a", "c"))
+    assert drawn == ["a", "c"]
+    assert len(json.loads(capsys.readouterr().out)) == 5   # the JSON keeps every row
+
+
 def test_figure_without_values_is_a_one_line_error(tmp_path):
     with pytest.raises(SystemExit, match="no row has a umctl value"):
         common.figure([Row("P", "T", "x", "m", 1.0, None)], str(tmp_path / "f.png"), "t")

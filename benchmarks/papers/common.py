@@ -163,15 +163,17 @@ def parser(description: str) -> argparse.ArgumentParser:
     return ap
 
 
-def emit(rows: Sequence[Row], args: argparse.Namespace, title: str) -> None:
-    """Print the rows (table or JSON) and draw the figure when asked."""
+def emit(rows: Sequence[Row], args: argparse.Namespace, title: str,
+         drawn: Callable[[Row], bool] | None = None) -> None:
+    """Print the rows (table or JSON) and draw the figure when asked: of the rows ``drawn``
+    selects (all by default; a paper whose rows mix seconds and fault ratios draws one kind)."""
     if args.json:
         json.dump([r.as_dict() for r in rows], sys.stdout, indent=1)
         sys.stdout.write("\n")
     else:
         print_table(rows, title)
     if args.png:
-        figure(rows, args.png, title)
+        figure([r for r in rows if drawn is None or drawn(r)], args.png, title)
         print(f"wrote {args.png}", file=sys.stderr)
 
 
@@ -188,7 +190,8 @@ class Progress:
 
 
 def run_main(build: Callable[[argparse.Namespace], list[Row]], description: str, title: str,
-             configure: Callable[[argparse.ArgumentParser], None] | None = None) -> None:
+             configure: Callable[[argparse.ArgumentParser], None] | None = None,
+             drawn: Callable[[Row], bool] | None = None) -> None:
     """A paper script's main: parse, build the rows, emit them; a UmctlError (bad calibration
     name, bad scenario parameter) is one line on stderr and exit status 1, not a traceback."""
     from umctl import UmctlError
@@ -202,7 +205,7 @@ def run_main(build: Callable[[argparse.Namespace], list[Row]], description: str,
     except UmctlError as e:
         print(f"error: {e}", file=sys.stderr)
         raise SystemExit(1) from None
-    emit(rows, args, title)
+    emit(rows, args, title, drawn)
 
 
 def geomean(xs: Iterable[float]) -> float:
