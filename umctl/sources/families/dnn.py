@@ -89,14 +89,14 @@ class Net:
              shares: int = -1) -> int:
         return self.add(name, OpKind.GEMM, out, inputs, weight=float(weight), shares=shares, flops=float(flops))
 
-    def elem(self, name: str, inputs: list[int], out: float, weight: float = 0.0, saved: float = 0.0,
-             inplace: bool = False, keeps: bool = True) -> int:
-        """An elementwise op; ``inplace``: it overwrites its first input (same bytes, no new
-        tensor), as autograd lets ``relu_`` and ``+=`` do where no backward needs the old value."""
-        if inplace:
-            out = self.ops[inputs[0]].out
-        return self.add(name, OpKind.ELEM, out, inputs, weight=float(weight), saved=float(saved),
-                        inplace=inplace, keeps=keeps)
+    def elem(self, name: str, inputs: list[int], out: float, weight: float = 0.0, saved: float = 0.0) -> int:
+        return self.add(name, OpKind.ELEM, out, inputs, weight=float(weight), saved=float(saved))
+
+    def inplace(self, name: str, inputs: list[int], keeps: bool = True) -> int:
+        """An elementwise op overwriting its first input (its bytes, no new tensor), as autograd
+        lets ``relu_`` and ``+=`` do where no backward needs the old value; ``keeps``: its
+        backward reads the inputs' activations."""
+        return self.add(name, OpKind.ELEM, self.ops[inputs[0]].out, inputs, inplace=True, keeps=keeps)
 
     def gather(self, name: str, index: int, rows: int, row_bytes: int, lookups: int, out: float,
                sparse: bool = False) -> int:
@@ -181,7 +181,7 @@ def resnet_net(p: dict) -> Net:
         c = net.gemm(name, [x], B * cout * hw * hw * F32, 2 * B * hw * hw * cin * cout * k * k,
                      weight=cin * cout * k * k * F32)
         y = net.elem("batch_norm", [c], B * cout * hw * hw * F32, weight=2 * cout * F32)
-        return net.elem("relu_", [y], 0, inplace=True) if relu else y
+        return net.inplace("relu_", [y]) if relu else y
 
     x = net.input("images", B * 3 * img * img * F32)
     hw = img // 2
@@ -200,8 +200,8 @@ def resnet_net(p: dict) -> Net:
             y = conv_bn(y, mid, mid, 3, hw_out, "conv3x3")
             y = conv_bn(y, mid, 4 * mid, 1, hw_out, "conv1x1_expand", relu=False)
             shortcut = conv_bn(x, cin, 4 * mid, 1, hw_out, "conv1x1_shortcut", relu=False) if i == 0 else x
-            y = net.elem("add_", [y, shortcut], 0, inplace=True, keeps=False)
-            x = net.elem("relu_", [y], 0, inplace=True)
+            y = net.inplace("add_", [y, shortcut], keeps=False)
+            x = net.inplace("relu_", [y])
             cin, hw = 4 * mid, hw_out
     net.next_layer()
     x = net.elem("avg_pool", [x], B * cin * F32)
