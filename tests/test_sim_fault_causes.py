@@ -125,6 +125,8 @@ def test_every_fault_has_one_cause_in_a_dnn_replay(mode):
     r = run_modes(w, [mode])[0]
     assert sum(r.fault_causes.values()) == r.faults > 0
     assert (r.iteration_fault_causes.sum(axis=1) == r.iteration_faults).all()
+    assert r.kernel_fault_causes.shape == (len(r.kernel_faults), len(FAULT_CAUSES))
+    assert (r.kernel_fault_causes.sum(axis=1) == r.kernel_faults).all()
     steady = r.steady_fault_causes_per_iter
     assert set(steady) == set(FAULT_CAUSES)
     assert sum(steady.values()) == pytest.approx(r.steady_faults_per_iter)
