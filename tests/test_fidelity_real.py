@@ -139,6 +139,30 @@ def test_allocations_first_touched_by_a_gpu_start_untouched(tmp_path: Path) -> N
     assert w.allocations["init"][:3].tolist() == [Init.UNTOUCHED, Init.HOST, Init.HOST]
 
 
+
+def test_a_span_after_the_gpu_first_wrote_an_allocation_fetches_it_back(tmp_path: Path) -> None:
+    """A replayed span starts with nothing on the GPU: an allocation the GPU zero-filled before
+    the span (a warm-up step) holds data in it, so its faults in the span move bytes; one the GPU
+    first touches inside the span still zero-fills (tests/gpu/wl_convnet.py's cold steps)."""
+    from umctl.controller.base import make_controller
+    from umctl.sim.engine import simulate
+    from umctl.sources.workload import Init
+    from umctl.units import BLOCK_SIZE
+
+    al = empty(Kind.ALLOC, 2)
+    al["t_ns"], al["pid"], al["op"], al["managed"] = 0, 42, 0, True
+    al["addr"] = [(BASE_PAGE << PAGE_SHIFT) + i * BLOCK_SIZE for i in range(2)]
+    al["bytes"], al["alloc_id"] = BLOCK_SIZE, [0, 1]
+    la = _launches([10 * MS, 30 * MS])
+    f = _faults([10 * MS + 10, 30 * MS + 10, 30 * MS + 20], [0, 1, 512])   # warm-up writes alloc 0; the span faults both
+    cf = _cpu_faults([20 * MS], [0])                                       # the host read page 0 back before the span
+    tr = _trace(tmp_path / "s.parquet", {Kind.ALLOC: al, Kind.LAUNCH: la, Kind.FAULT: f, Kind.CPU_FAULT: cf})
+    whole = workload_from_trace(tr)
+    assert whole.allocations["init"][:2].tolist() == [Init.UNTOUCHED, Init.UNTOUCHED]
+    span = workload_from_trace(tr, span=(25 * MS, 40 * MS))
+    assert span.allocations["init"][:2].tolist() == [Init.HOST, Init.UNTOUCHED]
+    assert simulate(span, make_controller("none")).bytes_h2d > 0
+
 def test_reread_pages_ride_in_the_batch_that_faulted_their_block(tmp_path: Path) -> None:
     """After the host fills a block, the first kernel faulting it is taken to read the block's
     written pages: they join that fault's recorded batch (one simulated window), right after it."""
@@ -179,3 +203,24 @@ def test_stall_is_subtracted_after_the_burst_cap(tmp_path: Path) -> None:
     w = workload_from_trace(_trace(tmp_path / "c.parquet", {Kind.LAUNCH: la, Kind.FAULT: f, Kind.REPLAY: rp,
                                                            Kind.CPU_FAULT: cf}))
     assert w.kernels["compute_ns"][0] == 50 * MS - 20 * MS
+
+
+def test_conv_probe_replays_the_shipped_recording_and_compares_with_the_model() -> None:
+    """benchmarks/gpu/conv_probe.py on its shipped H100 recording (batch 16, one bottleneck per
+    stage): the recorded statistics of each cold step, three replays, and the fault path's
+    time against umctl's synthetic ResNet of the same net."""
+    spec = importlib.util.spec_from_file_location("conv_probe", ROOT / "benchmarks" / "gpu" / "conv_probe.py")
+    cp = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(cp)
+    trace = DATA / "convnet.parquet"
+    rows = cp.replay(trace)
+    assert [r["phase"] for r in rows] == ["cold0", "cold1"]
+    assert rows[0]["entries"] == 124_047 and rows[0]["pages"] == 40_368 and rows[0]["batches"] == 811
+    for r in rows:
+        assert all(r[k]["ms"] > 0 and r[k]["h2d_bytes"] > 0 for k in ("recorded", "window", "sorted"))
+    cmp = cp.against_model(trace, rows)
+    assert cmp["batch"] == 16 and cmp["blocks"] == "1,1,1,1"
+    assert cmp["model"]["cold_ms"] > cmp["model"]["warm_ms"] > 0
+    for ph in cmp["phases"]:
+        assert ph["error_pct"] == pytest.approx(100 * (ph["model_ms"] / ph["measured_ms"] - 1))
+    assert "| cold0 | 150.8 |" in cp.table(rows)

@@ -130,7 +130,7 @@ def workload_from_trace(trace: Trace, *, gpu_mem: int | None = None, oversub: fl
     if counts[Kind.FAULT]:
         n_recorded = int((alloc_events["op"] == AllocOp.ALLOC).sum())   # _allocations puts them first
         _zero_filled(allocations[:n_recorded], trace.events(Kind.FAULT), trace.events(Kind.CPU_FAULT),
-                     trace.events(Kind.COPY))
+                     trace.events(Kind.COPY), since=None if span is None else int(span[0]))
     ops = _program_order(kernels, alloc_events, allocations, copies, bursts)
     if span is not None:
         ops = _lead_in(ops, span, kernels, copies, bursts)
@@ -690,16 +690,25 @@ def _first_in(allocations: np.ndarray, addr: np.ndarray, t: np.ndarray) -> np.nd
     return out
 
 
-def _zero_filled(recorded: np.ndarray, faults: np.ndarray, cpu: np.ndarray, copies: np.ndarray) -> None:
+def _zero_filled(recorded: np.ndarray, faults: np.ndarray, cpu: np.ndarray, copies: np.ndarray,
+                 since: int | None = None) -> None:
     """Recorded allocations whose first touch was a GPU fault -- no CPU fault and no copy into
     them before it -- start untouched: the driver zero-fills those pages on the GPU without a
     transfer (torch's fresh blocks for activations and optimizer state; the probe phase
     ``gpu-first-write`` of benchmarks/gpu/fidelity_real.py). Everything else stays
-    host-initialised, the conservative default (see :func:`_allocations`). In place (a view)."""
+    host-initialised, the conservative default (see :func:`_allocations`). In place (a view).
+
+    A replay of a span (``since``: its start) starts with nothing on the GPU, so an allocation
+    the GPU first touched before the span holds data by then: a page of it that faults in the
+    span was evicted or moved to the host since, and comes back with a copy, not a zero-fill
+    (tests/gpu/wl_convnet.py's cold steps: torch's blocks, first written by the warm-up, moved
+    to the host before the step)."""
     gpu = _first_in(recorded, faults["addr"], faults["t_ns"])
     host = np.minimum(_first_in(recorded, cpu["addr"], cpu["t_ns"]),
                       _first_in(recorded, copies["dst_addr"], copies["t_ns"]))
     untouched = (gpu < np.iinfo(np.int64).max) & (gpu < host)
+    if since is not None:
+        untouched &= gpu >= since
     recorded["init"][untouched] = Init.UNTOUCHED
 
 
