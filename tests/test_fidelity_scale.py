@@ -106,3 +106,37 @@ def test_resnet_runs_bn_and_relu_as_pytorch_does_and_keeps_only_what_autograd_ke
     assert not any(r.space is dnn.Space.A for r in bwd.reads)
     last = max(k for k, s in enumerate(steps) for r in s.reads + s.writes if r == dnn.Ref(dnn.Space.A, shortcut_bn))
     assert steps[last].name == "add_", "the shortcut's BN output is freed after the add"
+
+
+def _measured_footprints() -> dict[str, dict]:
+    """PyTorch's own peaks for DeepUM's models on an H100 (benchmarks/gpu/footprint_probe.py run,
+    2026-11-25: torch 2.11, transformers 5.17 with eager attention, torchvision 0.26)."""
+    rows = json.loads((Path(__file__).parent / "data" / "real" / "footprint-h100.json").read_text())
+    return {r["row"]: r for r in rows}
+
+
+@pytest.mark.parametrize("row", ["bert-base:29", "bert-base:31", "bert-large:14", "bert-large:18", "gpt2-l:3",
+                                 "gpt2-xl:1", "gpt2-xl:2"])
+def test_transformer_footprint_is_pytorchs_allocator_pool(row: str) -> None:
+    """The full-scale model is the memory PyTorch really takes: the caching allocator's peak
+    pool for Hugging Face's model at that batch, within 6 % (measured: -3 ... +5 %)."""
+    real = _measured_footprints()[row]
+    model, batch = row.split(":")
+    w = load_scenario(model, {"scale": "full", "batch": batch, "iterations": "1"})
+    assert w.meta["param_count"] == pytest.approx(real["params"], rel=0.01)
+    assert w.managed_bytes == pytest.approx(real["max_reserved"], rel=0.06)
+
+
+def test_resnet_footprint_grows_per_image_as_pytorchs_does() -> None:
+    """ResNet-152's footprint per image matches PyTorch's pool between batch 64 and 256 within
+    3 % (measured: 0.177 against 0.176 GiB); PyTorch's pool also holds about 4 GiB of cuDNN
+    autotuning workspace that does not grow with the batch (2 % of batch 1280's footprint), which
+    the model leaves out."""
+    real = _measured_footprints()
+    size = {b: load_scenario("resnet152", {"scale": "full", "batch": str(b), "iterations": "1"}).managed_bytes
+            for b in (64, 256)}
+    slope = (size[256] - size[64]) / 192
+    real_slope = (real["resnet152:256"]["max_reserved"] - real["resnet152:64"]["max_reserved"]) / 192
+    assert slope == pytest.approx(real_slope, rel=0.03)
+    offset = real["resnet152:256"]["max_reserved"] - size[256]
+    assert 0 < offset < 5 * GiB
