@@ -105,10 +105,11 @@ def kill(tmp_path, pid: int) -> None:
     shutil.rmtree(tmp_path / "proc" / str(pid))
 
 
-def make_agent(drv, root, *, sample=1.0, grace=5.0, clock=None, kinds=DEFAULT_KINDS, state_dir=None, **kw):
+def make_agent(drv, root, *, sample=1.0, grace=5.0, clock=None, kinds=DEFAULT_KINDS, state_dir=None,
+               ring_entries=256, **kw):
     state = ExporterState(sample=sample, kinds="test", version="t")
     logs: list[str] = []
-    agent = Agent(state, kinds=kinds, sample=sample, interval_s=0.05, grace_s=grace, ring_entries=256, drain_ms=1.0,
+    agent = Agent(state, kinds=kinds, sample=sample, interval_s=0.05, grace_s=grace, ring_entries=ring_entries, drain_ms=1.0,
                   io_factory=lambda: drv, proc_root=root, driver_present=lambda: not drv.no_driver,
                   log=logs.append, clock=clock or time.monotonic, state_dir=state_dir, same_file=drv.same_file, **kw)
     agent._smi_t = float("inf")   # never run nvidia-smi in tests
@@ -239,15 +240,17 @@ def test_ended_process_keeps_its_final_values_for_the_grace_then_its_series_end(
 def test_sampled_counters_are_scaled_by_the_measured_on_time(node):
     drv, root, tmp = node
     spawn(tmp, 401)
-    agent, state, _ = make_agent(drv, root, sample=0.5)
+    # a ring that holds 80 emissions: a drain thread held up by a loaded machine must not
+    # overflow it, which would lose events for a reason other than sampling
+    agent, state, _ = make_agent(drv, root, sample=0.5, ring_entries=8192)
     agent.step()
     src = agent.sessions[401].src
     assert src.sampler is not None
-    sent = 0
+    sent = overflowed = 0
     end = time.monotonic() + 3.0
     while time.monotonic() < end:   # a steady 100 faults per 5 ms; the driver drops them while disabled
         if drv.enabled_mask & (1 << abi.EV_GPU_FAULT):
-            drv.emit(401, faults_for(401, 100, batch=sent))
+            overflowed += 100 - drv.emit(401, faults_for(401, 100, batch=sent))
         sent += 1
         time.sleep(0.005)
         if sent % 10 == 0:
@@ -255,6 +258,7 @@ def test_sampled_counters_are_scaled_by_the_measured_on_time(node):
     agent.step()
     est = value(scrape(state), "umctl_gpu_faults_total", pid=401)
     truth = sent * 100
+    assert overflowed == 0
     assert 0.3 < src.sample_fraction() < 0.7
     assert est == pytest.approx(truth, rel=0.3), (est, truth, src.sample_fraction())
     assert value(scrape(state), "umctl_process_sampled_ratio", pid=401) == pytest.approx(src.sample_fraction(), abs=0.05)
