@@ -224,3 +224,23 @@ def test_conv_probe_replays_the_shipped_recording_and_compares_with_the_model() 
     for ph in cmp["phases"]:
         assert ph["error_pct"] == pytest.approx(100 * (ph["model_ms"] / ph["measured_ms"] - 1))
     assert "| cold0 | 150.8 |" in cp.table(rows)
+
+
+def test_probe_scripts_reject_bad_input_in_one_line(tmp_path: Path) -> None:
+    """conv_probe and footprint_probe: a file that is not what they read, or a malformed row,
+    is a one-line error and exit 1, not a traceback."""
+    import subprocess
+    import sys
+
+    bad = tmp_path / "bad.json"
+    bad.write_text("not json")
+    cases = [("conv_probe.py", ["replay", str(bad)], "not a Parquet file"),
+             ("conv_probe.py", ["replay", str(DATA / "gemm.parquet")], "no phases"),
+             ("footprint_probe.py", ["compare", str(bad)], "is not JSON"),
+             ("footprint_probe.py", ["run", "--only", "gpt2"], "bad row 'gpt2'")]
+    for script, args, want in cases:
+        p = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu" / script), *args],
+                           capture_output=True, text=True, timeout=120)
+        assert p.returncode == 1, (script, args, p.stderr)
+        assert want in p.stderr and "Traceback" not in p.stderr
+        assert len(p.stderr.strip().splitlines()) == 1, p.stderr

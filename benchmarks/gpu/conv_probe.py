@@ -199,8 +199,13 @@ def main() -> None:
         trace = Path(a.trace)
         if not trace.is_file():
             raise SystemExit(f"conv_probe: no such trace: {trace}")
-    rows = replay(trace)
-    cmp = against_model(trace, rows)
+    from umctl import UmctlError
+
+    try:
+        rows = replay(trace)
+        cmp = against_model(trace, rows)
+    except UmctlError as e:   # TraceError included: not a trace, corrupt, nothing to replay
+        raise SystemExit(f"conv_probe: {e}")
     if getattr(a, "json", False):
         print(json.dumps({"phases": rows, "model": cmp}, indent=1))
     else:

@@ -132,14 +132,30 @@ def main() -> None:
     if a.cmd == "one":
         print(json.dumps(one(a.model, a.batch)))
     elif a.cmd == "run":
-        res = run(a.only.split(","), Path(a.json) if a.json else None)
+        rows = a.only.split(",")
+        bad = [r for r in rows if r.count(":") != 1 or not r.split(":")[1].isdigit()
+               or r.split(":")[0] not in {*HF, "resnet152", "resnet200"}]
+        if bad:
+            raise SystemExit(f"footprint_probe: bad row {bad[0]!r}: MODEL:BATCH with MODEL one of "
+                             f"{', '.join([*HF, 'resnet152', 'resnet200'])}")
+        res = run(rows, Path(a.json) if a.json else None)
         if not res:
             raise SystemExit("footprint_probe: no row ran")
     else:
+        from umctl import UmctlError
+
         path = Path(a.json)
         if not path.is_file():
             raise SystemExit(f"footprint_probe: no such file: {path}")
-        print(compare(json.loads(path.read_text())))
+        try:
+            rows = json.loads(path.read_text())
+            print(compare(rows))
+        except json.JSONDecodeError as e:
+            raise SystemExit(f"footprint_probe: {path} is not JSON ({e.msg} at line {e.lineno}); 'run --json' writes it")
+        except (KeyError, TypeError, ValueError) as e:
+            raise SystemExit(f"footprint_probe: {path} is not a list of 'run' results ({type(e).__name__}: {e})")
+        except UmctlError as e:
+            raise SystemExit(f"footprint_probe: {path}: {e}")
 
 
 if __name__ == "__main__":
