@@ -213,12 +213,12 @@ def test_conv_probe_replays_the_shipped_recording_and_compares_with_the_model() 
     cp = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(cp)
     trace = DATA / "convnet.parquet"
-    rows = cp.replay(trace)
+    rows, meta = cp.replay(trace)
     assert [r["phase"] for r in rows] == ["cold0", "cold1"]
     assert rows[0]["entries"] == 124_047 and rows[0]["pages"] == 40_368 and rows[0]["batches"] == 811
     for r in rows:
         assert all(r[k]["ms"] > 0 and r[k]["h2d_bytes"] > 0 for k in ("recorded", "window", "sorted"))
-    cmp = cp.against_model(trace, rows)
+    cmp = cp.against_model(meta, rows)
     assert cmp["batch"] == 16 and cmp["blocks"] == "1,1,1,1"
     assert cmp["model"]["cold_ms"] > cmp["model"]["warm_ms"] > 0
     for ph in cmp["phases"]:

@@ -33,7 +33,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from fidelity_real import _PHASE, annotate, umctl_run  # noqa: E402
+from fidelity_real import _PHASE, annotate, calibration_for, umctl_run  # noqa: E402
 
 SCRIPT = "tests/gpu/wl_convnet.py"
 
@@ -68,20 +68,23 @@ def sorted_by_kernel(w):
                     w.meta, w.thread_blocks, None)
 
 
-def replay(trace: Path) -> list[dict]:
+def replay(trace: Path) -> tuple[list[dict], dict]:
+    """Each cold phase of a recording: what the driver recorded and the three replays; and the
+    recording's metadata."""
     from umctl.controller.base import make_controller
     from umctl.events.schema import Kind
     from umctl.events.trace import read_trace
-    from umctl.sim.calibration import DEFAULT, Calibration, shipped_for
     from umctl.sim.engine import simulate
     from umctl.sources.tracefile import workload_from_trace
     from umctl.units import CPU
 
     rows = []
     with read_trace(trace) as tr:
-        phases = tr.meta.get("phases") or []
+        meta = dict(tr.meta)
+        phases = meta.get("phases") or []
         if not phases:
             raise SystemExit(f"conv_probe: {trace} has no phases in its metadata (record it with 'record')")
+        calib = calibration_for(meta)
         faults, rp, mig = tr.events(Kind.FAULT), tr.events(Kind.REPLAY), tr.events(Kind.MIGRATION)
         for ph in phases:
             t0, t1 = ph["span_ns"]
@@ -98,8 +101,6 @@ def replay(trace: Path) -> list[dict]:
                    "rec_service_ms": float(np.maximum(r["t_ns"] - r["t_start_ns"], 0).sum()) / 1e6}
             m = mig[(mig["t_ns"] >= t0) & (mig["t_ns"] <= t1) & (mig["src"] == CPU) & (mig["dst"] != CPU)]
             row["rec_h2d_bytes"] = int(m["bytes"].sum()) if len(m) else None   # None: not recorded
-            cal = shipped_for(w.meta)
-            calib = Calibration.load(cal) if cal else DEFAULT
             windowed = copy.copy(w)
             windowed.acc_win = None
             for name, v in (("recorded", w), ("window", windowed), ("sorted", sorted_by_kernel(w))):
@@ -107,7 +108,7 @@ def replay(trace: Path) -> list[dict]:
                 row[name] = {"ms": s.time_ns / 1e6, "stall_ms": s.stall_ns / 1e6, "batches": s.fault_batches,
                              "faults": s.faults, "h2d_bytes": s.bytes_h2d}
             rows.append(row)
-    return rows
+    return rows, meta
 
 
 def model(batch: int, blocks: str, calibration: str = "h100-r580", gpu_mem: int = 79 << 30) -> dict:
@@ -118,7 +119,7 @@ def model(batch: int, blocks: str, calibration: str = "h100-r580", gpu_mem: int 
     iteration, ``cold`` the fourth. Compute comes from the
     scenario's cost model, not from the H100, so compare ``cold - warm`` (the fault path)."""
     from umctl.controller.base import make_controller
-    from umctl.sim.calibration import Calibration, shipped_for
+    from umctl.sim.calibration import Calibration
     from umctl.sim.engine import simulate
     from umctl.sources.families import dnn
     from umctl.sources.families.common import Params
@@ -141,21 +142,18 @@ def model(batch: int, blocks: str, calibration: str = "h100-r580", gpu_mem: int 
             for a in managed:
                 b.host_write(Buffer(int(a["alloc_id"]), int(a["addr"]), int(a["bytes"]), pid=int(a["pid"])))
     w = b.build()
-    cal = calibration if calibration.endswith(".json") else f"{calibration}.json"
-    r = simulate(w, make_controller("none"), calib=Calibration.load(cal))
+    calib = Calibration.load(calibration if calibration.endswith(".json") else f"{calibration}.json")
+    r = simulate(w, make_controller("none"), calib=calib)
     ends = r.iteration_end_ns
     return {"footprint_bytes": int(w.managed_bytes), "warm_ms": (ends[1] - ends[0]) / 1e6,
             "cold_ms": (ends[3] - ends[2]) / 1e6, "cold_faults": int(r.iteration_faults[3]),
-            "calibration": Calibration.load(cal).name}
+            "calibration": calib.name}
 
 
-def against_model(trace: Path, rows: list[dict]) -> dict | None:
+def against_model(meta: dict, rows: list[dict]) -> dict | None:
     """The fault path's time (each cold phase less the warm one), measured and as umctl's
-    synthetic model of the recorded net and batch predicts it (:func:`model`)."""
-    from umctl.events.trace import read_trace
-
-    with read_trace(trace) as tr:
-        meta = dict(tr.meta)
+    synthetic model of the recorded net and batch (the recording's metadata) predicts it
+    (:func:`model`)."""
     warm = next((p["measured_ms"] for p in meta.get("phases") or [] if p["name"] == "warm"), None)
     if warm is None or "batch" not in meta or "blocks" not in meta:
         return None
@@ -202,8 +200,8 @@ def main() -> None:
     from umctl import UmctlError
 
     try:
-        rows = replay(trace)
-        cmp = against_model(trace, rows)
+        rows, meta = replay(trace)
+        cmp = against_model(meta, rows)
     except UmctlError as e:   # TraceError included: not a trace, corrupt, nothing to replay
         raise SystemExit(f"conv_probe: {e}")
     if getattr(a, "json", False):

@@ -109,6 +109,15 @@ def record(name: str, out: Path, timeout: float = 300, bare: int = 1) -> Path:
     return trace
 
 
+def calibration_for(meta: dict):
+    """The calibration ``umctl replay`` picks for a recording: the shipped constants of the GPU
+    and driver it ran on, else the built-in ones."""
+    from umctl.sim.calibration import DEFAULT, Calibration, shipped_for
+
+    cal = shipped_for(meta)
+    return Calibration.load(cal) if cal else DEFAULT
+
+
 def replay(trace: Path, span: tuple[int, int] | None = None) -> dict:
     """Replay a recording (over its measured span, or ``span``) with mode none and the
     calibration ``umctl replay`` would pick; the replayed and recorded figures of that span."""
@@ -117,7 +126,6 @@ def replay(trace: Path, span: tuple[int, int] | None = None) -> dict:
     from umctl.controller.base import make_controller
     from umctl.events.schema import Kind
     from umctl.events.trace import read_trace
-    from umctl.sim.calibration import DEFAULT, Calibration, shipped_for
     from umctl.sim.engine import simulate
     from umctl.sources.tracefile import workload_from_trace
 
@@ -128,8 +136,7 @@ def replay(trace: Path, span: tuple[int, int] | None = None) -> dict:
         rp = rp[(rp["t_ns"] >= t0) & (rp["t_ns"] <= t1)]
         f = tr.events(Kind.FAULT)
         f = f[(f["t_ns"] >= t0) & (f["t_ns"] <= t1)]
-    cal = shipped_for(w.meta)
-    calib = Calibration.load(cal) if cal else DEFAULT
+    calib = calibration_for(w.meta)
     r = simulate(w, make_controller("none"), calib=calib)
     return {"trace": trace.name, "span_ms": (t1 - t0) / 1e6, "replayed_ms": r.time_ns / 1e6,
             "sim_stall_ms": r.stall_ns / 1e6, "sim_batches": r.fault_batches, "sim_faults": r.faults,

@@ -1,5 +1,5 @@
-"""The footprint probe: how much memory do DeepUM's models really take at the paper's batch
-sizes, against umctl's model of them (umctl/sources/families/dnn.py, ``--param scale=full``)?
+"""The footprint probe: how much memory do DeepUM's models really take (the paper's batch sizes
+for the transformers, smaller ones for ResNet), against umctl's model of them (umctl/sources/families/dnn.py, ``--param scale=full``)?
 
     python3 benchmarks/gpu/footprint_probe.py run [--only gpt2-l:3,bert-base:29] [--json OUT]   # GPU machine
     python3 benchmarks/gpu/footprint_probe.py compare OUT.json                                  # anywhere
@@ -23,9 +23,11 @@ import sys
 import time
 from pathlib import Path
 
-#: model -> (family, sequence length or image size); the paper's batch sizes that fit an 80 GB GPU
-ROWS = ["bert-base:29", "bert-base:31", "bert-large:14", "bert-large:18", "gpt2-l:3", "gpt2-xl:1",
-        "resnet152:128", "resnet152:256", "resnet200:128"]
+#: rows that fit an 80 GB GPU: the paper's own batch sizes for the transformers, smaller ones for
+#: ResNet (its growth per image is compared); tests/data/real/footprint-h100.json holds all of them
+ROWS = ["bert-base:29", "bert-base:30", "bert-base:31", "bert-large:14", "bert-large:16", "bert-large:18",
+        "gpt2-l:3", "gpt2-xl:1", "gpt2-xl:2", "resnet152:64", "resnet152:128", "resnet152:256", "resnet200:128"]
+#: Hugging Face models: name -> (architecture, config, sequence length)
 HF = {
     "gpt2-l": ("gpt2", dict(n_embd=1280, n_layer=36, n_head=20, n_positions=1024), 1024),
     "gpt2-xl": ("gpt2", dict(n_embd=1600, n_layer=48, n_head=25, n_positions=1024), 1024),
@@ -33,6 +35,7 @@ HF = {
                                 intermediate_size=4096), 512),
     "bert-base": ("bert", dict(), 512),
 }
+MODELS = (*HF, "resnet152", "resnet200")
 
 
 def one(model: str, batch: int, steps: int = 3) -> dict:
@@ -133,11 +136,9 @@ def main() -> None:
         print(json.dumps(one(a.model, a.batch)))
     elif a.cmd == "run":
         rows = a.only.split(",")
-        bad = [r for r in rows if r.count(":") != 1 or not r.split(":")[1].isdigit()
-               or r.split(":")[0] not in {*HF, "resnet152", "resnet200"}]
+        bad = [r for r in rows if r.count(":") != 1 or not r.split(":")[1].isdigit() or r.split(":")[0] not in MODELS]
         if bad:
-            raise SystemExit(f"footprint_probe: bad row {bad[0]!r}: MODEL:BATCH with MODEL one of "
-                             f"{', '.join([*HF, 'resnet152', 'resnet200'])}")
+            raise SystemExit(f"footprint_probe: bad row {bad[0]!r}: MODEL:BATCH with MODEL one of {', '.join(MODELS)}")
         res = run(rows, Path(a.json) if a.json else None)
         if not res:
             raise SystemExit("footprint_probe: no row ran")
