@@ -95,3 +95,58 @@ def test_figure_without_values_is_a_one_line_error(tmp_path):
 
 def test_geomean():
     assert common.geomean([1.0, 4.0]) == pytest.approx(2.0)
+
+
+def test_summary_names_a_fitted_configuration_once():
+    fitted = [Row("P", "T", "bert 29", m, 1.0, 1.0, fitted=True) for m in ("UM", "DeepUM", "speedup")]
+    assert "3 fitted (bert 29)," in common.summary(fitted + rows()[:1])
+
+
+def _put_from_another_process(path: str, key: str, value: int) -> None:
+    common.ResultCache(path).put(key, value)
+
+
+def test_result_cache_keeps_what_every_process_put(tmp_path):
+    """Processes splitting one run share the file: each put re-reads under a lock, so no
+    process's result is lost, and a key names everything the result depends on."""
+    from concurrent.futures import ProcessPoolExecutor
+
+    path = str(tmp_path / "cache.json")
+    c = common.ResultCache(path)
+    keys = [c.key("gpt2-xl", 3, "none", {"peak_tflops": 8.67}, i) for i in range(8)]
+    assert len(set(keys)) == 8 and c.key("m", {"b": 1, "a": 2}) == c.key("m", {"a": 2, "b": 1})
+    with ProcessPoolExecutor(4) as ex:
+        list(ex.map(_put_from_another_process, [path] * 8, keys, range(8)))
+    assert [c.get(k) for k in keys] == list(range(8))
+    assert common.ResultCache(None).get(keys[0]) is None        # no file: nothing cached
+    common.ResultCache(None).put(keys[0], 1)
+
+
+def test_result_cache_that_is_not_json_is_a_one_line_error(tmp_path):
+    bad = tmp_path / "cache.json"
+    bad.write_text("{not json")
+    with pytest.raises(SystemExit, match="not a readable JSON file"):
+        common.ResultCache(str(bad)).get("k")
+    bad.write_text("[1, 2]")
+    with pytest.raises(SystemExit, match="not a cache this script wrote"):
+        common.ResultCache(str(bad)).get("k")
+
+
+def test_deepum_partial_prints_the_cached_rows_and_names_the_rest(tmp_path, monkeypatch, capsys):
+    """--partial replays nothing: a cached row is printed, a missing one stays visible as not
+    modelled; without --cache it is a one-line error."""
+    deepum = _load("deepum")
+    cache = str(tmp_path / "c.json")
+    monkeypatch.setattr(deepum, "replay", lambda m, b, mode, iters, **kw: {
+        "iter_s": 1.0 if mode == "deepum" else 2.0, "faults": 10.0 if mode == "deepum" else 1000.0,
+        "late_faults": 5.0, "fault_causes": {}, "oversub": 1.5, "wall_s": 0.0})
+    args = Namespace(fit=False, fit_compute=False, models="gpt2-l", rows="gpt2-l:3", iters=3, skip=1, jobs=1,
+                     ablation=False, degree="", cache=cache, partial=False)
+    first = deepum.build(args)
+    monkeypatch.setattr(deepum, "replay", lambda *a, **kw: pytest.fail("--partial must not replay"))
+    again = deepum.build(Namespace(**{**vars(args), "rows": "", "partial": True}))
+    speedups = {r.row: r.umctl_value for r in again if r.metric == "speedup UM/DeepUM"}
+    assert speedups == {"gpt2-l batch 3": 2.0, "gpt2-l batch 5": None, "gpt2-l batch 7": None}
+    assert [r.umctl_value for r in first] == [r.umctl_value for r in again if r.row == "gpt2-l batch 3"]
+    with pytest.raises(SystemExit, match="--partial needs --cache"):
+        deepum.build(Namespace(**{**vars(args), "cache": None, "partial": True}))

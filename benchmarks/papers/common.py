@@ -78,7 +78,7 @@ def summary(rows: Sequence[Row]) -> str:
     verdict = "n/a" if med is None else (f"{med * 100:.1f} % ({'meets' if med <= GOAL else 'misses'} "
                                           f"the {GOAL * 100:.0f} % goal)")
     return (f"{len(rows)} rows: {len(pred)} predicted, {len(fitted)} fitted"
-            f"{' (' + ', '.join(r.row for r in fitted) + ')' if fitted else ''}, "
+            f"{' (' + ', '.join(dict.fromkeys(r.row for r in fitted)) + ')' if fitted else ''}, "
             f"{len(missing)} not modelled; median |error| over predicted rows: {verdict}")
 
 
@@ -153,6 +153,56 @@ def figure(rows: Sequence[Row], path: str, title: str) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+class ResultCache:
+    """Replay results kept in a JSON file as soon as each replay ends and reused after: the
+    full-scale replays take minutes to an hour each on two cores, so a run can be split over
+    processes (each caching into the same file) or resumed after a stop, then printed whole.
+    A key holds everything the result depends on that a caller can name (configuration,
+    parameters, calibration); a change to the simulator's code is not in it, so start a new
+    file after one. ``path=None`` caches nothing."""
+
+    def __init__(self, path: str | None) -> None:
+        self.path = path
+
+    def _stored(self) -> dict:
+        import os
+
+        if not self.path or not os.path.exists(self.path):
+            return {}
+        try:
+            with open(self.path) as f:
+                data = json.load(f)
+        except (OSError, ValueError) as e:
+            raise SystemExit(f"error: cache {self.path}: not a readable JSON file ({e})") from None
+        if not isinstance(data, dict):
+            raise SystemExit(f"error: cache {self.path}: not a cache this script wrote")
+        return data
+
+    @staticmethod
+    def key(*parts) -> str:
+        return json.dumps(parts, sort_keys=True, default=str)
+
+    def get(self, key: str):
+        return self._stored().get(key)
+
+    def put(self, key: str, value) -> None:
+        """Add one result. Under a lock, re-read first: another process may have added its own
+        meanwhile; the file is replaced whole, so a reader never sees half of it."""
+        import fcntl
+        import os
+
+        if not self.path:
+            return
+        with open(self.path + ".lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            kept = self._stored()
+            kept[key] = value
+            tmp = f"{self.path}.{os.getpid()}.tmp"
+            with open(tmp, "w") as f:
+                json.dump(kept, f)
+            os.replace(tmp, self.path)
 
 
 def parser(description: str) -> argparse.ArgumentParser:

@@ -4,7 +4,8 @@ Figure 9(b) and Table 5, unscaled (``--param scale=full``) on the seeds' testbed
 
     python3 benchmarks/papers/deepum.py [--models gpt2-xl,gpt2-l,...] [--iters 3] [--jobs 2]
                                         [--ablation] [--degree 8,16,32,64] [--json] [--png out.png]
-    python3 benchmarks/papers/deepum.py --fit      # re-fit the calibration's one fitted constant
+    python3 benchmarks/papers/deepum.py --fit-compute   # re-fit the one fitted constant (GEMM rate)
+    python3 benchmarks/papers/deepum.py --fit      # what fitting the fault path's batch_ns would give
 
 What is compared, per row (model, batch):
   * Figure 9(b): elapsed time of 100 training iterations under UM (``none``: the stock driver)
@@ -18,11 +19,14 @@ What is compared, per row (model, batch):
   * ``--degree``: Figure 11 (speedup over N = 8 for each degree of prefetching N); the paper
     states only that N = 32 is the sweet spot, so the row is the N with the best mean speedup.
 
-Nothing is fitted: the calibration's constants are the seeds' own measurements, public figures
-and the H100's measurements they are derived from (umctl/sim/calibrations/v100-pcie3.json), so
-every row is a prediction. ``--fit`` shows what fitting the one free constant (``batch_ns``) on
-GPT-2 XL batch 3 under UM would give; a calibration fitted that way must list that row in
-``FITTED``. Table 5 lists BERT's batch sizes as
+One row is fitted: BERT-Base batch 29, on which the full-scale models' GEMM rate
+(``full_peak_tflops`` of scenarios/dnn.toml, 8.67 TFLOP/s) was fitted to DeepUM's 1.29 s per
+iteration (``--fit-compute``); nearly all of that model fits the GPU, so its time is the
+kernels'. Every other row is a prediction: the calibration's constants are the seeds' own
+measurements, public figures and the H100's measurements they are derived from
+(umctl/sim/calibrations/v100-pcie3.json), and ResNet's convolution rate is a public figure
+(dnn.toml). ``--fit`` shows what fitting the fault path's ``batch_ns`` on GPT-2 XL batch 3 under
+UM would give; a calibration fitted that way must list that row in ``FITTED`` too. Table 5 lists BERT's batch sizes as
 3/5/7 (as Table 4 does), which Figure 9 and Table 3 contradict (14/16/18, 29/30/31); its rows
 are matched to Figure 9's batch sizes by position.
 """
@@ -36,7 +40,7 @@ from concurrent.futures import ProcessPoolExecutor, as_completed
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from common import Progress, Row, run_main  # noqa: E402
+from common import Progress, ResultCache, Row, run_main  # noqa: E402
 
 PAPER = "DeepUM (ASPLOS'23)"
 CALIBRATION = "v100-pcie3"
@@ -72,7 +76,10 @@ TABLE5: dict[tuple[str, int], tuple[float, float]] = {
 FIG10 = {"deepum-prefetch": 0.456, "deepum-preevict": 0.637, "deepum": 0.667}
 #: Figure 11 (text): the degree of prefetching with the best speedup.
 FIG11_BEST = 32
-FITTED: set[tuple[str, int, str]] = set()   # (model, batch, mode) rows a constant was fitted on
+#: (model, batch, mode) rows a constant was fitted on: the full-scale GEMM rate (--fit-compute).
+FITTED: set[tuple[str, int, str]] = {("bert-base", 29, "none"), ("bert-base", 29, "deepum")}
+#: The row --fit-compute fits the GEMM rate on.
+COMPUTE_ROW = ("bert-base", 29, "deepum")
 MODELS = ["gpt2-xl", "gpt2-l", "bert-large", "bert-base", "dlrm", "resnet152", "resnet200"]
 
 
@@ -81,7 +88,7 @@ def batch_label(model: str, batch: int) -> str:
 
 
 def replay(model: str, batch: int, mode: str, iters: int, overrides: dict | None = None,
-           mode_options: dict | None = None, skip: int = 1) -> dict:
+           mode_options: dict | None = None, skip: int = 1, params: dict | None = None) -> dict:
     """One unscaled replay; the steady state (iterations after the first ``skip``) per
     iteration, and its faults by cause (``late``: the page's prefetch was still in flight)."""
     from umctl.controller import make_controller
@@ -93,7 +100,7 @@ def replay(model: str, batch: int, mode: str, iters: int, overrides: dict | None
     calib = Calibration.load(CALIBRATION)
     if overrides:
         calib = calib.with_overrides(**overrides)
-    w = load_scenario(model, {"scale": "full", "batch": str(batch), "iterations": str(iters)})
+    w = load_scenario(model, {"scale": "full", "batch": str(batch), "iterations": str(iters), **(params or {})})
     r = simulate(w, make_controller(mode, **(mode_options or {})), calib=calib)
     ends, faults = r.iteration_end_ns, r.iteration_faults
     n = len(ends) - skip
@@ -103,27 +110,55 @@ def replay(model: str, batch: int, mode: str, iters: int, overrides: dict | None
             "oversub": w.meta.get("footprint_oversub"), "wall_s": r.wall_s}
 
 
-def run_jobs(jobs: list[tuple], n_workers: int, iters: int, skip: int) -> dict:
+def cache_key(store: ResultCache, model: str, batch: int, mode: str, kw: dict) -> str:
+    """What a replay's result depends on that can be named: the row, the mode and its options,
+    the iterations, the scenario's resolved parameters (so a changed rate in dnn.toml is a new
+    key) and the calibration."""
+    from umctl.sim.calibration import Calibration
+    from umctl.sources.scenario import find_scenario, resolve_params
+
+    over = {"scale": "full", "batch": str(batch), "iterations": str(kw["iters"]), **kw.get("params", {})}
+    params = resolve_params(find_scenario(model), over)
+    return store.key(model, batch, mode, kw["iters"], kw["skip"], kw.get("mode_options", {}), params,
+                     Calibration.load(CALIBRATION).with_overrides(**kw.get("overrides", {})).as_dict())
+
+
+def run_jobs(jobs: list[tuple], n_workers: int, iters: int, skip: int, cache: str | None = None,
+             partial: bool = False) -> dict:
     """(model, batch, mode, degree or None) -> replay result, in worker processes (each replay
     is single threaded; memory is the limit: a full-scale ResNet iteration holds ~4 GB of
-    accesses)."""
+    accesses). With ``cache`` each result is kept as soon as it ends and reused; with
+    ``partial`` nothing is replayed and the rows the cache lacks are left out."""
+    store = ResultCache(cache)
     keyed = [((m, b, mode, extra.get("mode_options", {}).get("degree")), {"iters": iters, "skip": skip, **extra})
              for (m, b, mode, extra) in jobs]
+    keys = {k: cache_key(store, k[0], k[1], k[2], kw) for k, kw in keyed}
+    prog = Progress(len(jobs))
+    out: dict = {}
+    todo = []
+    for k, kw in keyed:
+        hit = store.get(keys[k])
+        if hit is not None:
+            out[k] = hit
+            prog.step(f"{k[0]} batch {batch_label(k[0], k[1])} {k[2]}: from the cache")
+        elif partial:
+            prog.step(f"{k[0]} batch {batch_label(k[0], k[1])} {k[2]}: not in the cache, left out (--partial)")
+        else:
+            todo.append((k, kw))
 
     def results():
         if n_workers <= 1:
-            for k, kw in keyed:
+            for k, kw in todo:
                 yield k, replay(*k[:3], **kw)
             return
         with ProcessPoolExecutor(n_workers) as ex:
-            futs = {ex.submit(replay, *k[:3], **kw): k for k, kw in keyed}
+            futs = {ex.submit(replay, *k[:3], **kw): k for k, kw in todo}
             for f in as_completed(futs):
                 yield futs[f], f.result()
 
-    prog = Progress(len(jobs))
-    out: dict = {}
     for k, r in results():
         out[k] = r
+        store.put(keys[k], r)
         prog.step(f"{k[0]} batch {batch_label(k[0], k[1])} {k[2]}{'' if k[3] is None else f' N={k[3]}'}: "
                   f"{r['iter_s']:.2f} s/iter, {r['faults']:,.0f} faults/iter ({r['wall_s']:.0f} s wall)")
     return out
@@ -141,9 +176,28 @@ def fit(iters: int) -> None:
     print(f"batch_ns = {int((lo + hi) / 2)}")
 
 
+def fit_compute() -> None:
+    """Bisect the full-scale GEMM rate so that COMPUTE_ROW takes Figure 9(b)'s time. Only the
+    rate moves: a row that faults would fit the fault path too, so the row must fit the GPU."""
+    m, b, mode = COMPUTE_ROW
+    target = FIG9B[(m, b)][1 if mode == "deepum" else 0] / 100
+    lo, hi = 1.0, 30.0
+    for _ in range(14):
+        mid = (lo + hi) / 2
+        r = replay(m, b, mode, 2, params={"peak_tflops": f"{mid:.4f}"})
+        if r["faults"]:
+            raise SystemExit(f"error: {m} batch {b} faults in its steady state; it cannot fit the kernels' rate alone")
+        print(f"peak_tflops {mid:.3f}: {r['iter_s']:.3f} s/iteration (target {target:.3f})", file=sys.stderr, flush=True)
+        lo, hi = (mid, hi) if r["iter_s"] > target else (lo, mid)
+    print(f"full_peak_tflops = {(lo + hi) / 2:.2f}")
+
+
 def build(args) -> list[Row]:
     if args.fit:
         fit(args.iters)
+        raise SystemExit(0)
+    if args.fit_compute:
+        fit_compute()
         raise SystemExit(0)
     models = [m for m in args.models.split(",") if m]
     bad = [m for m in models if m not in MODELS]
@@ -164,21 +218,29 @@ def build(args) -> list[Row]:
         jobs += [(m, b, "deepum", {"mode_options": {"degree": d}}) for (m, b) in firsts for d in degrees]
     if not 1 <= args.skip < args.iters:
         raise SystemExit("error: --skip must be at least 1 and less than --iters")
-    res = run_jobs(jobs, args.jobs, args.iters, args.skip)
+    if args.partial and not args.cache:
+        raise SystemExit("error: --partial needs --cache")
+    res = run_jobs(jobs, args.jobs, args.iters, args.skip, args.cache, args.partial)
 
     def get(m, b, mode, deg=None):
-        return res[(m, b, mode, deg)]
+        return res.get((m, b, mode, deg))   # None: not replayed (--partial)
 
     rows: list[Row] = []
     for (m, b) in cfgs:
         um, du = get(m, b, "none"), get(m, b, "deepum")
         label = f"{m} batch {batch_label(m, b)}"
+        if um is None or du is None:
+            rows += [Row(PAPER, "Fig. 9(b)", label, "speedup UM/DeepUM", FIG9B[(m, b)][0] / FIG9B[(m, b)][1],
+                         note="replay not in the cache (--partial)")]
+            continue
         over = f"footprint {um['oversub']:.2f}x GPU"
         p_um, p_du = FIG9B[(m, b)]
         rows.append(Row(PAPER, "Fig. 9(b)", label, "UM s / 100 it", p_um, 100 * um["iter_s"],
                         fitted=(m, b, "none") in FITTED, note=over))
-        rows.append(Row(PAPER, "Fig. 9(b)", label, "DeepUM s / 100 it", p_du, 100 * du["iter_s"]))
-        rows.append(Row(PAPER, "Fig. 9(b)", label, "speedup UM/DeepUM", p_um / p_du, um["iter_s"] / du["iter_s"]))
+        rows.append(Row(PAPER, "Fig. 9(b)", label, "DeepUM s / 100 it", p_du, 100 * du["iter_s"],
+                        fitted=(m, b, "deepum") in FITTED))
+        rows.append(Row(PAPER, "Fig. 9(b)", label, "speedup UM/DeepUM", p_um / p_du, um["iter_s"] / du["iter_s"],
+                        fitted=(m, b, "none") in FITTED or (m, b, "deepum") in FITTED))
         f_um, f_du = TABLE5[(m, b)]
         rows.append(Row(PAPER, "Table 5", label, "UM faults / it", f_um, um["faults"]))
         late = (f"; {du['late_faults'] / du['faults'] * 100:.0f} % of them on pages whose prefetch was in flight"
@@ -189,15 +251,19 @@ def build(args) -> list[Row]:
                         extra={"deepum_faults": du["faults"], "deepum_late_faults": du["late_faults"],
                                "deepum_fault_causes": du["fault_causes"], "um_fault_causes": um["fault_causes"]}))
     if args.ablation:
+        done = [(m, b) for (m, b) in firsts if all(get(m, b, mode) for mode in ("none", *FIG10))]
         for mode, paper_red in FIG10.items():
-            reds = [1 - get(m, b, mode)["iter_s"] / get(m, b, "none")["iter_s"] for (m, b) in firsts]
-            rows.append(Row(PAPER, "Fig. 10 (text)", f"mean over {', '.join(f'{m} {b}' for m, b in firsts)}",
-                            f"time reduction, {mode}", paper_red, statistics.mean(reds),
-                            note=" ".join(f"{m}:{r:.2f}" for (m, _b), r in zip(firsts, reds))))
+            reds = [1 - get(m, b, mode)["iter_s"] / get(m, b, "none")["iter_s"] for (m, b) in done]
+            rows.append(Row(PAPER, "Fig. 10 (text)", f"mean over {', '.join(f'{m} {b}' for m, b in done)}",
+                            f"time reduction, {mode}", paper_red, statistics.mean(reds) if reds else None,
+                            note=" ".join(f"{m}:{r:.2f}" for (m, _b), r in zip(done, reds))))
     if degrees:
         base = degrees[0]
+        done = [(m, b) for (m, b) in firsts if all(get(m, b, "deepum", d) for d in degrees)]
+        if not done:
+            raise SystemExit("error: --degree: no model has every degree's replay in the cache (--partial)")
         mean_speedup = {d: statistics.mean(get(m, b, "deepum", base)["iter_s"] / get(m, b, "deepum", d)["iter_s"]
-                                           for (m, b) in firsts) for d in degrees}
+                                           for (m, b) in done) for d in degrees}
         best = max(mean_speedup, key=mean_speedup.get)
         rows.append(Row(PAPER, "Fig. 11 (text)", "best degree of prefetching N", "N", FIG11_BEST, best,
                         note=" ".join(f"N={d}:{s:.3f}x" for d, s in mean_speedup.items()) + f" (over N={base})"))
@@ -212,7 +278,13 @@ def configure(ap) -> None:
     ap.add_argument("--jobs", type=int, default=1, help="replays in parallel (memory: ~4 GB each at ResNet scale)")
     ap.add_argument("--ablation", action="store_true", help="Figure 10: prefetch-only and +pre-eviction too")
     ap.add_argument("--degree", default="", help="Figure 11: degrees of prefetching to sweep, e.g. 8,16,32,64")
-    ap.add_argument("--fit", action="store_true", help="re-fit the calibration's batch_ns on GPT-2 XL batch 3 (UM)")
+    ap.add_argument("--cache", default=None, metavar="FILE",
+                    help="keep each replay's result in this JSON file and reuse it (split or resume a run)")
+    ap.add_argument("--partial", action="store_true",
+                    help="with --cache: replay nothing, print the rows whose replays the cache holds")
+    ap.add_argument("--fit", action="store_true", help="show batch_ns fitted on GPT-2 XL batch 3 (UM); not used")
+    ap.add_argument("--fit-compute", action="store_true",
+                    help="re-fit the full-scale GEMM rate (dnn.toml full_peak_tflops) on BERT-Base batch 29 (DeepUM)")
 
 
 def drawn(r: Row) -> bool:

@@ -24,7 +24,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import Progress, Row, run_main  # noqa: E402
+from common import Progress, ResultCache, Row, run_main  # noqa: E402
 
 PAPER = "HUVM (ATC'22)"
 CALIBRATION = "p3-v100-nvlink"
@@ -83,38 +83,23 @@ def case_times(case: int, overrides: dict, calib, progress: Progress, cache: str
     replay's times are kept as soon as it ends, keyed by case, mode, overrides and calibration,
     and reused: one case at 16 GiB takes 5-30 minutes on two busy cores, so a run can be split
     over several processes or resumed."""
-    import json
-    import os
-
     from umctl.controller import make_controller
     from umctl.sim.engine import simulate
     from umctl.sources.scenario import load_scenario
 
-    def key(m: str) -> str:
-        return json.dumps([case, m, sorted(overrides.items()), calib.as_dict()], sort_keys=True)
-
-    def stored() -> dict:
-        if cache and os.path.exists(cache):
-            with open(cache) as f:
-                return json.load(f)
-        return {}
-
+    store = ResultCache(cache)
     w = None
     out = {}
     for m in MODES:
-        hit = stored().get(key(m))
+        key = store.key(case, m, sorted(overrides.items()), calib.as_dict())
+        hit = store.get(key)
         if hit is None and partial:
             progress.step(f"huvm-case{case} {m}: not in the cache, left out (--partial)")
             continue
         if hit is None:
             w = w or load_scenario(f"huvm-case{case}", overrides)
             hit = [float(x) for x in simulate(w, make_controller(m), calib=calib).gpu_kernel_ns]
-            if cache:   # re-read: another process may have added its cases meanwhile
-                kept = stored()
-                kept[key(m)] = hit
-                with open(cache + ".tmp", "w") as f:
-                    json.dump(kept, f)
-                os.replace(cache + ".tmp", cache)
+            store.put(key, hit)
         out[m] = hit
         progress.step(f"huvm-case{case} {m}")
     return out

@@ -279,10 +279,14 @@ def load_scenario(target: str, overrides: dict[str, str] | None = None) -> Workl
     info = find_scenario(target)
     params = resolve_params(info, overrides)
     given = {ALIASES.get(k.strip().replace("-", "_"), k.strip().replace("-", "_")) for k in (overrides or {})}
-    if params.get("scale") == "full" and "full_gpu_mem" in params and "gpu_mem" not in given:
-        # At the model's real size the simulated GPU is the one the paper ran on, not the small
-        # default that scaled scenarios are shrunk to fit.
-        params["gpu_mem"] = params["full_gpu_mem"]
+    if params.get("scale") == "full":
+        # At the model's real size the simulated GPU is the one the paper ran on: its memory
+        # (full_gpu_mem, not the small default that scaled scenarios are shrunk to fit) and its
+        # kernel rates (full_peak_tflops, full_hbm_gbps), each unless given on the command line.
+        for name in [k for k in params if k.startswith("full_")]:
+            base = name.removeprefix("full_")
+            if base in params and base not in given:
+                params[base] = params[name]
     try:
         w = GENERATORS[info.generator](Params(params))
     except ParamError as e:
