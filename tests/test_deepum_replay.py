@@ -39,14 +39,15 @@ def test_deepum_converges_to_few_faults_where_the_link_keeps_up():
     """The paper's Table 5 (< 0.1 % of UM's faults per iteration) is a trained steady state
     on a GPU where compute, not the link, sets the pace. Here: GPT-2 L-shaped at 2x with
     compute 6x slower than the default (peak_tflops=2), DeepUM walking whole tables 64 kernels
-    ahead. Its tables learn for ~10 iterations, then under 1 % of none's faults are left.
-    (In the default regime even the oracle keeps 12-23 %: prefetches that cannot land in
-    time, benchmarks/deepum_eval.py.)"""
-    w = load_scenario("gpt2-l", {**SMALL, "oversub": "2", "iterations": "12", "peak_tflops": "2"})
+    ahead. Its tables learn for ~6 iterations, then under 1 % of none's faults are left: the
+    mean of the last six of 16 iterations (255 against 451; single iterations still range over
+    107-652). (In the default regime even the oracle keeps 12-23 %: prefetches that cannot
+    land in time, benchmarks/deepum_eval.py.)"""
+    w = load_scenario("gpt2-l", {**SMALL, "oversub": "2", "iterations": "16", "peak_tflops": "2"})
     none, d = run_modes(w, ["none", "deepum"], mode_options={"deepum": {"whole_tables": True, "degree": 64}})
     f = d.iteration_faults
-    assert f[-3:].mean() < 0.01 * none.steady_faults_per_iter
-    assert f[1] > 5 * f[-3:].mean()   # it is the tables' learning, not the first steady iteration
+    assert f[-6:].mean() < 0.01 * none.steady_faults_per_iter
+    assert f[1] > 5 * f[-6:].mean()   # it is the tables' learning, not the first steady iteration
 
 
 def test_ablation_order(gpt2):

@@ -136,3 +136,37 @@ def test_chaining_pauses_after_degree_kernels_and_resumes():
 @pytest.mark.parametrize("rows,assoc,succs", [(128, 2, 4), (2048, 2, 4), (4096, 2, 4), (512, 4, 4)])
 def test_table_nbytes_is_the_fixed_array_size(rows, assoc, succs):
     assert BlockTable(rows, assoc, succs).nbytes() == rows * assoc * (1 + succs) * 8
+
+
+def _run_kernels(ctl: DeepUMController, kernels: list[tuple[int, list[int]]]) -> None:
+    """Launch each (exec_hash, faulted blocks) in order, faulting its blocks in turn."""
+    for h, blocks in kernels:
+        ev = np.zeros(1, DTYPES[Kind.LAUNCH])[0]
+        ev["exec_hash"] = h
+        ctl._launch(ev)
+        for blk in blocks:
+            ctl._fault(blk, 0)
+
+
+@pytest.mark.parametrize("trained_ends", [True, False])
+def test_a_late_fault_inside_a_trained_kernel_keeps_its_start_and_end(trained_ends):
+    """Iteration 1 trains kernel A on blocks 10..14 (start 10, end 14). In iteration 2 its only
+    fault is a late prefetch of block 12: the literal reading (trained_ends=false) moves start
+    and end to 12, so the next walk covers 12 alone; by default the known block keeps them. A
+    block the table has never held (the tensors moved) still becomes the start."""
+    ctl = DeepUMController(trained_ends=trained_ends)
+    A, B = 1001, 1002
+    _run_kernels(ctl, [(A, [10, 11, 12, 13, 14]), (B, [20, 21])])
+    ta = ctl.tables[ctl.exec_ids.get(A)]
+    assert (ta.start, ta.end) == (10, 14)
+    _run_kernels(ctl, [(A, [12]), (B, [])])
+    assert (ta.start, ta.end) == ((10, 14) if trained_ends else (12, 12))
+    _run_kernels(ctl, [(A, [30, 31]), (B, [])])
+    assert ta.start == 30 and ta.end == 31
+
+
+def test_trained_ends_is_a_mode_option():
+    from umctl.controller.options import mode_options
+
+    assert mode_options("deepum")["trained_ends"].default is True
+    assert DeepUMController(trained_ends=False).trained_ends is False

@@ -111,15 +111,18 @@ def replay(model: str, batch: int, mode: str, iters: int, overrides: dict | None
 
 
 def cache_key(store: ResultCache, model: str, batch: int, mode: str, kw: dict) -> str:
-    """What a replay's result depends on that can be named: the row, the mode and its options,
-    the iterations, the scenario's resolved parameters (so a changed rate in dnn.toml is a new
-    key) and the calibration."""
+    """What a replay's result depends on that can be named: the row, the mode and every one of
+    its options with the defaults filled in (a new option is a new key), the iterations, the
+    scenario's resolved parameters (so a changed rate in dnn.toml is a new key) and the
+    calibration."""
+    from umctl.controller.options import mode_options
     from umctl.sim.calibration import Calibration
     from umctl.sources.scenario import find_scenario, resolve_params
 
     over = {"scale": "full", "batch": str(batch), "iterations": str(kw["iters"]), **kw.get("params", {})}
     params = resolve_params(find_scenario(model), over)
-    return store.key(model, batch, mode, kw["iters"], kw["skip"], kw.get("mode_options", {}), params,
+    opts = {name: spec.default for name, spec in mode_options(mode).items()} | kw.get("mode_options", {})
+    return store.key(model, batch, mode, kw["iters"], kw["skip"], opts, params,
                      Calibration.load(CALIBRATION).with_overrides(**kw.get("overrides", {})).as_dict())
 
 

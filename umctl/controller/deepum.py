@@ -25,6 +25,17 @@ Deviations from the paper, because umctl runs beside the driver instead of insid
 fault queue's priority over the prefetch queue is the driver's (demand traffic pre-empts our
 migrations); we see faults in drains rather than per interrupt; "free GPU memory" comes from
 the context (the driver's count in replay, the device's free memory or budget live).
+
+Where the paper is silent: once a kernel's table is trained, its first fault is usually a late
+prefetch somewhere inside the kernel, not where the kernel starts. Taken literally (the first
+fault after the transition is the start block, the last before the next is the end block),
+such a fault moves the start and end into the middle of the kernel, the next walk covers only
+that stretch, the kernel faults throughout, which restores the pointers, and the iteration
+after is good again: DeepUM's faults alternate between iterations (GPT-2 L batch 3 at full
+scale: 103 K, 392 K, 175 K, 405 K). With ``trained_ends`` (the default) a fault on a block the
+kernel's table already holds leaves the start and end blocks where they are; a block new to the
+table (the kernel's tensors moved) still sets them. ``-O deepum.trained_ends=false`` is the
+literal reading.
 """
 
 from __future__ import annotations
@@ -109,7 +120,8 @@ class DeepUMController(Controller):
     def __init__(self, num_rows: int = 2048, assoc: int = 2, num_succs: int = 4, degree: int = 32,
                  exec_fallback: bool = True, watermark_blocks: int = 4, max_blocks_per_step: int = 256,
                  whole_fault_blocks: bool = True, whole_tables: bool = False, evict_horizon: int = 512,
-                 keeper_invalidate: bool = True, live_invalidate: bool = True, **options):
+                 keeper_invalidate: bool = True, live_invalidate: bool = True, trained_ends: bool = True,
+                 **options):
         super().__init__(**options)
         self.num_rows, self.assoc, self.num_succs = int(num_rows), int(assoc), int(num_succs)
         self.degree = int(degree)
@@ -123,6 +135,8 @@ class DeepUMController(Controller):
         self.keeper_invalidate = bool(keeper_invalidate)
         #: live: invalidate at all (only ever through the program's runtime, umctl run)
         self.live_invalidate = bool(live_invalidate)
+        #: a late fault on a block the kernel's table holds keeps its start/end (module doc)
+        self.trained_ends = bool(trained_ends)
         self.exec_ids = ExecIdTable()
         self.exec_table = ExecCorrelationTable(fallback=exec_fallback)
         self.tables: dict[int, BlockTable] = {}
@@ -131,6 +145,7 @@ class DeepUMController(Controller):
         self.gpu = 0
         self.first_fault = False          # next fault is the current kernel's start block
         self.last_block: int | None = None
+        self.last_known = False           # last_block was already in the current kernel's table
         self.chain: Chain | None = None
         self.resident: dict[int, float] = {}   # block -> when it migrated in (oldest first)
         # the walk's vectorised view of ``resident``: blocks get dense ids on first sight
@@ -262,7 +277,9 @@ class DeepUMController(Controller):
         x = self.exec_ids.get(int(ev["exec_hash"]))
         self.gpu = int(ev["gpu"])
         if self.cur is not None and self.last_block is not None:
-            self._table(self.cur).end = self.last_block
+            t = self._table(self.cur)
+            if not (self.trained_ends and self.last_known and t.end is not None):
+                t.end = self.last_block
         if self.predicted_next is not None:
             self.stats_["predictions"] += 1
             self.stats_["predicted_right"] += int(self.predicted_next == x)
@@ -291,12 +308,15 @@ class DeepUMController(Controller):
             return False
         self.stats_["faulted_blocks"] += 1
         table = self._table(self.cur)
+        known = self.trained_ends and b in table
         if self.first_fault:
-            table.start = b
+            if not (known and table.start is not None):
+                table.start = b
             table.last.clear()  # pairs do not cross execution-ID transitions
             self.first_fault = False
         table.record(b)
         self.last_block = b
+        self.last_known = known
         self._unmark(b)
         self._mark(b, t)
         if self.whole_fault_blocks:
