@@ -151,9 +151,10 @@ def _run_kernels(ctl: DeepUMController, kernels: list[tuple[int, list[int]]]) ->
 @pytest.mark.parametrize("trained_ends", [True, False])
 def test_a_late_fault_inside_a_trained_kernel_keeps_its_start_and_end(trained_ends):
     """Iteration 1 trains kernel A on blocks 10..14 (start 10, end 14). In iteration 2 its only
-    fault is a late prefetch of block 12: the literal reading (trained_ends=false) moves start
-    and end to 12, so the next walk covers 12 alone; by default the known block keeps them. A
-    block the table has never held (the tensors moved) still becomes the start."""
+    fault is a late one on block 12, which DeepUM holds: the literal reading
+    (trained_ends=false) moves start and end to 12, so the next walk covers 12 alone; by
+    default they stay. A block DeepUM does not hold (the tensors moved, or the walk missed
+    it) still becomes the start."""
     ctl = DeepUMController(trained_ends=trained_ends)
     A, B = 1001, 1002
     _run_kernels(ctl, [(A, [10, 11, 12, 13, 14]), (B, [20, 21])])
@@ -163,6 +164,9 @@ def test_a_late_fault_inside_a_trained_kernel_keeps_its_start_and_end(trained_en
     assert (ta.start, ta.end) == ((10, 14) if trained_ends else (12, 12))
     _run_kernels(ctl, [(A, [30, 31]), (B, [])])
     assert ta.start == 30 and ta.end == 31
+    ctl._unmark(11)                        # the driver evicted block 11: a fault on it is a gap
+    _run_kernels(ctl, [(A, [11]), (B, [])])
+    assert (ta.start, ta.end) == (11, 11)
 
 
 def test_trained_ends_is_a_mode_option():

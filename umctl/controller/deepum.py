@@ -32,10 +32,14 @@ fault after the transition is the start block, the last before the next is the e
 such a fault moves the start and end into the middle of the kernel, the next walk covers only
 that stretch, the kernel faults throughout, which restores the pointers, and the iteration
 after is good again: DeepUM's faults alternate between iterations (GPT-2 L batch 3 at full
-scale: 103 K, 392 K, 175 K, 405 K). With ``trained_ends`` (the default) a fault on a block the
-kernel's table already holds leaves the start and end blocks where they are; a block new to the
-table (the kernel's tensors moved) still sets them. ``-O deepum.trained_ends=false`` is the
-literal reading.
+scale: 103 K, 392 K, 175 K, 405 K). With ``trained_ends`` (the default) a fault on a block
+DeepUM already has on its way or resident (prefetched, or faulted in, and not evicted since)
+leaves the start and end blocks where they are: it is a late prefetch, not news about where
+the kernel starts. A fault on a block DeepUM does not hold (the walk missed it) still sets
+them, so a wrong start learned early is corrected. (Keeping them for every block the table
+knows did as well at full scale but let a wrong start stand for good: ResNet-152 scaled at
+``peak_tflops=2`` kept 5-10x more faults.) ``-O deepum.trained_ends=false`` is the literal
+reading.
 """
 
 from __future__ import annotations
@@ -135,7 +139,7 @@ class DeepUMController(Controller):
         self.keeper_invalidate = bool(keeper_invalidate)
         #: live: invalidate at all (only ever through the program's runtime, umctl run)
         self.live_invalidate = bool(live_invalidate)
-        #: a late fault on a block the kernel's table holds keeps its start/end (module doc)
+        #: a fault on a block DeepUM has on its way keeps the table's start/end (module doc)
         self.trained_ends = bool(trained_ends)
         self.exec_ids = ExecIdTable()
         self.exec_table = ExecCorrelationTable(fallback=exec_fallback)
@@ -145,7 +149,7 @@ class DeepUMController(Controller):
         self.gpu = 0
         self.first_fault = False          # next fault is the current kernel's start block
         self.last_block: int | None = None
-        self.last_known = False           # last_block was already in the current kernel's table
+        self.last_known = False           # last_block's fault was a late prefetch (trained_ends)
         self.chain: Chain | None = None
         self.resident: dict[int, float] = {}   # block -> when it migrated in (oldest first)
         # the walk's vectorised view of ``resident``: blocks get dense ids on first sight
@@ -308,7 +312,7 @@ class DeepUMController(Controller):
             return False
         self.stats_["faulted_blocks"] += 1
         table = self._table(self.cur)
-        known = self.trained_ends and b in table
+        known = self.trained_ends and b in self.resident   # a late prefetch (module doc)
         if self.first_fault:
             if not (known and table.start is not None):
                 table.start = b
