@@ -87,6 +87,12 @@ def batch_label(model: str, batch: int) -> str:
     return f"{batch // 1024}K" if model == "dlrm" else str(batch)
 
 
+def scenario_overrides(batch: int, iters: int, params: dict | None = None) -> dict:
+    """The scenario parameters of one full-scale row: what a replay loads and what its cache
+    key resolves, so the two cannot drift apart."""
+    return {"scale": "full", "batch": str(batch), "iterations": str(iters), **(params or {})}
+
+
 def replay(model: str, batch: int, mode: str, iters: int, overrides: dict | None = None,
            mode_options: dict | None = None, skip: int = 1, params: dict | None = None) -> dict:
     """One unscaled replay; the steady state (iterations after the first ``skip``) per
@@ -100,7 +106,7 @@ def replay(model: str, batch: int, mode: str, iters: int, overrides: dict | None
     calib = Calibration.load(CALIBRATION)
     if overrides:
         calib = calib.with_overrides(**overrides)
-    w = load_scenario(model, {"scale": "full", "batch": str(batch), "iterations": str(iters), **(params or {})})
+    w = load_scenario(model, scenario_overrides(batch, iters, params))
     r = simulate(w, make_controller(mode, **(mode_options or {})), calib=calib)
     ends, faults = r.iteration_end_ns, r.iteration_faults
     n = len(ends) - skip
@@ -119,8 +125,7 @@ def cache_key(store: ResultCache, model: str, batch: int, mode: str, kw: dict) -
     from umctl.sim.calibration import Calibration
     from umctl.sources.scenario import find_scenario, resolve_params
 
-    over = {"scale": "full", "batch": str(batch), "iterations": str(kw["iters"]), **kw.get("params", {})}
-    params = resolve_params(find_scenario(model), over)
+    params = resolve_params(find_scenario(model), scenario_overrides(batch, kw["iters"], kw.get("params")))
     opts = {name: spec.default for name, spec in mode_options(mode).items()} | kw.get("mode_options", {})
     return store.key(model, batch, mode, kw["iters"], kw["skip"], opts, params,
                      Calibration.load(CALIBRATION).with_overrides(**kw.get("overrides", {})).as_dict())
@@ -167,32 +172,38 @@ def run_jobs(jobs: list[tuple], n_workers: int, iters: int, skip: int, cache: st
     return out
 
 
+def bisect(name: str, lo: float, hi: float, steps: int, target: float, seconds, rising: bool) -> float:
+    """The value of ``name`` in [lo, hi] at which ``seconds(value)`` (a replay's seconds per
+    iteration, ``rising`` or falling with the value) meets ``target``; each step is printed."""
+    for _ in range(steps):
+        mid = (lo + hi) / 2
+        s = seconds(mid)
+        print(f"{name} {mid:,.3f}: {s:.3f} s/iteration (target {target:.3f})", file=sys.stderr, flush=True)
+        lo, hi = (mid, hi) if (s < target) == rising else (lo, mid)
+    return (lo + hi) / 2
+
+
 def fit(iters: int) -> None:
     """Bisect batch_ns so that GPT-2 XL batch 3 under UM takes Figure 9(b)'s 45.97 s/iteration."""
-    target = FIG9B[("gpt2-xl", 3)][0] / 100
-    lo, hi = 0.0, 200_000.0
-    for _ in range(8):
-        mid = (lo + hi) / 2
-        s = replay("gpt2-xl", 3, "none", iters, {"batch_ns": int(mid)})["iter_s"]
-        print(f"batch_ns {mid:,.0f}: {s:.2f} s/iteration (target {target:.2f})", file=sys.stderr, flush=True)
-        lo, hi = (mid, hi) if s < target else (lo, mid)
-    print(f"batch_ns = {int((lo + hi) / 2)}")
+    best = bisect("batch_ns", 0.0, 200_000.0, 8, FIG9B[("gpt2-xl", 3)][0] / 100,
+                  lambda v: replay("gpt2-xl", 3, "none", iters, {"batch_ns": int(v)})["iter_s"], rising=True)
+    print(f"batch_ns = {int(best)}")
 
 
 def fit_compute() -> None:
     """Bisect the full-scale GEMM rate so that COMPUTE_ROW takes Figure 9(b)'s time. Only the
     rate moves: a row that faults would fit the fault path too, so the row must fit the GPU."""
     m, b, mode = COMPUTE_ROW
-    target = FIG9B[(m, b)][1 if mode == "deepum" else 0] / 100
-    lo, hi = 1.0, 30.0
-    for _ in range(14):
-        mid = (lo + hi) / 2
-        r = replay(m, b, mode, 2, params={"peak_tflops": f"{mid:.4f}"})
+
+    def seconds(v: float) -> float:
+        r = replay(m, b, mode, 2, params={"peak_tflops": f"{v:.4f}"})
         if r["faults"]:
             raise SystemExit(f"error: {m} batch {b} faults in its steady state; it cannot fit the kernels' rate alone")
-        print(f"peak_tflops {mid:.3f}: {r['iter_s']:.3f} s/iteration (target {target:.3f})", file=sys.stderr, flush=True)
-        lo, hi = (mid, hi) if r["iter_s"] > target else (lo, mid)
-    print(f"full_peak_tflops = {(lo + hi) / 2:.2f}")
+        return r["iter_s"]
+
+    best = bisect("peak_tflops", 1.0, 30.0, 14, FIG9B[(m, b)][1 if mode == "deepum" else 0] / 100, seconds,
+                  rising=False)
+    print(f"full_peak_tflops = {best:.2f}")
 
 
 def build(args) -> list[Row]:
