@@ -30,6 +30,19 @@ def test_replay_json_has_the_documented_keys(capsys):
         assert sum(r["steady_fault_causes_per_iter"].values()) == pytest.approx(r["steady_faults_per_iter"])
 
 
+def test_calib_set_changes_the_replay_and_says_so(capsys):
+    args = ("replay", "bert-large", "-m", "none", "--gpu-mem", "128MiB", "--iters", "3", "--json")
+    code, out, err = run(capsys, *args)
+    assert code == 0, err
+    base = json.loads(out)[0]
+    code, out, err = run(capsys, *args, "--calib-set", "fault_h2d_Bps=1e9", "--calib-set", "eviction_refresh=access")
+    assert code == 0, err
+    what_if = json.loads(out)[0]
+    assert base["calibration"] == "h100-pcie5-r580"
+    assert what_if["calibration"] == "h100-pcie5-r580+fault_h2d_Bps=1000000000.0,eviction_refresh=access"
+    assert what_if["time_s"] > base["time_s"]           # a 25x slower fault path costs more
+
+
 def test_replay_table_and_png(capsys, tmp_path):
     png = tmp_path / "r.png"
     code, out, err = run(capsys, "replay", "bert-large", "-m", "oracle", "--gpu-mem", "128MiB", "--iters", "2",
@@ -69,6 +82,8 @@ def test_record_then_inspect_export_and_replay_the_trace(capsys, tmp_path):
     (["replay", "gpt2-l", "--oversub", "-1"], "oversub"),
     (["trace", "info", "/nonexistent/x.parquet"], "x.parquet"),
     (["replay", "--help-me"], "--help-me"),
+    (["replay", "gpt2-l", "--calib-set", "eviction_refresh=lru"], "eviction_refresh"),
+    (["replay", "gpt2-l", "--calib-set", "d2h=1"], "d2h_Bps"),
 ])
 def test_bad_input_is_one_line_and_nonzero(capsys, args, needle):
     code, out, err = run(capsys, *args)

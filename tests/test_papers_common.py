@@ -141,7 +141,7 @@ def test_deepum_partial_prints_the_cached_rows_and_names_the_rest(tmp_path, monk
         "iter_s": 1.0 if mode == "deepum" else 2.0, "faults": 10.0 if mode == "deepum" else 1000.0,
         "late_faults": 5.0, "fault_causes": {}, "oversub": 1.5, "wall_s": 0.0})
     args = Namespace(fit=False, fit_compute=False, models="gpt2-l", rows="gpt2-l:3", iters=3, skip=1, jobs=1,
-                     ablation=False, degree="", cache=cache, partial=False)
+                     ablation=False, degree="", cache=cache, partial=False, calib_set=[])
     first = deepum.build(args)
     monkeypatch.setattr(deepum, "replay", lambda *a, **kw: pytest.fail("--partial must not replay"))
     again = deepum.build(Namespace(**{**vars(args), "rows": "", "partial": True}))
@@ -150,3 +150,15 @@ def test_deepum_partial_prints_the_cached_rows_and_names_the_rest(tmp_path, monk
     assert [r.umctl_value for r in first] == [r.umctl_value for r in again if r.row == "gpt2-l batch 3"]
     with pytest.raises(SystemExit, match="--partial needs --cache"):
         deepum.build(Namespace(**{**vars(args), "cache": None, "partial": True}))
+    # a what-if on the calibration is another replay (another cache key), and the rows say so
+    what_if = Namespace(**{**vars(args), "partial": True, "calib_set": ["eviction_refresh=access"]})
+    assert all(r.umctl_value is None for r in deepum.build(what_if) if r.metric == "speedup UM/DeepUM")
+
+
+def test_deepum_calib_set_is_typed_and_bad_settings_are_one_line():
+    deepum = _load("deepum")
+    assert deepum.calib_settings(["eviction_refresh=access", "d2h_Bps=12.3e9"]) == {
+        "eviction_refresh": "access", "d2h_Bps": 12.3e9}
+    assert deepum.calib_settings([]) == {}
+    with pytest.raises(SystemExit, match="no calibration constant 'd2h'"):
+        deepum.calib_settings(["d2h=1"])

@@ -206,6 +206,21 @@ def fit_compute() -> None:
     print(f"full_peak_tflops = {best:.2f}")
 
 
+def calib_settings(items: list[str] | None) -> dict:
+    """``--calib-set KEY=VALUE`` as typed calibration overrides (what ``umctl replay
+    --calib-set`` takes): a what-if on one constant, e.g. ``eviction_refresh=access``, whose
+    rows are then not the calibration's predictions."""
+    from umctl import UmctlError
+    from umctl.sim.calibration import Calibration
+
+    base = Calibration.load(CALIBRATION)
+    try:
+        changed = base.with_settings(items).as_dict()
+    except UmctlError as e:
+        raise SystemExit(f"error: {e}") from None
+    return {k: v for k, v in changed.items() if k != "name" and v != getattr(base, k)}
+
+
 def build(args) -> list[Row]:
     if args.fit:
         fit(args.iters)
@@ -223,13 +238,15 @@ def build(args) -> list[Row]:
         cfgs = [k for k in cfgs if (k[0], batch_label(*k)) in wanted or (k[0], str(k[1])) in wanted]
         if not cfgs:
             raise SystemExit(f"error: --rows {args.rows!r} names no row of Figure 9(b) (e.g. gpt2-xl:3,dlrm:96K)")
-    jobs = [(m, b, mode, {}) for (m, b) in cfgs for mode in ("none", "deepum")]
+    what_if = calib_settings(args.calib_set)
+    base = {"overrides": what_if} if what_if else {}
+    jobs = [(m, b, mode, dict(base)) for (m, b) in cfgs for mode in ("none", "deepum")]
     firsts = [k for i, k in enumerate(cfgs) if all(c[0] != k[0] for c in cfgs[:i])]   # each model's first row
     if args.ablation:
-        jobs += [(m, b, mode, {}) for (m, b) in firsts for mode in ("deepum-prefetch", "deepum-preevict")]
+        jobs += [(m, b, mode, dict(base)) for (m, b) in firsts for mode in ("deepum-prefetch", "deepum-preevict")]
     degrees = [int(d) for d in args.degree.split(",")] if args.degree else []
     if degrees:
-        jobs += [(m, b, "deepum", {"mode_options": {"degree": d}}) for (m, b) in firsts for d in degrees]
+        jobs += [(m, b, "deepum", {**base, "mode_options": {"degree": d}}) for (m, b) in firsts for d in degrees]
     if not 1 <= args.skip < args.iters:
         raise SystemExit("error: --skip must be at least 1 and less than --iters")
     if args.partial and not args.cache:
@@ -247,7 +264,8 @@ def build(args) -> list[Row]:
             rows += [Row(PAPER, "Fig. 9(b)", label, "speedup UM/DeepUM", FIG9B[(m, b)][0] / FIG9B[(m, b)][1],
                          note="replay not in the cache (--partial)")]
             continue
-        over = f"footprint {um['oversub']:.2f}x GPU"
+        over = f"footprint {um['oversub']:.2f}x GPU" + (
+            "; what-if " + ",".join(f"{k}={v}" for k, v in what_if.items()) if what_if else "")
         p_um, p_du = FIG9B[(m, b)]
         rows.append(Row(PAPER, "Fig. 9(b)", label, "UM s / 100 it", p_um, 100 * um["iter_s"],
                         fitted=(m, b, "none") in FITTED, note=over))
@@ -296,6 +314,9 @@ def configure(ap) -> None:
                     help="keep each replay's result in this JSON file and reuse it (split or resume a run)")
     ap.add_argument("--partial", action="store_true",
                     help="with --cache: replay nothing, print the rows whose replays the cache holds")
+    ap.add_argument("--calib-set", action="append", default=[], metavar="KEY=VALUE",
+                    help="what-if: change one constant of the calibration for every replay (repeatable), "
+                         "e.g. eviction_refresh=access; such rows are not the calibration's predictions")
     ap.add_argument("--fit", action="store_true", help="show batch_ns fitted on GPT-2 XL batch 3 (UM); not used")
     ap.add_argument("--fit-compute", action="store_true",
                     help="re-fit the full-scale GEMM rate (dnn.toml full_peak_tflops) on BERT-Base batch 29 (DeepUM)")

@@ -58,7 +58,7 @@ def _mount_subcommands() -> None:
 def _run_replay(target: str, modes: str, overrides: dict[str, str], seed: int, png: Optional[str],
                 as_json: bool, record: Optional[str], mode_opts: Optional[List[str]] = None,
                 drain_us: Optional[float] = None, calibration: Optional[str] = None,
-                timeline: Optional[str] = None) -> None:
+                timeline: Optional[str] = None, calib_set: Optional[List[str]] = None) -> None:
     from ..report.table import fault_cause_table, replay_table
     from ..sim.calibration import DEFAULT as DEFAULT_CALIBRATION
     from ..sim.calibration import Calibration
@@ -79,7 +79,7 @@ def _run_replay(target: str, modes: str, overrides: dict[str, str], seed: int, p
         from ..sim.calibration import shipped_for
 
         calibration = shipped_for(workload.meta)
-    calib = Calibration.load(calibration) if calibration else DEFAULT_CALIBRATION
+    calib = (Calibration.load(calibration) if calibration else DEFAULT_CALIBRATION).with_settings(calib_set)
     if modes.strip() == "all":  # every mode that applies (a named mode that does not is refused)
         from ..controller import make_controller
 
@@ -87,13 +87,12 @@ def _run_replay(target: str, modes: str, overrides: dict[str, str], seed: int, p
     recorder_for = None
     if record:
         from ..events.trace import TraceWriter
-        from ..sim.calibration import DEFAULT
 
         def recorder_for(mode: str):
             path = record if len(mode_list) == 1 else _suffix(record, mode)
             meta = {"source": "umctl replay", "scenario": workload.name, "params": _jsonable(workload.params),
                     "mode": mode, "seed": seed, "gpu_mem": list(workload.gpu_mem),
-                    "calibration": DEFAULT.as_dict()}
+                    "calibration": calib.as_dict()}
             return TraceWriter(path, meta, names=workload.names)
 
     with Progress(TextColumn("[bold]{task.description:>10}"), BarColumn(), MofNCompleteColumn(),
@@ -117,7 +116,7 @@ def _run_replay(target: str, modes: str, overrides: dict[str, str], seed: int, p
                  "bytes_p2p", "preevictions", "invalidated_bytes", "prefetch_pages", "stall_ns",
                  "compute_ns", "kernels", "accesses", "commands", "wall_s", "fault_causes",
                  "steady_fault_causes_per_iter", "nodes", "bytes_internode", "internode_messages", "controller")
-        print(json.dumps([{k: r.get(k) for k in keys + extra} for r in rows], indent=2))
+        print(json.dumps([{**{k: r.get(k) for k in keys + extra}, "calibration": calib.name} for r in rows], indent=2))
     else:
         out.print(replay_table(rows, _describe(workload)))
         causes = fault_cause_table(rows)
@@ -171,6 +170,9 @@ def replay(
                                               "the shipped one of its GPU and driver, else the H100 figures of docs/measurements.md."),
     timeline: Optional[str] = typer.Option(None, "--timeline", help="Write host / copy / kernel timelines of every mode "
                                            "to this PNG (HUM figure 8 style); for short programs."),
+    calib_set: Optional[List[str]] = typer.Option(None, "--calib-set", help="Change one constant of the calibration, "
+                                                  "KEY=VALUE (repeatable), e.g. d2h_Bps=12.3e9 or "
+                                                  "eviction_refresh=access: a what-if without a calibration file."),
 ) -> None:
     """Replay a scenario or a recorded trace under controller modes, side by side.
 
@@ -185,9 +187,11 @@ def replay(
       [bold]umctl replay bert-large -m deepum -O deepum.degree=8 -O deepum.num_rows=512[/bold]
 
       [bold]umctl replay trace.parquet --mode none,oracle --oversub 1.5 --png report.png[/bold]
+
+      [bold]umctl replay bert-large -p scale=full --calibration v100-pcie3 -m none --calib-set eviction_refresh=access[/bold]  (what-if: a true LRU)
     """
     ov = _overrides(oversub, gpu_mem, iters, seed if seed else None, param)
-    _run_replay(target, mode, ov, seed, png, as_json, record, mode_opt, drain_us, calibration, timeline)
+    _run_replay(target, mode, ov, seed, png, as_json, record, mode_opt, drain_us, calibration, timeline, calib_set)
 
 
 @app.command()

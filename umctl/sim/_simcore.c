@@ -114,6 +114,10 @@ typedef struct {
     double *net_host_Bpns;
     double net_peer_Bpns, net_latency_ns;
     int32_t *desc_node;
+    /* calibration.eviction_refresh == "access": a kernel's accesses refresh the eviction
+     * stamp (lru) of every block it touches that holds a chunk, as of the kernel's start: a
+     * true LRU. 0 (the driver): only migrations into a block refresh it. */
+    int64_t lru_on_access;
 } SimState;
 
 /* Why a page left (or was never on) a GPU; a fault on it is charged to ST_FC0 + this. */
@@ -1342,6 +1346,17 @@ int64_t sim_kernel(SimState *s, int g, const int64_t *rpage, const uint8_t *rwri
     if (s->maxblocks[g] < 1) return -1;
     if (pos >= hi) return pos;
     Cursor c = {rpage, rpos, rwrite, run_of(rpos, nruns, pos)};
+    if (s->lru_on_access && pos == lo) {
+        for (int64_t r = c.r; r < nruns && rpos[r] < hi; r++) {
+            int64_t a = rpos[r] > lo ? rpos[r] : lo, e = rpos[r + 1] < hi ? rpos[r + 1] : hi;
+            if (e <= a) continue;
+            int64_t b0 = (rpage[r] + (a - rpos[r])) >> PB_SHIFT, b1 = (rpage[r] + (e - 1 - rpos[r])) >> PB_SHIFT;
+            for (int64_t b = b0; b <= b1; b++) {
+                int64_t ix = GB(s, g, b);
+                if (s->has_chunk[ix] && s->lru[ix] < start) set_lru(s, g, b, start);
+            }
+        }
+    }
     while (pos < hi) {
         double t = start + rate * (double)(pos - lo) + *stall;
         /* skip to the next access that misses; count prefetched pages used on the way */

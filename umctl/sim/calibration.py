@@ -22,6 +22,9 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, replace
 
+#: Values of Calibration.eviction_refresh.
+EVICTION_REFRESH = ("migration", "access")
+
 
 @dataclass(frozen=True)
 class Calibration:
@@ -105,10 +108,18 @@ class Calibration:
     thrashing_pin_threshold: int = 10
     #: uvm_perf_thrashing_pin = 300 lapses: how long a page stays pinned.
     thrashing_pin_ns: int = 150_000_000
-    #: A controller's prefetch (UVM_MIGRATE) into a full GPU evicts the least recently used root
+    #: A controller's prefetch (UVM_MIGRATE) into a full GPU evicts the least recently migrated root
     #: chunk to make room, as the driver's chunk allocator does for any migration (possibly one
     #: the next kernels need). False: such a prefetch is dropped instead.
     prefetch_evicts: bool = True
+    #: What moves a root chunk to the tail of the driver's eviction list. "migration": pages
+    #: migrating into its block (nvidia-uvm's block_mark_memory_used, called when a block
+    #: first becomes resident and at the end of every make_resident into it, in every release
+    #: read: 390.48, and the open modules 515.43 to 595.45; a GPU's accesses to resident data
+    #: never reach the driver), so the chunk evicted is the least recently *migrated*.
+    #: "access": every kernel's access refreshes the chunks it touches (a true LRU), which no
+    #: driver does; it bounds what the eviction order can explain (docs/fidelity.md).
+    eviction_refresh: str = "migration"
 
     # -- nodes: a cluster of hosts (SnuRHAC, thesis ch. 6); only replays with nodes > 1 use these
     #: Inter-node link rate, each direction, of one node's port: the thesis's cluster (Table 7.9)
@@ -119,8 +130,59 @@ class Calibration:
     #: page requests, §6.3): EDR's small-message latency; the drivers' own handling is not in it.
     internode_latency_ns: int = 1_000
 
+    def __post_init__(self) -> None:
+        if self.eviction_refresh not in EVICTION_REFRESH:
+            raise ValueError(f"eviction_refresh must be one of {', '.join(EVICTION_REFRESH)}, "
+                             f"not {self.eviction_refresh!r}")
+
     def with_overrides(self, **kw) -> "Calibration":
         return replace(self, **kw)
+
+    def with_settings(self, items: list[str] | None) -> "Calibration":
+        """This calibration with ``KEY=VALUE`` settings applied (``--calib-set``): a what-if
+        on one constant (a faster link, another eviction order) without writing a file. The
+        name records what was changed, so a report says it is not the shipped calibration."""
+        from .. import UmctlError
+
+        if not items:
+            return self
+        fields = self.__dataclass_fields__
+        kw: dict = {}
+        for item in items:
+            key, sep, raw = item.partition("=")
+            key, raw = key.strip(), raw.strip()
+            if not sep or not key or not raw:
+                raise UmctlError(f"--calib-set {item!r}: expected KEY=VALUE, e.g. d2h_Bps=12.3e9")
+            if key == "name" or key not in fields:
+                import difflib
+
+                near = difflib.get_close_matches(key, [f for f in fields if f != "name"], n=1)
+                hint = f" (did you mean {near[0]}?)" if near else "; see umctl/sim/calibration.py"
+                raise UmctlError(f"--calib-set: no calibration constant {key!r}{hint}")
+            kind = type(getattr(self, key))
+            try:
+                if kind is bool:
+                    low = raw.lower()
+                    if low not in ("1", "0", "true", "false", "yes", "no", "on", "off"):
+                        raise ValueError(raw)
+                    kw[key] = low in ("1", "true", "yes", "on")
+                elif kind is int:
+                    v = float(raw)
+                    if v != int(v):
+                        raise ValueError(raw)
+                    kw[key] = int(v)
+                else:
+                    kw[key] = kind(raw)
+            except ValueError:
+                raise UmctlError(f"--calib-set {key}={raw}: not a valid {kind.__name__}") from None
+            if kind in (int, float) and kw[key] < 0:
+                raise UmctlError(f"--calib-set {key}={raw}: must not be negative")
+        try:
+            changed = replace(self, **kw)
+        except ValueError as e:
+            raise UmctlError(f"--calib-set: {e}") from None
+        tag = ",".join(f"{k}={kw[k]}" for k in kw)
+        return replace(changed, name=f"{self.name}+{tag}")
 
     def as_dict(self) -> dict:
         return asdict(self)

@@ -9,14 +9,15 @@ What is modelled, and why at this grain:
     ``batch_ns + fault_ns * faults + block_ns * (blocks - 1) + bytes / fault_h2d_Bps`` plus any
     eviction it needs (the driver services a batch block by block).
   * The stock density prefetcher (tree over the block's 512 pages, threshold 51 %) extends
-    each batch, and LRU eviction of whole chunks (least recently migrated into) runs on the
-    fault path when no chunk is free: that is the "naive UM" baseline.
+    each batch, and eviction of whole chunks (the least recently migrated into, the driver's
+    list; ``eviction_refresh = "access"`` makes it a true LRU as a what-if) runs on the fault
+    path when no chunk is free: that is the "naive UM" baseline.
   * Commands from a controller (prefetch, pre-evict, invalidate, advise) run asynchronously on
     per-GPU copy engines with their transfer cost; demand transfers pre-empt prefetch
     transfers. A page whose prefetch is still in flight faults and waits for it.
   * Evicting a page writes it back unless another valid copy exists; invalidated pages are
     dropped without write-back and their next touch zero-fills without a transfer. A
-    controller's prefetch into a full GPU evicts the least recently used chunk as the driver
+    controller's prefetch into a full GPU evicts the least recently migrated chunk as the driver
     does (``prefetch_evicts``).
   * The driver's thrashing heuristics (uvm_perf_thrashing.c; ``thrashing_*`` in the
     calibration, the rules in ``_simcore.c``): pages migrated back and forth by faults within
@@ -333,6 +334,7 @@ class Simulator:
         self.cs.thr_threshold, self.cs.thr_max_resets = calib.thrashing_threshold, calib.thrashing_max_resets
         self.cs.thr_lapse_ns, self.cs.thr_nap_ns = calib.thrashing_lapse_ns, calib.thrashing_nap_ns
         self.cs.thr_epoch_ns, self.cs.prefetch_evicts = calib.thrashing_epoch_ns, int(calib.prefetch_evicts)
+        self.cs.lru_on_access = int(calib.eviction_refresh == "access")
         self.cs.thr_pin_threshold, self.cs.thr_pin_ns = calib.thrashing_pin_threshold, calib.thrashing_pin_ns
         self.cs.remote_ns = _ns(PAGE_SIZE, calib.prefetch_h2d_Bps)   # a page read through a remote mapping
         self.remote = np.zeros(npg, self._mask)       # bit g: GPU g maps the page's host copy remotely
