@@ -114,6 +114,10 @@ typedef struct {
     double *net_host_Bpns;
     double net_peer_Bpns, net_latency_ns;
     int32_t *desc_node;
+    /* calibration.fault_granularity_pages: a fault migrates at least the aligned group of
+     * this many pages around it (nvidia-uvm's grow_fault_granularity: the GPU's 64 KiB big
+     * page, 16 pages, unless a page of it is thrashing); 1: page by page */
+    int64_t fault_gran;
     /* calibration.eviction_refresh == "access": a kernel's accesses refresh the eviction
      * stamp (lru) of every block it touches that holds a chunk, as of the kernel's start: a
      * true LRU. 0 (the driver): only migrations into a block refresh it. */
@@ -969,6 +973,16 @@ static inline int clean8(const SimState *s, int64_t p, int g, double t) {
 
 static inline int popcount64(uint64_t x) { return __builtin_popcountll(x); }
 
+/* Whether a page of block b in [off, off + n) is thrashing (the driver's thrashing_pages: at
+ * least `threshold` migrations in a row within the lapse). */
+static int thr_any_thrashing(SimState *s, int64_t b, int64_t off, int64_t n) {
+    ThrBlock *B = s->thr ? &((ThrBlock *)s->thr)[b] : NULL;
+    if (!B || !B->pages || !s->thr_threshold) return 0;
+    for (int64_t i = off; i < off + n; i++)
+        if (B->pages[i].n >= s->thr_threshold) return 1;
+    return 0;
+}
+
 /* Pages the density prefetcher adds in block b given the faulted pages (offsets, ascending)
  * there: for each faulted page the largest aligned subregion whose resident+faulted share
  * exceeds the threshold. Marks them in s->seen (value 2) and appends to out.
@@ -989,8 +1003,21 @@ static int64_t density(SimState *s, int g, int64_t b, const int64_t *offs, int64
             m |= ((f * 0x0102040810204080ull) >> 56) << (j * 8);
         }
         map[w] = m;
-        words[w] = popcount64(m);
     }
+    /* the driver grows each fault to its big page before the tree (grow_fault_granularity):
+     * those pages count as faulted, so the big page itself always passes and moves whole */
+    int64_t gsz = s->fault_gran;
+    if (gsz > 1 && gsz <= 64 && (gsz & (gsz - 1)) == 0) {
+        uint64_t gmask = gsz == 64 ? ~0ull : ((1ull << gsz) - 1);
+        int64_t last = -1;
+        for (int64_t k = 0; k < nf; k++) {
+            int64_t st = offs[k] & ~(gsz - 1);
+            if (st == last || thr_any_thrashing(s, b, st, gsz)) continue;
+            last = st;
+            map[st >> 6] |= gmask << (st & 63);
+        }
+    }
+    for (int w = 0; w < PPB / 64; w++) words[w] = popcount64(map[w]);
     /* a count c passes at size 2^sh when c > threshold * 2^sh, i.e. when c > floor(that) */
     int64_t need[PB_SHIFT + 1];
     for (int sh = 1; sh <= PB_SHIFT; sh++) need[sh] = (int64_t)floor(s->density_threshold * (double)((int64_t)1 << sh));

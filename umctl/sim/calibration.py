@@ -71,6 +71,11 @@ class Calibration:
     window_jitter: float = 0.5
     #: Density prefetcher (uvm_perf_prefetch_threshold default 51 %).
     density_threshold: float = 0.51
+    #: A fault migrates at least the aligned group of this many 4 KiB pages around it, and the
+    #: density tree counts them as faulted: nvidia-uvm grows every fault to the GPU's 64 KiB big
+    #: page (16) unless a page of it is thrashing (grow_fault_granularity in uvm_perf_prefetch.c,
+    #: driver 390.48 as in 515-595). 1: page by page, as the model was until 2026-11-26.
+    fault_granularity_pages: int = 16
     #: Per-chunk cost of an eviction on the fault path, beside its write-back.
     evict_chunk_ns: int = 20_000
     #: UVM_DISCARD: 256 MiB in ~1 ms => ~8 us per 2 MiB block, no copies.
@@ -131,6 +136,9 @@ class Calibration:
     internode_latency_ns: int = 1_000
 
     def __post_init__(self) -> None:
+        if self.fault_granularity_pages not in (1, 2, 4, 8, 16, 32, 64):
+            raise ValueError(f"fault_granularity_pages must be a power of two from 1 to 64, "
+                             f"not {self.fault_granularity_pages}")
         if self.eviction_refresh not in EVICTION_REFRESH:
             raise ValueError(f"eviction_refresh must be one of {', '.join(EVICTION_REFRESH)}, "
                              f"not {self.eviction_refresh!r}")

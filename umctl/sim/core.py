@@ -68,7 +68,7 @@ class SimState(C.Structure):
         ("thr_epoch_ns", f64), ("prefetch_evicts", i64), ("thr_pin_threshold", i64), ("any_remote", i64),
         ("thr_pin_ns", f64), ("remote_ns", f64), ("remote", P),
         ("node", P), ("node_mask", P), ("net_host_Bpns", P), ("net_peer_Bpns", f64), ("net_latency_ns", f64),
-        ("desc_node", P), ("lru_on_access", i64),
+        ("desc_node", P), ("fault_gran", i64), ("lru_on_access", i64),
     ]
 
 

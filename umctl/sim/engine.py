@@ -8,8 +8,8 @@ What is modelled, and why at this grain:
     ``batch_max_faults``, form one fault batch. Servicing a batch stalls the kernel:
     ``batch_ns + fault_ns * faults + block_ns * (blocks - 1) + bytes / fault_h2d_Bps`` plus any
     eviction it needs (the driver services a batch block by block).
-  * The stock density prefetcher (tree over the block's 512 pages, threshold 51 %) extends
-    each batch, and eviction of whole chunks (the least recently migrated into, the driver's
+  * Each fault grows to its 64 KiB big page (the driver's fault granularity), then the stock
+    density prefetcher (tree over the block's 512 pages, threshold 51 %) extends each batch, and eviction of whole chunks (the least recently migrated into, the driver's
     list; ``eviction_refresh = "access"`` makes it a true LRU as a what-if) runs on the fault
     path when no chunk is free: that is the "naive UM" baseline.
   * Commands from a controller (prefetch, pre-evict, invalidate, advise) run asynchronously on
@@ -335,6 +335,7 @@ class Simulator:
         self.cs.thr_lapse_ns, self.cs.thr_nap_ns = calib.thrashing_lapse_ns, calib.thrashing_nap_ns
         self.cs.thr_epoch_ns, self.cs.prefetch_evicts = calib.thrashing_epoch_ns, int(calib.prefetch_evicts)
         self.cs.lru_on_access = int(calib.eviction_refresh == "access")
+        self.cs.fault_gran = calib.fault_granularity_pages
         self.cs.thr_pin_threshold, self.cs.thr_pin_ns = calib.thrashing_pin_threshold, calib.thrashing_pin_ns
         self.cs.remote_ns = _ns(PAGE_SIZE, calib.prefetch_h2d_Bps)   # a page read through a remote mapping
         self.remote = np.zeros(npg, self._mask)       # bit g: GPU g maps the page's host copy remotely
