@@ -213,12 +213,10 @@ def calib_settings(items: list[str] | None) -> dict:
     from umctl import UmctlError
     from umctl.sim.calibration import Calibration
 
-    base = Calibration.load(CALIBRATION)
     try:
-        changed = base.with_settings(items).as_dict()
+        return Calibration.load(CALIBRATION).settings(items)
     except UmctlError as e:
         raise SystemExit(f"error: {e}") from None
-    return {k: v for k, v in changed.items() if k != "name" and v != getattr(base, k)}
 
 
 def build(args) -> list[Row]:

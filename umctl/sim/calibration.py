@@ -150,10 +150,19 @@ class Calibration:
         """This calibration with ``KEY=VALUE`` settings applied (``--calib-set``): a what-if
         on one constant (a faster link, another eviction order) without writing a file. The
         name records what was changed, so a report says it is not the shipped calibration."""
+        kw = self.settings(items)
+        if not kw:
+            return self
+        tag = ",".join(f"{k}={kw[k]}" for k in kw)
+        return replace(self, **kw, name=f"{self.name}+{tag}")
+
+    def settings(self, items: list[str] | None) -> dict:
+        """``KEY=VALUE`` texts as typed constants of this calibration, checked together (the
+        values the dataclass accepts); a bad one is a one-line UmctlError."""
         from .. import UmctlError
 
         if not items:
-            return self
+            return {}
         fields = self.__dataclass_fields__
         kw: dict = {}
         for item in items:
@@ -186,11 +195,10 @@ class Calibration:
             if kind in (int, float) and kw[key] < 0:
                 raise UmctlError(f"--calib-set {key}={raw}: must not be negative")
         try:
-            changed = replace(self, **kw)
+            replace(self, **kw)
         except ValueError as e:
             raise UmctlError(f"--calib-set: {e}") from None
-        tag = ",".join(f"{k}={kw[k]}" for k in kw)
-        return replace(changed, name=f"{self.name}+{tag}")
+        return kw
 
     def as_dict(self) -> dict:
         return asdict(self)
