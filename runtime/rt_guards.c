@@ -10,9 +10,7 @@
     static name##_lt libc_##name;                                                     \
     static inline name##_lt get_libc_##name(void)                                     \
     {                                                                                 \
-        if (!libc_##name)                                                             \
-            libc_##name = (name##_lt)rdlsym(RTLD_NEXT, #name);                        \
-        return libc_##name;                                                           \
+        return LAZY_SYM(libc_##name, rdlsym(RTLD_NEXT, #name));                       \
     }
 LIBC(void, free, void *)
 LIBC(void *, realloc, void *, size_t)
@@ -37,22 +35,23 @@ static inline int pending(void) { return atomic_load_explicit(&hum_pending, memo
 
 API void free(void *p)
 {
-    if (!libc_free) {
+    free_lt real = __atomic_load_n(&libc_free, __ATOMIC_ACQUIRE);
+    if (!real) {
         if (tl_resolving) {
             __libc_free(p);
             return;
         }
         tl_resolving = 1;
-        get_libc_free();
+        real = get_libc_free();
         tl_resolving = 0;
-        if (!libc_free) {
+        if (!real) {
             __libc_free(p);
             return;
         }
     }
     if (p && pending())
         hum_wait_range(p, malloc_usable_size(p));
-    libc_free(p);
+    real(p);
 }
 
 API void *realloc(void *p, size_t n)
@@ -153,6 +152,11 @@ API pid_t fork(void)
 {
     hum_barrier();
     flush_all();
+    /* the child has only this thread: a report lock another thread held at the fork would stay
+       locked there for good, so they are held across it (in push's order: buffers, then names) */
+    for (int k = 0; k < 3; k++)
+        pthread_mutex_lock(&rb[k].mu);
+    pthread_mutex_lock(&names_mu);
     pid_t r = get_libc_fork()();
     if (r == 0) {   /* no worker and no flusher in the child: HUM off there, flusher restarted */
         my_pid = (int32_t)getpid();
@@ -162,6 +166,9 @@ API pid_t fork(void)
         pthread_once_t fresh = PTHREAD_ONCE_INIT;
         flusher_once = fresh;
     }
+    pthread_mutex_unlock(&names_mu);
+    for (int k = 3; k-- > 0;)
+        pthread_mutex_unlock(&rb[k].mu);
     return r;
 }
 

@@ -47,20 +47,25 @@ static void hum_barrier(void)
     pthread_mutex_unlock(&hum_mu);
 }
 
-/* Does [p, p+n) overlap a pending copy's source (any byte) or destination? */
+/* Does [p, p+n) overlap a pending copy's source (any byte) or destination? Under hum_mu: a slot's
+   fields are written while it is BUSY (being issued, nothing protected yet) and stay as they
+   are while it is PENDING, and both changes of state into and out of PENDING take hum_mu, so a
+   slot cannot be finished and issued again under the reader. */
 static int hum_overlaps(const void *p, size_t n)
 {
     uintptr_t a = (uintptr_t)p, b = a + n;
-    for (int i = 0; i < MAX_COPIES; i++) {
+    int hit = 0;
+    pthread_mutex_lock(&hum_mu);
+    for (int i = 0; i < MAX_COPIES && !hit; i++) {
         struct hcopy *c = &slots[i];
-        if (atomic_load(&c->state) == SLOT_FREE)
+        if (atomic_load(&c->state) != SLOT_PENDING)
             continue;
         uintptr_t s0 = (uintptr_t)c->src & ~(page_sz - 1), s1 = ((uintptr_t)c->src + c->n + page_sz - 1) & ~(page_sz - 1);
         uintptr_t d0 = (uintptr_t)c->dst, d1 = d0 + c->n;
-        if ((a < s1 && s0 < b) || (a < d1 && d0 < b))
-            return 1;
+        hit = (a < s1 && s0 < b) || (a < d1 && d0 < b);
     }
-    return 0;
+    pthread_mutex_unlock(&hum_mu);
+    return hit;
 }
 
 static void hum_wait_range(const void *p, size_t n)
@@ -102,15 +107,19 @@ static void segv_handler(int sig, siginfo_t *si, void *ctx)
     int saved = errno;
     uintptr_t a = (uintptr_t)si->si_addr;
     if (si->si_code == SEGV_ACCERR) {
+        /* no lock here (a signal handler): only PENDING slots can have protected pages, and a0/a1
+           are read atomically since another slot may be issued (rewritten) meanwhile */
         for (int i = 0; i < MAX_COPIES; i++) {
             struct hcopy *c = &slots[i];
-            if (atomic_load(&c->state) == SLOT_FREE || a < c->a0 || a >= c->a1)
+            if (atomic_load(&c->state) != SLOT_PENDING || a < __atomic_load_n(&c->a0, __ATOMIC_RELAXED) ||
+                a >= __atomic_load_n(&c->a1, __ATOMIC_RELAXED))
                 continue;
             atomic_fetch_add(&st_segv, 1);
             atomic_fetch_add(&c->waiters, 1);   /* workers then unprotect what is staged at once */
             for (;;) {
                 uint32_t d = atomic_load(&c->done);
-                if (atomic_load(&c->state) == SLOT_FREE || atomic_load(&c->unprot) > a || a < c->a0 || a >= c->a1)
+                if (atomic_load(&c->state) != SLOT_PENDING || atomic_load(&c->unprot) > a ||
+                    a < __atomic_load_n(&c->a0, __ATOMIC_RELAXED) || a >= __atomic_load_n(&c->a1, __ATOMIC_RELAXED))
                     break;
                 futex(&c->done, FUTEX_WAIT, d);
             }
@@ -178,6 +187,20 @@ static int for_pieces(struct hcopy *c, size_t off, size_t len, piece_fn put)
  * CPU memcpy into the managed destination and a prefetch. */
 #define HUM_NBUF 2
 static void *prefetch_stream[MAX_DEV];
+static pthread_mutex_t prefetch_mu = PTHREAD_MUTEX_INITIALIZER;
+
+/* Device d's prefetch stream (d current), created by the first thread that needs it: the
+   program's threads (hum_populate) and the copy workers ask at once. NULL: none could be made. */
+static void *prefetch_stream_of(int d)
+{
+    pthread_mutex_lock(&prefetch_mu);
+    if (!prefetch_stream[d] && get_cudaStreamCreateWithFlags() &&
+        real_cudaStreamCreateWithFlags(&prefetch_stream[d], 1 /* non-blocking */) != 0)
+        prefetch_stream[d] = NULL;
+    void *s = prefetch_stream[d];
+    pthread_mutex_unlock(&prefetch_mu);
+    return s;
+}
 
 static void finish_copy(struct hcopy *c)
 {
@@ -435,9 +458,7 @@ static void chunk_plain(struct hum_wk *w, struct hcopy *c, uint32_t k, size_t of
             real_cudaGetLastError();
         copy_piece(c, off, len);
         if (cu_prefetch && w->cur_dev == c->dev) {
-            if (!prefetch_stream[c->dev] && get_cudaStreamCreateWithFlags())
-                real_cudaStreamCreateWithFlags(&prefetch_stream[c->dev], 1 /* non-blocking */);
-            if (cu_prefetch((u64)(uintptr_t)(c->dst + off), len, c->dev, prefetch_stream[c->dev]) == 0)
+            if (cu_prefetch((u64)(uintptr_t)(c->dst + off), len, c->dev, prefetch_stream_of(c->dev)) == 0)
                 atomic_fetch_add(&st_prefetch, 1);
             if (get_cudaGetLastError())
                 real_cudaGetLastError();
@@ -710,7 +731,9 @@ static int hum_issue(void *dst, const void *src, size_t n, void *stream, int is_
         hum_barrier();
         return 0;
     }
-    c->dst = dst, c->src = src, c->n = n, c->a0 = a0, c->a1 = a1;
+    c->dst = dst, c->src = src, c->n = n;
+    __atomic_store_n(&c->a0, a0, __ATOMIC_RELAXED);   /* the SIGSEGV handler reads them without a lock */
+    __atomic_store_n(&c->a1, a1, __ATOMIC_RELAXED);
     c->head_n = a0 - s, c->tail_n = s + n - a1;
     c->head = c->head_n ? malloc(c->head_n) : NULL;
     c->tail = c->tail_n ? malloc(c->tail_n) : NULL;

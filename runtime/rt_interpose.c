@@ -75,10 +75,8 @@ static void hum_populate(void *p, size_t n)
     if (!cu_prefetch || d < 0 || d >= MAX_DEV || !get_cudaStreamCreateWithFlags() || !get_cudaStreamSynchronize())
         return;
     tl_internal++;
-    if (!prefetch_stream[d])
-        real_cudaStreamCreateWithFlags(&prefetch_stream[d], 1 /* non-blocking */);
-    if (prefetch_stream[d] && cu_prefetch((u64)(uintptr_t)p, n, d, prefetch_stream[d]) == 0
-        && real_cudaStreamSynchronize(prefetch_stream[d]) == 0)
+    void *ps = prefetch_stream_of(d);
+    if (ps && cu_prefetch((u64)(uintptr_t)p, n, d, ps) == 0 && real_cudaStreamSynchronize(ps) == 0)
         atomic_fetch_add(&st_populated, 1);
     if (get_cudaGetLastError())
         real_cudaGetLastError();
@@ -218,27 +216,41 @@ static void report_end(const struct trk *t)
     push(0, &r);
 }
 
+/* This thread is the ring's only consumer: track_end writes an entry only at the tail, and only
+   while the ring has room, so the entries in [head, tail) as read under the lock stay this
+   thread's until it moves head past them. The events are queried and the ends reported outside
+   the lock, which the program's launches take: they never wait for the driver calls or a report
+   flush of this thread. */
+#define TRK_SCAN 512
 static void *trk_worker(void *arg)
 {
     (void)arg;
     tl_internal = 1;
     int cur_dev = -1;
+    cudaEvent_t ended[TRK_SCAN];
     for (;;) {
         pthread_mutex_lock(&trk_mu);
-        unsigned n = trk_tail - trk_head;
+        unsigned head = trk_head, n = trk_tail - trk_head;
+        pthread_mutex_unlock(&trk_mu);
+        if (n > TRK_SCAN)
+            n = TRK_SCAN;
+        unsigned n_ended = 0;
         /* scan the pending window: kernels on different streams end out of order */
-        for (unsigned i = 0; i < n && i < 512; i++) {
-            struct trk *t = &trk_q[(trk_head + i) % TRK];
+        for (unsigned i = 0; i < n; i++) {
+            struct trk *t = &trk_q[(head + i) % TRK];
             if (!t->ev)
                 continue;
             if (t->dev != cur_dev && real_cudaSetDevice(t->dev) == 0)
                 cur_dev = t->dev;
             if (real_cudaEventQuery(t->ev) == 0) {
                 report_end(t);
-                trk_pool[trk_npool++] = t->ev;
+                ended[n_ended++] = t->ev;
                 t->ev = NULL;
             }
         }
+        pthread_mutex_lock(&trk_mu);
+        for (unsigned i = 0; i < n_ended; i++)
+            trk_pool[trk_npool++] = ended[i];   /* every event is in the ring or the pool: <= TRK */
         while (trk_head != trk_tail && !trk_q[trk_head % TRK].ev)
             trk_head++;
         pthread_mutex_unlock(&trk_mu);

@@ -63,20 +63,24 @@ static int part_kernel_name(const char *nm)
 
 /* What is known of a kernel: `f` is a host stub (drv = 0) or a driver CUfunction / CUkernel
    handle (drv = 1: a launch that reached the driver without a runtime entry point of ours). */
-static struct finfo *func_info(const void *f, int drv)
+/* The entry of `f`, or else the empty slot where it belongs (NULL: table full); under ftab_mu. */
+static struct finfo *ftab_probe(const void *f)
 {
     size_t i = ((uintptr_t)f >> 4) * 0x9E3779B97F4A7C15ULL >> 51;   /* 13 bits */
-    pthread_mutex_lock(&ftab_mu);
-    for (size_t k = 0; k < FTAB; k++, i = (i + 1) & (FTAB - 1)) {
-        if (ftab[i].f == f) {
-            pthread_mutex_unlock(&ftab_mu);
+    for (size_t k = 0; k < FTAB; k++, i = (i + 1) & (FTAB - 1))
+        if (ftab[i].f == f || !ftab[i].f)
             return &ftab[i];
-        }
-        if (!ftab[i].f)
-            break;
-    }
-    struct finfo *e = ftab[i].f ? NULL : &ftab[i];
+    return NULL;
+}
+
+static struct finfo *func_info(const void *f, int drv)
+{
+    pthread_mutex_lock(&ftab_mu);
+    struct finfo *e = ftab_probe(f);
+    int hit = e && e->f == f;
     pthread_mutex_unlock(&ftab_mu);
+    if (hit)
+        return e;   /* filled once under the lock, never changed after */
     struct finfo fi = {f, -1, -1, NULL, FNV0, 0};
     tl_internal++;
     const char *name = NULL;
@@ -113,15 +117,18 @@ static struct finfo *func_info(const void *f, int drv)
     if (!drv && get_cudaGetLastError())
         real_cudaGetLastError();
     tl_internal--;
-    if (!e)
-        return NULL;   /* table full: not cached, identity without arguments */
+    /* Probe again: while the lock was let go (the name and sizes take driver calls), other
+       threads may have filled the slot found above, with this kernel or another one. Handing
+       back another kernel's entry would hash that kernel's argument sizes over this one's
+       arguments, reading past them. */
     pthread_mutex_lock(&ftab_mu);
-    if (!e->f)
+    e = ftab_probe(f);
+    if (e && !e->f)
         *e = fi;
     else
-        free(fi.sizes);
+        free(fi.sizes);   /* cached meanwhile, or the table is full */
     pthread_mutex_unlock(&ftab_mu);
-    return e;
+    return e;   /* NULL (table full): not cached, identity without arguments */
 }
 
 /* Occurrences of each argument-less identity since the host last waited for the GPU to drain

@@ -9,12 +9,13 @@ struct rbuf {
     uint8_t kind;
     size_t recsz;
     uint32_t n;
+    u64 pushed;   /* records ever pushed: sent + dropped + still here (tests/rtprog/rtstress.c) */
     char data[RBUF_BYTES];
 };
 static struct rbuf rb[3] = {
-    {PTHREAD_MUTEX_INITIALIZER, UMRT_LAUNCH, sizeof(struct umrt_launch), 0, {0}},
-    {PTHREAD_MUTEX_INITIALIZER, UMRT_ALLOC, sizeof(struct umrt_alloc), 0, {0}},
-    {PTHREAD_MUTEX_INITIALIZER, UMRT_COPY, sizeof(struct umrt_copy), 0, {0}},
+    {PTHREAD_MUTEX_INITIALIZER, UMRT_LAUNCH, sizeof(struct umrt_launch), 0, 0, {0}},
+    {PTHREAD_MUTEX_INITIALIZER, UMRT_ALLOC, sizeof(struct umrt_alloc), 0, 0, {0}},
+    {PTHREAD_MUTEX_INITIALIZER, UMRT_COPY, sizeof(struct umrt_copy), 0, 0, {0}},
 };
 static _Atomic u64 drops[3];
 static int32_t my_pid;
@@ -39,10 +40,12 @@ static int send_dgram(uint8_t kind, uint32_t count, const void *body, size_t len
 }
 
 /* Names go before the launches that use them; a name that could not be sent is retried at the
-   next flush (never dropped), since every later launch of that kernel needs it. */
+   next flush (never dropped), since every later launch of that kernel needs it. The batch is
+   built in a static buffer that names_mu guards: this runs on the program's threads, whose
+   stacks may be small. */
 static void flush_names(void)
 {
-    char buf[RBUF_BYTES];
+    static char buf[RBUF_BYTES];
     pthread_mutex_lock(&names_mu);
     while (names_sent < n_names) {
         size_t len = 0;
@@ -64,17 +67,28 @@ static void flush_names(void)
     pthread_mutex_unlock(&names_mu);
 }
 
+/* Send what rb[k] holds and empty it; called with b->mu held, so the records of one kind leave in
+   the order they were pushed and no thread can write into the buffer while it is read. A batch
+   the socket does not take is counted in drops[] (never silently lost). Launch records name
+   kernels that were interned before the records were pushed, so the names go first. */
+static void send_locked(int k)
+{
+    struct rbuf *b = &rb[k];
+    if (!b->n)
+        return;
+    if (k == 0)
+        flush_names();
+    if (send_dgram(b->kind, b->n, b->data, b->n * b->recsz) < 0)
+        atomic_fetch_add(&drops[k], b->n);
+    b->n = 0;
+}
+
 static void flush_kind(int k)
 {
-    char buf[RBUF_BYTES];
     struct rbuf *b = &rb[k];
     pthread_mutex_lock(&b->mu);
-    uint32_t n = b->n;
-    memcpy(buf, b->data, n * b->recsz);
-    b->n = 0;
+    send_locked(k);
     pthread_mutex_unlock(&b->mu);
-    if (n && send_dgram(b->kind, n, buf, n * b->recsz) < 0)
-        atomic_fetch_add(&drops[k], n);
 }
 
 static void flush_all(void)
@@ -121,21 +135,21 @@ static void start_flusher(void)
     spawn_detached(flusher);
 }
 
+/* Room is checked under the lock before the copy: any number of threads (the program's, the
+   kernel-end tracker, the flusher) may push and flush at once, and none can write past data[]. */
 static void push(int k, const void *rec)
 {
     struct rbuf *b = &rb[k];
     pthread_once(&flusher_once, start_flusher);
-    int full;
     pthread_mutex_lock(&b->mu);
-    memcpy(b->data + b->n * b->recsz, rec, b->recsz);
+    if ((size_t)(b->n + 1) * b->recsz > sizeof b->data)
+        send_locked(k);
+    memcpy(b->data + (size_t)b->n * b->recsz, rec, b->recsz);
     b->n++;
-    full = (b->n + 1) * b->recsz > RBUF_BYTES;
+    b->pushed++;
+    if ((size_t)(b->n + 1) * b->recsz > sizeof b->data)   /* a full batch leaves at once */
+        send_locked(k);
     pthread_mutex_unlock(&b->mu);
-    if (full) {
-        if (k == 0)
-            flush_names();
-        flush_kind(k);
-    }
 }
 
 static int intern_name(const char *s)

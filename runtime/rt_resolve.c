@@ -24,13 +24,18 @@ static void *rdlsym(void *h, const char *name)
 /* The next definition of `name` after this library; when we were dlopen'ed (torch's pluggable
    allocator) rather than preloaded, RTLD_NEXT may miss libcudart: take the global one then,
    unless that is our own. */
+static void *self_base_of(void)
+{
+    Dl_info di;
+    return dladdr((void *)&self_base_of, &di) ? di.dli_fbase : NULL;
+}
+
 static int is_self(void *p)
 {
     static void *self_base;
+    void *self = LAZY_SYM(self_base, self_base_of());
     Dl_info di;
-    if (!self_base && dladdr((void *)&is_self, &di))
-        self_base = di.dli_fbase;
-    return p && dladdr(p, &di) && di.dli_fbase == self_base;
+    return p && dladdr(p, &di) && di.dli_fbase == self;
 }
 
 static void *next_sym(const char *name)
@@ -49,9 +54,7 @@ static void *next_sym(const char *name)
     static name##_t real_##name;                                                 \
     static name##_t get_##name(void)                                             \
     {                                                                            \
-        if (!real_##name)                                                        \
-            real_##name = (name##_t)next_sym(#name);              \
-        return real_##name;                                                      \
+        return LAZY_SYM(real_##name, next_sym(#name));                           \
     }
 
 REAL(cudaError_t, cudaMalloc, void **, size_t)

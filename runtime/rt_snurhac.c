@@ -225,18 +225,23 @@ static void part_forget(const void *p)
 #define CL_PAGE 4096
 struct cl_rec { int64_t id; uint64_t size; uint32_t page, kind; };
 struct cl_twin { int64_t id; uintptr_t addr; size_t n; unsigned char *twin; int seen; };
-static int cl_fd = -2, cl_node;
+static int cl_fd = -1, cl_node;
 static int cl_behind;   /* a partitioned kernel ended since this node's data was last made current */
 static struct cl_twin cl_tw[MAX_RO];
 static int cl_ntw;
 
+static pthread_once_t cl_once = PTHREAD_ONCE_INIT;
+static void cl_config(void)
+{
+    const char *v = getenv("UMCTL_RT_CLUSTER_FD");
+    cl_fd = v && *v ? atoi(v) : -1;
+    cl_node = (int)env_size("UMCTL_RT_NODE", 0);
+}
+
+/* once: host syncs ask from any thread, outside part_mu */
 static int cl_on(void)
 {
-    if (cl_fd == -2) {
-        const char *v = getenv("UMCTL_RT_CLUSTER_FD");
-        cl_fd = v && *v ? atoi(v) : -1;
-        cl_node = (int)env_size("UMCTL_RT_NODE", 0);
-    }
+    pthread_once(&cl_once, cl_config);
     return cl_fd >= 0;
 }
 
@@ -545,9 +550,8 @@ typedef cudaError_t (*launch_exc_t)(const umrt_launch_config *, const void *, vo
 static cudaError_t launch_exc(const char *name, launch_exc_t *real, const umrt_launch_config *c, const void *f,
                               void **args, int ptsz)
 {
-    if (!*real)
-        *real = (launch_exc_t)next_sym(name);
-    if (!*real)
+    launch_exc_t fn = LAZY_SYM(*real, next_sym(name));
+    if (!fn)
         return 1;
     hum_barrier();
     cudaError_t pr;   /* launch attributes (clusters, ...) are not carried over to slabs: never split those */
@@ -555,7 +559,7 @@ static cudaError_t launch_exc(const char *name, launch_exc_t *real, const umrt_l
         return pr;
     int64_t q = c ? report_launch(f, c->gridDim, c->blockDim, args, c->dynamicSmemBytes, c->stream) : -1;
     tl_rt_launch++;
-    cudaError_t r = (*real)(c, f, args);
+    cudaError_t r = fn(c, f, args);
     tl_rt_launch--;
     if (r == 0 && c)
         track_end(q, c->stream);
@@ -583,9 +587,8 @@ API cudaError_t cudaLaunchKernelExC_ptsz(const umrt_launch_config *c, const void
 static u64 stub_launch(const char *name, fn12 *real, u64 a, u64 b, u64 c, u64 d, u64 e, u64 f, u64 g, u64 h,
                        u64 i, u64 j, u64 k, u64 l, int ptsz)
 {
-    if (!*real)
-        *real = (fn12)next_sym(name);
-    if (!*real)
+    fn12 fn = LAZY_SYM(*real, next_sym(name));
+    if (!fn)
         return 1;
     hum_barrier();
     dim3 gd = {(unsigned)b, (unsigned)(b >> 32), (unsigned)c};
@@ -597,7 +600,7 @@ static u64 stub_launch(const char *name, fn12 *real, u64 a, u64 b, u64 c, u64 d,
     int64_t q = report_launch((const void *)(uintptr_t)a, gd, bd, (void **)(uintptr_t)f, (size_t)g,
                               (cudaStream_t)(uintptr_t)h);
     tl_rt_launch++;
-    u64 r = (*real)(a, b, c, d, e, f, g, h, i, j, k, l);
+    u64 r = fn(a, b, c, d, e, f, g, h, i, j, k, l);
     tl_rt_launch--;
     if ((cudaError_t)r == 0)
         track_end(q, (cudaStream_t)(uintptr_t)h);
@@ -618,9 +621,8 @@ API u64 __cudaLaunchKernel_ptsz(u64 a, u64 b, u64 c, u64 d, u64 e, u64 f, u64 g,
 
 API cudaError_t cudaLaunchKernel_ptsz(const void *f, dim3 g, dim3 b, void **args, size_t smem, cudaStream_t s)
 {
-    static launch_plain_t real;
-    if (!real)
-        real = (launch_plain_t)next_sym("cudaLaunchKernel_ptsz");
+    static launch_plain_t real_ptsz;
+    launch_plain_t real = LAZY_SYM(real_ptsz, next_sym("cudaLaunchKernel_ptsz"));
     if (!real)
         return 1;
     return launch_plain(real, f, g, b, args, smem, s, 1);
@@ -632,9 +634,8 @@ API cudaError_t cudaLaunchKernel_ptsz(const void *f, dim3 g, dim3 b, void **args
 #define PASS_AROUND(name, before, after)                                                               \
     API u64 name(u64 a, u64 b, u64 c, u64 d, u64 e, u64 f, u64 g, u64 h, u64 i, u64 j, u64 k, u64 l)   \
     {                                                                                                  \
-        static fn12 real;                                                                              \
-        if (!real)                                                                                     \
-            real = (fn12)next_sym(#name);                                                              \
+        static fn12 real_fn;                                                                           \
+        fn12 real = LAZY_SYM(real_fn, next_sym(#name));                                                \
         if (!real)                                                                                     \
             return 1;                                                                                  \
         hum_barrier();                                                                                 \

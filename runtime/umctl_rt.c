@@ -107,6 +107,22 @@ static __thread int tl_internal;   /* >0: our own call or our worker: no barrier
 static __thread int tl_rt_launch;  /* >0: inside a reported runtime launch: its driver launch is not reported again */
 static __thread uintptr_t tl_last_fault;
 
+/* Entry points are looked up lazily, by whichever thread needs one first, often several at once:
+   the first lookup is stored (compare-and-swap, once) and read with acquire loads, so no thread
+   reads a pointer while another writes it. Evaluates to the pointer, NULL while none is found. */
+#define LAZY_SYM(slot, lookup)                                                                      \
+    ({                                                                                              \
+        __typeof__(slot) p_ = __atomic_load_n(&(slot), __ATOMIC_ACQUIRE);                           \
+        if (!p_) {                                                                                  \
+            __typeof__(slot) none_ = NULL;                                                          \
+            p_ = (__typeof__(slot))(lookup);                                                        \
+            if (p_ && !__atomic_compare_exchange_n(&(slot), &none_, p_, 0, __ATOMIC_ACQ_REL,        \
+                                                   __ATOMIC_ACQUIRE))                               \
+                p_ = none_;                                                                         \
+        }                                                                                           \
+        p_;                                                                                         \
+    })
+
 static int64_t now_ns(void)
 {
     struct timespec ts;

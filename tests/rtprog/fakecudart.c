@@ -129,9 +129,20 @@ static int put(void **out, size_t n, int type)
     void *p = NULL;
     if (posix_memalign(&p, 4096, n ? n : 1))
         return (last_error = 2);
+    /* a freed entry is reused: the stress harness (rtstress.c) allocates and frees far more
+       often than the table has entries */
     pthread_mutex_lock(&tab_mu);
-    tab[n_tab].p = p, tab[n_tab].n = n, tab[n_tab].type = type;
-    n_tab++;
+    int i = 0;
+    while (i < n_tab && tab[i].p)
+        i++;
+    if (i == (int)(sizeof tab / sizeof *tab)) {
+        pthread_mutex_unlock(&tab_mu);
+        free(p);
+        return (last_error = 2);
+    }
+    tab[i].p = p, tab[i].n = n, tab[i].type = type;
+    if (i == n_tab)
+        n_tab++;
     pthread_mutex_unlock(&tab_mu);
     *out = p;
     return 0;
@@ -149,7 +160,19 @@ API int cudaMalloc(void **p, size_t n) { fake_device_allocs++; return put(p, n, 
 API int cudaMallocManaged(void **p, size_t n, unsigned flags) { (void)flags; fake_managed_allocs++; return put(p, n, T_MANAGED); }
 API int cudaMallocHost(void **p, size_t n) { return put(p, n, T_HOST); }
 API int cudaHostAlloc(void **p, size_t n, unsigned flags) { (void)flags; return put(p, n, T_HOST); }
-static int drop(void *p) { int i = find(p); if (i < 0 || tab[i].p != p) return (last_error = 1); free(p); tab[i].p = NULL; return 0; }
+static int drop(void *p)
+{
+    pthread_mutex_lock(&tab_mu);
+    int i = find(p);
+    int ok = i >= 0 && tab[i].p == p;
+    if (ok)
+        tab[i].p = NULL;
+    pthread_mutex_unlock(&tab_mu);
+    if (!ok)
+        return (last_error = 1);
+    free(p);
+    return 0;
+}
 API int cudaFree(void *p) { return p ? drop(p) : 0; }
 API int cudaFreeHost(void *p) { return drop(p); }
 
