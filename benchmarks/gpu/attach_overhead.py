@@ -25,6 +25,13 @@ Configurations separate what being attached consists of:
 
   python3 benchmarks/gpu/attach_overhead.py [--window 3] [--rounds 4] [--no-touch] [--json F]
 
+Issue 34 §6, what the default sampling costs a fault-heavy managed-memory program, and what
+``--sample 1`` costs: ``--preset sampling`` (the two configurations "default, sampled 10%" and
+"default kinds", at least 5 windows each, interleaved). The loop's memory is managed
+(wl_torch.py allocates through cudaMallocManaged) and its host writes the batch every step, so
+it faults on every page of it twice a step; ``--batch-mib`` scales the faults per step. The
+table's last line gives the fault rate the counters saw while attached (goal: >= 100 k/s).
+
 Prints one table (paired overhead per configuration: median, mean and its 95 % interval over
 windows; events/s; CPU and GPU faults per step from the counters) and writes ``--json``.
 """
@@ -253,14 +260,22 @@ def main() -> None:
     ap.add_argument("--configs", default=";".join(CONFIGS), help="list separated by ';' (default: all)")
     ap.add_argument("--no-touch", action="store_true", help="the loop's host never writes the batch: no CPU faults")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--batch-mib", type=int, default=None, help="the loop's managed batch (wl_torch.py default 64)")
+    ap.add_argument("--preset", choices=("sampling",), help="sampling: the default sampling against --sample 1 "
+                    "(issue 34 §6): configs 'default, sampled 10%%;default kinds', >= 5 rounds")
+    ap.add_argument("--min-fault-rate", type=float, default=100e3, help="warn when the loop faults less than this")
     ap.add_argument("--json")
     a = ap.parse_args()
+    if a.preset == "sampling":
+        a.configs = "default, sampled 10%;default kinds"
+        a.rounds = max(a.rounds, 5)
     configs = [c.strip() for c in a.configs.split(";") if c.strip()]
     bad = [c for c in configs if c not in CONFIGS]
     if bad:
         sys.exit(f"attach_overhead: unknown configuration(s) {bad}; choose from {CONFIGS}")
     total = a.warmup + a.rounds * (2 * len(configs) + 1) * (a.window + 0.3) + 30
-    p, pid, lines = start_loop(total, ["--no-touch"] if a.no_touch else [])
+    extra = (["--no-touch"] if a.no_touch else []) + (["--batch-mib", str(a.batch_mib)] if a.batch_mib else [])
+    p, pid, lines = start_loop(total, extra)
     time.sleep(a.warmup)
     try:
         windows = interleaved_windows(configs, a.rounds, a.seed, lambda c: run_window(c, pid, a.window),
@@ -284,7 +299,13 @@ def main() -> None:
             for k in ("cpu_page_faults", "gpu_page_faults"):
                 if k in cnt[0]:
                     row[k + "_per_step"] = sum(x.get(k, 0) for x in cnt) / nsteps
+        full = [w for w in ws if w.counters and (w.sampled is None or w.sampled >= 0.999)]
+        fsecs = sum((w.t1_ns - w.t0_ns) / 1e9 for w in full)
+        if fsecs:
+            row["faults_per_s"] = sum(w.counters.get("cpu_page_faults", 0) + w.counters.get("gpu_page_faults", 0)
+                                      for w in full) / fsecs
         rows.append(row)
+    rates = [r["faults_per_s"] for r in rows if r.get("faults_per_s")]
     kind = "no host writes (GPU faults only)" if a.no_touch else "host writes the batch every step (CPU + GPU faults)"
     print(f"\nAttach overhead on one running PyTorch loop ({kind}); {a.rounds} rounds x {a.window:g} s windows; "
           f"unattached step {statistics.median(off_ms):.2f} ms median (windows {min(off_ms):.2f}-{max(off_ms):.2f})")
@@ -300,9 +321,16 @@ def main() -> None:
         print(f"{r['config']:24} {r['n']:>3} {r['median']:>+9.2f} {r['mean']:>+8.2f} "
               f"{f'{ci[0]:+.2f} .. {ci[1]:+.2f}':>17} {r['events_per_s'] or 0:>10.0f} "
               f"{'' if cpu is None else f'{cpu:.0f}':>12} {'' if gpu is None else f'{gpu:.0f}':>12}")
+    if rates:
+        rate = max(rates)
+        print(f"fault rate while attached (counters, CPU + GPU, unsampled windows): {rate:,.0f}/s"
+              + ("" if rate >= a.min_fault_rate else f"  -- BELOW {a.min_fault_rate:,.0f}/s: raise --batch-mib"))
+    else:
+        print("fault rate: no unsampled window with counters (add 'default kinds' or 'counters only')")
     if a.json:
         with open(a.json, "w") as f:
-            json.dump({"rows": rows, "unattached_ms": off_ms, "no_touch": a.no_touch,
+            json.dump({"rows": rows, "unattached_ms": off_ms, "no_touch": a.no_touch, "batch_mib": a.batch_mib,
+                       "faults_per_s": max(rates) if rates else None,
                        "windows": [w.__dict__ for w in windows]}, f, indent=1)
 
 
