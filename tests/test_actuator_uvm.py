@@ -227,6 +227,43 @@ def test_two_workers_prefetch_while_an_eviction_is_in_flight():
     a.close()
 
 
+def test_a_preevict_waits_for_the_prefetch_of_its_block_in_flight():
+    """An escape from the budget: a pre-eviction queued while another worker's prefetch of the
+    same block is inside the driver ran at once, beside it; the prefetch then brought the block
+    back after the eviction had moved it out, so the block stayed on the GPU while the budget
+    keeper counted it gone (and no fault ever told it otherwise). A block's second command now
+    starts only once the ioctl holding the block has returned; other blocks are not held up."""
+    io = FakeUvm()
+    release = threading.Event()
+    log: list[str] = []
+    plain = io.ioctl
+
+    def ioctl(fd, cmd, p):
+        to_cpu = cmd == abi.UVM_MIGRATE and bytes(p.destinationUuid.uuid) == CPU_UUID
+        if cmd == abi.UVM_MIGRATE and not to_cpu:
+            log.append("prefetch begins")
+            release.wait(5)                       # the prefetch takes "long"
+            log.append("prefetch ends")
+        elif to_cpu:
+            log.append(f"evict {(p.base - BASE) // BLOCK_SIZE}")
+        return plain(fd, cmd, p)
+
+    io.ioctl = ioctl
+    a = act(io, workers=2)
+    a.submit(commands(Op.PREFETCH, [blk(i) for i in range(4)], BLOCK_SIZE, dst=0))   # one run
+    deadline = time.monotonic() + 5
+    while "prefetch begins" not in log and time.monotonic() < deadline:
+        time.sleep(0.005)
+    a.submit(commands(Op.PREEVICT, [blk(2), blk(9)], BLOCK_SIZE, dst=CPU, priority=0))
+    time.sleep(0.1)
+    assert log == ["prefetch begins", "evict 9"]       # block 9 is free to go, block 2 waits
+    release.set()
+    assert a.wait_idle()
+    assert log == ["prefetch begins", "evict 9", "prefetch ends", "evict 2"]
+    assert (a.results()["status"] == Status.OK).all()
+    a.close()
+
+
 def test_idle_workers_do_not_spin():
     """Two idle workers once woke each other endlessly (~40 K wake-ups/s on the H100) and took
     the GIL from the control loop; idle now means asleep."""

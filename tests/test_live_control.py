@@ -214,10 +214,25 @@ def test_failed_prefetch_is_taken_back_from_the_estimate():
     c = commands(Op.PREFETCH, BASE, BLOCK_SIZE, dst=0)
     lc._account(c, 0)
     ids = act.submit(c)
-    lc._issued[int(ids[0])] = (Op.PREFETCH, BASE >> BLOCK_SHIFT, 0)
+    lc._issued[int(ids[0])] = (Op.PREFETCH, BASE >> BLOCK_SHIFT, 0, 0, (0, BASE >> BLOCK_SHIFT) in lc._fresh)
     assert lc.res.resident_bytes(0) == BLOCK_SIZE
     lc._results(EventBatch())
     assert lc.res.resident_bytes(0) == 0
+
+
+def test_failed_completion_of_a_faulted_block_keeps_it_counted():
+    """DeepUM completes every faulted block with a prefetch; when that prefetch fails the
+    faulted pages are on the GPU all the same. Taking the block out of the estimate (as a failed
+    prefetch of a block nobody touched is) let the estimate fall below the truth."""
+    act = FakeActuator(fail_ops={Op.PREFETCH})
+    lc = LiveControl(make_controller("deepum"), act, pid=1, gpus=GPUS, budget_bytes=64 * BLOCK_SIZE)
+    b = EventBatch(now_ns=1000)
+    b.add(Kind.LAUNCH, launch(0, 1, 0))
+    b.add(Kind.FAULT, faults(500, [3]))
+    out = lc.step(b)
+    pf = out[Kind.COMMAND][out[Kind.COMMAND]["op"] == Op.PREFETCH]
+    assert len(pf) and (out[Kind.RESULT]["status"] == Status.RANGE_INVALID).all()
+    assert lc.res.resident_bytes(0) == BLOCK_SIZE           # the faulted block stays counted
 
 
 def test_replay_only_modes_and_bad_budgets_are_refused():

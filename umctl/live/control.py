@@ -13,6 +13,11 @@ driver for more memory than the card has (docs/measurements.md).
 
 Why block granularity is right for the estimate: the driver backs and evicts managed memory
 in 2 MiB root chunks, so a block with any page on the GPU holds a whole chunk there.
+
+The estimate is what the keeper acts on, and it is optimistic about umctl's own evictions (a
+block leaves it when the eviction is queued); whether the budget was *held* is judged apart from
+it, from the driver's own events, by :class:`~umctl.live.budget_check.BudgetCheck`, which every
+budgeted session runs (the budget turns migration events on for it).
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ from .. import UmctlError
 from ..controller.base import Controller, ControllerContext
 from ..events.schema import AllocOp, EventBatch, Kind, Op, Status, commands, empty
 from ..units import BLOCK_SHIFT, BLOCK_SIZE, CPU
+from .budget_check import BudgetCheck
 
 
 #: Command priority of the budget's sweep (below the budget keeper's 0 and the controller's 1);
@@ -47,33 +53,66 @@ class Residency:
 
     def __init__(self, n_gpus: int):
         self.blocks: list[OrderedDict[int, int]] = [OrderedDict() for _ in range(max(1, n_gpus))]
+        #: per GPU: block -> when umctl took it out of the estimate (its eviction was queued)
+        self.gone_at: list[dict[int, int]] = [{} for _ in self.blocks]
+        #: per GPU: block -> when the driver last reported it arriving (a fault or a migration)
+        self.reported_at: list[dict[int, int]] = [{} for _ in self.blocks]
 
     def _gpu(self, g: int) -> OrderedDict[int, int]:
         while g >= len(self.blocks):
             self.blocks.append(OrderedDict())
+            self.gone_at.append({})
+            self.reported_at.append({})
         return self.blocks[g]
 
-    def arrive(self, g: int, blocks, t: int) -> None:
+    def arrive(self, g: int, blocks, t: int) -> list[int]:
         """Blocks now hold a chunk on GPU g (kept at their first arrival time: the driver's
-        eviction order is by migration into the GPU, not by use)."""
+        eviction order is by migration into the GPU, not by use). Returns those that were not
+        counted before."""
         d = self._gpu(g)
+        gone = self.gone_at[g]
+        new = []
         for b in blocks:
             if b not in d:
                 d[b] = t
+                gone.pop(b, None)
+                new.append(b)
+        return new
 
-    def leave(self, g: int, blocks) -> None:
+    def leave(self, g: int, blocks, t: int | None = None) -> None:
+        """Blocks no longer count on GPU g; ``t``: umctl sent them away then (its eviction was
+        queued), so a migration into g that began before ``t`` is not news (below)."""
         d = self._gpu(g)
+        gone = self.gone_at[g]
         for b in blocks:
-            d.pop(b, None)
+            if d.pop(b, None) is not None and t is not None:
+                gone[b] = t
 
     def leave_all(self, blocks) -> None:
         for d in self.blocks:
             for b in blocks:
                 d.pop(b, None)
 
+    def _reported(self, g: int, blocks, t: int) -> list[int]:
+        """The driver reported ``blocks`` arriving on g at ``t``: all but those umctl sent away
+        after ``t`` (a late record of an arrival that the queued eviction undoes)."""
+        self._gpu(g)
+        gone, rep = self.gone_at[g], self.reported_at[g]
+        out = []
+        for b in blocks:
+            if gone.get(b, -1) > t:
+                continue
+            rep[b] = max(rep.get(b, t), t)
+            out.append(b)
+        return out
+
     def observe(self, batch: EventBatch) -> list[int]:
-        """Fold what the driver reported: GPU faults bring their blocks in; migrations
-        (when enabled) move blocks between processors; freed ranges leave every GPU (returned)."""
+        """Fold what the driver reported: GPU faults bring their blocks in; migrations (on
+        whenever a budget is set) bring blocks in too -- the density prefetcher's, umctl's own
+        prefetches as they land, and anything that came back without a fault -- and move whole
+        blocks out; freed ranges leave every GPU (returned). Migration records come late (the
+        driver defers them), so an arrival that began before umctl queued the block's eviction
+        is dropped: the eviction, executed after it, undoes it."""
         f = batch[Kind.FAULT]
         if len(f):
             for g in np.unique(f["gpu"]).tolist():
@@ -82,16 +121,42 @@ class Residency:
                 sel = f[f["gpu"] == g]
                 blocks, first = np.unique((sel["addr"] >> np.uint64(BLOCK_SHIFT)).astype(np.int64), return_index=True)
                 order = np.argsort(first)
-                self.arrive(g, blocks[order].tolist(), int(sel["t_ns"][first].min()))
+                t = int(sel["t_ns"][first].min())
+                bl = blocks[order].tolist()
+                self._gpu(g)
+                rep = self.reported_at[g]
+                for b in bl:
+                    rep[b] = t
+                self.arrive(g, bl, t)
         m = batch[Kind.MIGRATION]
-        for rec in m:
-            b0 = int(rec["addr"]) >> BLOCK_SHIFT
-            b1 = (int(rec["addr"]) + max(int(rec["bytes"]), 1) - 1) >> BLOCK_SHIFT
-            blocks = range(b0, b1 + 1)
-            if int(rec["dst"]) >= 0:
-                self.arrive(int(rec["dst"]), blocks, int(rec["t_ns"]))
-            if int(rec["src"]) >= 0 and int(rec["bytes"]) >= BLOCK_SIZE:
-                self.leave(int(rec["src"]), blocks)
+        if len(m):
+            # one pass per (GPU, block), not per record: a drain holds thousands of page runs
+            lo = m["addr"].astype(np.int64)
+            b0, b1 = lo >> BLOCK_SHIFT, (lo + np.maximum(m["bytes"].astype(np.int64), 1) - 1) >> BLOCK_SHIFT
+            reps = b1 - b0 + 1
+            idx = np.repeat(np.arange(len(m)), reps)
+            blk = b0[idx] + (np.arange(len(idx)) - np.repeat(np.cumsum(reps) - reps, reps))
+            dst, t = m["dst"][idx].astype(np.int64), m["t_ns"][idx]
+            last_in: dict[tuple[int, int], int] = {}
+            into = dst >= 0
+            if into.any():
+                key = (blk[into] << 8) | dst[into]
+                uk, inv = np.unique(key, return_inverse=True)
+                t_in = t[into]
+                t_first = np.full(len(uk), np.iinfo(np.int64).max, np.int64)
+                t_last = np.full(len(uk), np.iinfo(np.int64).min, np.int64)
+                np.minimum.at(t_first, inv.reshape(-1), t_in)
+                np.maximum.at(t_last, inv.reshape(-1), t_in)
+                for k, t0, t1 in zip(uk.tolist(), t_first.tolist(), t_last.tolist()):
+                    g, b = k & 0xFF, k >> 8
+                    last_in[(g, b)] = t1
+                    if self._reported(g, [b], t1):
+                        self.arrive(g, [b], t0)
+            whole = np.flatnonzero((m["src"] >= 0) & (m["bytes"] >= BLOCK_SIZE))
+            for i in whole.tolist():
+                g, t_end = int(m["src"][i]), int(max(m["t_end_ns"][i], m["t_ns"][i]))
+                b_lo, b_hi = int(b0[i]), int(b1[i])
+                self.leave(g, [b for b in range(b_lo, b_hi + 1) if last_in.get((g, b), -1) <= t_end])
         a = batch[Kind.ALLOC]
         freed: list[int] = []
         if len(a):
@@ -190,7 +255,7 @@ class Budget:
                 victims = order(g, self.res.oldest(g, len(self.res.blocks[g])))[:n]
             if not victims:
                 continue
-            self.res.leave(g, victims)
+            self.res.leave(g, victims, now)
             self.sent_away(g, victims, now)
             self.peak_bytes = max(self.peak_bytes, self.res.resident_bytes(g))
             self.enforced_blocks += len(victims)
@@ -289,7 +354,12 @@ class LiveControl:
         # what the program can no longer use (actuators/runtime_discard.py)
         ctx.options["safe_invalidate"] = bool(safe_invalidate)
         controller.attach(ctx)
-        self._issued: dict[int, tuple[int, int, int]] = {}   # cmd_id -> (op, block, dst)
+        #: the budget's independent check: true residency from the driver's events
+        self.check = BudgetCheck(self.budget.nbytes, self.target_gpus) if self.budget is not None else None
+        #: cmd_id -> (op, first block, dst, when issued, whether the command is what put the block
+        #: in the estimate: a PREFETCH that fails is taken back only then)
+        self._issued: dict[int, tuple[int, int, int, int, bool]] = {}
+        self._fresh: set[tuple[int, int]] = set()   # (dst, block) this step's prefetches added
         self._evictions: np.ndarray | None = None
         self.commands = 0
         self.t_controller_ns = 0
@@ -298,6 +368,8 @@ class LiveControl:
 
     def step(self, batch: EventBatch) -> EventBatch:
         t0 = time.perf_counter_ns()
+        if self.check is not None:
+            self.check.observe(batch)
         freed = self.res.observe(batch)
         if freed and self.budget is not None:
             self.budget.forget(freed)
@@ -330,11 +402,16 @@ class LiveControl:
             cmds["t_ns"] = batch.now_ns
             ids = self.act.submit(cmds)
             cmds["cmd_id"] = ids
-            for c, i in zip(cmds, ids.tolist()):
-                self._issued[i] = (int(c["op"]), int(c["addr"]) >> BLOCK_SHIFT, int(c["dst"]))
+            now, fresh = batch.now_ns, self._fresh
+            for op, a, d, i in zip(cmds["op"].tolist(), cmds["addr"].tolist(), cmds["dst"].tolist(), ids.tolist()):
+                b = a >> BLOCK_SHIFT
+                self._issued[i] = (op, b, d, now, (d, b) in fresh)
             self.commands += len(cmds)
             out.add(Kind.COMMAND, cmds)
+        self._fresh = set()
         self._results(out)
+        if self.check is not None:
+            self.check.observe(out)   # umctl's own prefetches that landed (budget_check.py)
         if self.publisher is not None:
             self.publisher.record(self, out)
         self.t_controller_ns += time.perf_counter_ns() - t0
@@ -347,11 +424,11 @@ class LiveControl:
             sel = (cmds["op"] == op) & (cmds["dst"] == dst)
             blocks = (cmds["addr"][sel] >> np.uint64(BLOCK_SHIFT)).astype(np.int64).tolist()
             if op == Op.PREFETCH and dst >= 0:
-                self.res.arrive(dst, blocks, now)
+                self._fresh.update((dst, b) for b in self.res.arrive(dst, blocks, now))
             elif op == Op.PREEVICT:
                 for g in range(len(self.res.blocks)):
                     if g != dst:
-                        self.res.leave(g, blocks)
+                        self.res.leave(g, blocks, now)
                         if self.budget is not None and g in self.target_gpus:
                             self.budget.sent_away(g, blocks, now)
                 if dst >= 0:
@@ -367,9 +444,18 @@ class LiveControl:
         if len(r) == 0:
             return
         for cid, st in zip(r["cmd_id"].tolist(), r["status"].tolist()):
-            op, b, dst = self._issued.pop(cid, (None, 0, 0))
+            op, b, dst, t, fresh = self._issued.pop(cid, (None, 0, 0, 0, False))
             if op == Op.PREFETCH and st in (Status.FAILED, Status.RANGE_INVALID) and dst >= 0:
-                self.res.leave(dst, [b])
+                # only what the prefetch itself put in the estimate: a block the program faulted
+                # in (DeepUM's fault queue completes such blocks) holds GPU memory all the same
+                self.res._gpu(dst)
+                if fresh and self.res.reported_at[dst].get(b, -1) < t:
+                    self.res.leave(dst, [b])
+            elif op == Op.PREEVICT and st == Status.FAILED:
+                # the block did not leave: count it again where umctl had taken it out
+                for g, gone in enumerate(self.res.gone_at):
+                    if g != dst and gone.get(b, None) is not None and gone[b] <= t:
+                        self.res.arrive(g, [b], t)
         out.add(Kind.RESULT, r)
 
     def finish(self, out: EventBatch | None = None, timeout: float = 5.0) -> EventBatch:
@@ -378,6 +464,9 @@ class LiveControl:
         out = out if out is not None else EventBatch()
         self.act.close(drain=True, timeout=timeout)
         self._results(out)
+        if self.check is not None:
+            self.check.observe(out)
+            self.check.finish()
         if self.publisher is not None:
             self.publisher.record(self, out)
             self.publisher.close()
@@ -392,4 +481,15 @@ class LiveControl:
                            "peak_before_enforcement_bytes": self.budget.peak_before,
                            "overflow_blocks_evicted": self.budget.enforced_blocks, "dst": self.budget.dst,
                            "swept_blocks": self.budget.swept_blocks, "sweep_ms": self.budget.sweep_ns / 1e6}
+            s.update(self.budget_verdict())
         return s
+
+    def budget_verdict(self) -> dict:
+        """``budget_held`` (True / False / None: unverified), the check's verdict and its time
+        series (budget_check.py); {} without a budget."""
+        if self.check is None or self.budget is None:
+            return {}
+        v = self.check.verdict(estimate_peak_bytes=self.budget.peak_bytes)
+        return {"budget_held": v.held, "budget_check": v.as_dict(),
+                "budget_series": {"columns": ["t_s", "resident_block_bytes", "resident_page_bytes"],
+                                  "rows": [list(r) for r in self.check.series]}}

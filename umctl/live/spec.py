@@ -144,10 +144,17 @@ class ControlSpec:
         self.budget_sweep = float(budget_sweep)
 
     def source_kinds(self) -> frozenset[Kind]:
-        """The event kinds the controller needs from a tools-API source."""
+        """The event kinds the controller needs from a tools-API source, plus MIGRATION under a
+        budget: the budget check (umctl/live/budget_check.py) judges the budget from the driver's
+        migration records, and the keeper learns from them what arrived without a fault. That is
+        the price of a budget one can check: migration events slow the driver's fault service
+        (~1.8x on a fault-bound kernel, docs/live.md)."""
         from ..sources.uvmtools import ALL_KINDS
 
-        return frozenset(self.controller.subscribes) & ALL_KINDS
+        kinds = frozenset(self.controller.subscribes) & ALL_KINDS
+        if self.budget is not None:
+            kinds |= {Kind.MIGRATION}
+        return kinds
 
     def start(self, src: Source, probe: LaunchSource | None, actuator: Actuator | None = None):
         """The running control loop on an attached source: ``actuator`` or the one the source

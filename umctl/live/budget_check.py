@@ -1,0 +1,359 @@
+"""An independent check of a GPU-memory budget: the residency the driver actually produced,
+from the driver's own events, never from the budget keeper's estimate.
+
+Why a second account: the budget keeper (:mod:`umctl.live.control`) holds the budget against
+its *estimate*, and clamps that estimate by its own enforcement; its "peak estimate" therefore
+cannot disagree with itself. A run whose data stayed on the GPU while the estimate said it had
+left would report the budget held. :class:`BudgetCheck` rebuilds residency from what the driver
+reports, so the summary can say whether the budget was held.
+
+Contract (what counts, and why):
+
+* **Granularity.** Residency is kept per GPU, per 2 MiB block, as a bitmap of its 4 KiB pages.
+  A block counts toward the budget while it holds *any* page on that GPU: the driver backs
+  managed memory in 2 MiB root chunks, so one resident page holds a whole chunk of device
+  memory. The verdict uses this block-granular residency; the page-granular sum is reported
+  beside it.
+* **Evidence.** Arrivals on a GPU: MIGRATION records with that GPU as ``dst`` (any cause: demand,
+  the driver's density prefetcher, umctl's own prefetches), GPU FAULT records (the faulted 4 KiB
+  page: a first touch is populated on the GPU without any migration event), and umctl's own
+  PREFETCH/STAGE commands whose RESULT is OK (a migrate of never-populated pages moves nothing
+  and reports nothing). Departures: MIGRATION records with the GPU as ``src`` (our
+  pre-evictions, the driver's evictions), EVICTION records (a replay's driver evictions: the
+  whole chunk), and ALLOC FREE records (every GPU). Nothing else removes a page: a discard
+  (INVALIDATE) reports no event, so invalidated pages stay counted until they move or are freed
+  (the check errs towards "not held", never towards "held").
+* **Time.** Every record is placed at its own ``t_ns`` (arrivals at the copy's begin, departures
+  at its end: both err towards more residency). The driver defers migration records, so records
+  are held back ``reorder_ms`` and applied in time order; a record later than that is applied at
+  the oldest time still open (counted in ``late_records``). Residency is a step function whose
+  value changes once per application (one per :meth:`observe`, i.e. per drain: the records
+  applied together take effect at the earliest of their times); the peak, the share of time
+  above ``budget + slack`` and the excess integrated over time (GiB·s) are taken from it over the
+  observed time (first record to the last time applied). A block that comes and goes within one
+  application is therefore not seen in the peak: the resolution is one drain.
+* **Verdict.** ``held`` is None (unverified) when no MIGRATION record was seen (migration events
+  off, an old driver, a source without them) or migration records were dropped; else False when
+  the block-granular residency of any budgeted GPU was above ``budget + slack`` for more than
+  :data:`MAX_OVER_FRAC` of the observed time, else True.
+* **Slack.** ``max(2 % of the budget, 2 blocks)`` plus an in-flight allowance, by default one
+  full-size actuator migration (64 MiB, ``UvmActuator.max_ioctl_bytes``): a prefetch of that size
+  may land while the eviction that makes room for it is still being copied out on the other
+  worker. Transient overshoot between two control steps is not slack: it is what the 1 % of
+  time absorbs.
+
+The class imports only :mod:`umctl.events` and :mod:`umctl.units`, so a replay can feed it the
+simulator's MIGRATION / EVICTION events as a live session feeds it the driver's.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+from ..events.schema import KIND_CODES, AllocOp, EventBatch, Kind, Op, Status
+from ..units import BLOCK_SHIFT, BLOCK_SIZE
+
+PAGE_SHIFT = 12
+PAGES = BLOCK_SIZE >> PAGE_SHIFT          # 512 pages of 4 KiB in a block
+WORDS = PAGES // 64                       # bitmap words per block
+#: the budget is "not held" when the true residency is above budget + slack longer than this
+#: share of the observed time
+MAX_OVER_FRAC = 0.01
+#: one full-size actuator migration (UvmActuator.max_ioctl_bytes): the in-flight allowance
+IN_FLIGHT_BYTES = 64 << 20
+#: time samples kept for the trace / JSON (pairs are merged, keeping the maxima, beyond this)
+MAX_SAMPLES = 2048
+_ALL = np.uint64(0xFFFF_FFFF_FFFF_FFFF)
+
+
+def default_slack(budget_bytes: int, in_flight_bytes: int = IN_FLIGHT_BYTES) -> int:
+    """``max(2 % of the budget, 2 blocks) + in_flight_bytes`` (module doc, *Slack*)."""
+    return max(int(budget_bytes * 0.02), 2 * BLOCK_SIZE) + int(in_flight_bytes)
+
+
+def _popcount(words: np.ndarray) -> np.ndarray:
+    """Set bits per row of an (n, WORDS) uint64 array."""
+    if hasattr(np, "bitwise_count"):
+        return np.bitwise_count(words).sum(axis=-1).astype(np.int64)
+    b = words.view(np.uint8).reshape(len(words), -1)
+    return np.unpackbits(b, axis=1).sum(axis=1).astype(np.int64)
+
+
+def _masks(lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
+    """(n, WORDS) bitmaps of the page ranges [lo, hi) (pages within one block)."""
+    base = np.arange(WORDS, dtype=np.int64) * 64
+    a = np.clip(lo[:, None] - base, 0, 64)
+    b = np.clip(hi[:, None] - base, 0, 64)
+    n = (b - a).astype(np.uint64)
+    full = n >= 64
+    ones = np.where(full, _ALL, (np.uint64(1) << np.where(full, 0, n).astype(np.uint64)) - np.uint64(1))
+    out = np.where(n > 0, ones << a.astype(np.uint64), np.uint64(0))
+    return out.astype(np.uint64)
+
+
+@dataclass
+class BudgetVerdict:
+    """What :class:`BudgetCheck` found (bytes; times in seconds). ``held``: True, False, or
+    None when it could not be verified (no migration events, or some were dropped)."""
+
+    budget_bytes: int
+    slack_bytes: int
+    true_peak_bytes: int             # block-granular (what the verdict uses)
+    true_peak_page_bytes: int        # page-granular
+    estimate_peak_bytes: int | None  # the keeper's own figure, for comparison (None: not given)
+    time_over_frac: float            # share of observed time above budget + slack
+    over_peak_bytes: int             # peak excess above budget + slack
+    over_gib_s: float                # excess above budget + slack integrated over time
+    held: bool | None
+    observed_s: float
+    migrations_seen: int
+    late_records: int = 0
+    dropped_migrations: int = 0
+    why: str = ""
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+class BudgetCheck:
+    """Fed every drained batch (:meth:`observe`), keeps the GPUs' true managed residency and
+    judges ``budget_bytes`` on ``gpus`` (the budgeted GPUs; others are tracked, not judged).
+    ``slack_bytes`` defaults to :func:`default_slack`."""
+
+    def __init__(self, budget_bytes: int, gpus=(0,), *, slack_bytes: int | None = None,
+                 reorder_ms: float = 50.0):
+        self.budget = int(budget_bytes)
+        self.gpus = [int(g) for g in gpus] or [0]
+        self.slack = default_slack(self.budget) if slack_bytes is None else int(slack_bytes)
+        self.limit = self.budget + self.slack
+        self.reorder_ns = int(reorder_ms * 1e6)
+        self._slot: dict[int, int] = {}                 # (block << 8 | gpu) -> row
+        self._bits = np.zeros((64, WORDS), np.uint64)
+        self._slot_gpu = np.zeros(64, np.int64)
+        self._slot_block = np.zeros(64, np.int64)
+        self._pending: list[tuple[np.ndarray, ...]] = []   # (t, gpu, addr, end, set?) arrays
+        self._cmds: dict[int, tuple[int, int, int]] = {}   # PREFETCH cmd_id -> (addr, bytes, dst)
+        self.blocks: dict[int, int] = {}                  # gpu -> resident blocks
+        self.pages: dict[int, int] = {}                   # gpu -> resident pages
+        self.t0: int | None = None
+        self.t_applied: int | None = None
+        self.migrations = 0
+        self.late = 0
+        self.dropped_migrations = 0
+        self.peak_blocks = 0
+        self.peak_pages = 0
+        self.over_ns = 0
+        self.over_byte_ns = 0.0
+        self.over_peak = 0
+        self.series: list[list[float]] = []   # [t_s, block bytes, page bytes] of the judged GPUs (max)
+
+    # -- input ----------------------------------------------------------------------------
+    def observe(self, batch: EventBatch) -> None:
+        """Take one batch's evidence (module doc) and apply what is older than the reorder
+        window."""
+        parts: list[tuple[np.ndarray, ...]] = []
+        m = batch[Kind.MIGRATION]
+        if len(m):
+            self.migrations += len(m)
+            end = m["addr"].astype(np.int64) + m["bytes"].astype(np.int64)
+            into = m["dst"] >= 0
+            if into.any():
+                parts.append((m["t_ns"][into], m["dst"][into].astype(np.int64), m["addr"][into].astype(np.int64),
+                              end[into], np.ones(int(into.sum()), bool)))
+            out = m["src"] >= 0
+            if out.any():
+                t_end = np.where(m["t_end_ns"] > m["t_ns"], m["t_end_ns"], m["t_ns"])
+                parts.append((t_end[out], m["src"][out].astype(np.int64), m["addr"][out].astype(np.int64),
+                              end[out], np.zeros(int(out.sum()), bool)))
+        f = batch[Kind.FAULT]
+        if len(f):
+            f = f[f["gpu"] >= 0]
+            a = f["addr"].astype(np.int64) & ~np.int64(4095)
+            parts.append((f["t_ns"], f["gpu"].astype(np.int64), a, a + 4096, np.ones(len(f), bool)))
+        e = batch[Kind.EVICTION]
+        if len(e):
+            a = (e["addr"].astype(np.int64) >> BLOCK_SHIFT) << BLOCK_SHIFT
+            parts.append((e["t_ns"], e["gpu"].astype(np.int64), a, a + BLOCK_SIZE, np.zeros(len(e), bool)))
+        c = batch[Kind.COMMAND]
+        for cid, op, addr, n, dst in zip(c["cmd_id"].tolist(), c["op"].tolist(), c["addr"].tolist(),
+                                         c["bytes"].tolist(), c["dst"].tolist()):
+            if op in (Op.PREFETCH, Op.STAGE) and dst >= 0 and cid >= 0:
+                self._cmds[cid] = (addr, n, dst)
+        r = batch[Kind.RESULT]
+        if len(r) and self._cmds:
+            rows = []
+            for t, cid, st in zip(r["t_ns"].tolist(), r["cmd_id"].tolist(), r["status"].tolist()):
+                cmd = self._cmds.pop(cid, None)
+                if cmd is not None and st == Status.OK:
+                    rows.append((t, cmd[2], cmd[0], cmd[0] + cmd[1]))
+            if rows:
+                x = np.array(rows, np.int64)
+                parts.append((x[:, 0], x[:, 1], x[:, 2], x[:, 3], np.ones(len(x), bool)))
+        a = batch[Kind.ALLOC]
+        if len(a):
+            for t, op, addr, n in zip(a["t_ns"].tolist(), a["op"].tolist(), a["addr"].tolist(), a["bytes"].tolist()):
+                if op == AllocOp.FREE and n > 0:
+                    parts += self._free_ops(t, addr, addr + n)
+        d = batch[Kind.DROPS]
+        if len(d):
+            self.dropped_migrations += int(d["count"][d["kind"] == KIND_CODES[Kind.MIGRATION]].sum())
+        if parts:
+            t_min = min(int(p[0].min()) for p in parts if len(p[0]))
+            if self.t_applied is None and (self.t0 is None or t_min < self.t0):
+                self.t0 = t_min        # observed time starts at the first record
+            self._pending.append(tuple(np.concatenate([p[i] for p in parts]) for i in range(5)))
+        if self.t0 is None:
+            return
+        t_max = max([int(p[0].max()) for p in self._pending if len(p[0])] + [int(batch.now_ns)])
+        self._apply(t_max - self.reorder_ns)
+
+    def _free_ops(self, t: int, lo: int, hi: int) -> list[tuple[np.ndarray, ...]]:
+        """Clear [lo, hi) on every GPU, for the blocks that have pages anywhere."""
+        n = len(self._slot)
+        if not n:
+            return []
+        blk = self._slot_block[:n]
+        sel = np.flatnonzero((blk >= lo >> BLOCK_SHIFT) & (blk <= (hi - 1) >> BLOCK_SHIFT))
+        if not len(sel):
+            return []
+        b = blk[sel]
+        s = np.maximum(b << BLOCK_SHIFT, lo)
+        e = np.minimum((b + 1) << BLOCK_SHIFT, hi)
+        return [(np.full(len(sel), t, np.int64), self._slot_gpu[sel], s, e, np.zeros(len(sel), bool))]
+
+    def finish(self, now_ns: int | None = None) -> None:
+        """Apply everything still held back (the end of the session)."""
+        t = max([int(p[0].max()) for p in self._pending if len(p[0])] + [int(now_ns or 0), self.t_applied or 0])
+        self._apply(t + 1)
+
+    # -- state ----------------------------------------------------------------------------
+    def _rows(self, keys: np.ndarray) -> np.ndarray:
+        uk, inv = np.unique(keys, return_inverse=True)
+        rows = np.empty(len(uk), np.int64)
+        for i, k in enumerate(uk.tolist()):
+            r = self._slot.get(k)
+            if r is None:
+                r = self._slot[k] = len(self._slot)
+                if r >= len(self._bits):
+                    grow = len(self._bits)
+                    self._bits = np.concatenate([self._bits, np.zeros((grow, WORDS), np.uint64)])
+                    self._slot_gpu = np.concatenate([self._slot_gpu, np.zeros(grow, np.int64)])
+                    self._slot_block = np.concatenate([self._slot_block, np.zeros(grow, np.int64)])
+                self._slot_gpu[r], self._slot_block[r] = k & 0xFF, k >> 8
+            rows[i] = r
+        return rows[inv.reshape(-1)]
+
+    def _apply(self, horizon: int) -> None:
+        """Apply the held-back records up to ``horizon`` in time order, then account the time
+        since the last application at the new residency."""
+        if not self._pending:
+            self._account(horizon)
+            return
+        t, g, lo, hi, up = (np.concatenate([p[i] for p in self._pending]) for i in range(5))
+        if self.t_applied is not None:
+            late = t < self.t_applied
+            if late.any():
+                self.late += int(late.sum())
+                t = np.where(late, self.t_applied, t)
+        now = t <= horizon
+        self._pending = [tuple(x[~now] for x in (t, g, lo, hi, up))] if (~now).any() else []
+        if not now.any():
+            self._account(horizon)
+            return
+        t, g, lo, hi, up = t[now], g[now], lo[now], hi[now], up[now]
+        # split every range at block boundaries
+        b0, b1 = lo >> BLOCK_SHIFT, (hi - 1) >> BLOCK_SHIFT
+        reps = (b1 - b0 + 1).astype(np.int64)
+        idx = np.repeat(np.arange(len(t)), reps)
+        off = np.arange(int(reps.sum())) - np.repeat(np.cumsum(reps) - reps, reps)
+        blk = b0[idx] + off
+        s = np.maximum(blk << BLOCK_SHIFT, lo[idx]) - (blk << BLOCK_SHIFT)
+        e = np.minimum((blk + 1) << BLOCK_SHIFT, hi[idx]) - (blk << BLOCK_SHIFT)
+        masks = _masks(s >> PAGE_SHIFT, (e + 4095) >> PAGE_SHIFT)
+        rows = self._rows((blk << 8) | g[idx])
+        tt, upp = t[idx], up[idx]
+        order = np.lexsort((np.arange(len(rows)), tt, rows))
+        rows, tt, upp, masks = rows[order], tt[order], upp[order], masks[order]
+        start = np.flatnonzero(np.r_[True, rows[1:] != rows[:-1]])
+        urows = rows[start]
+        old = self._bits[urows].copy()
+        any_set = np.logical_or.reduceat(upp, start)
+        any_clr = np.logical_or.reduceat(~upp, start)
+        orm = np.bitwise_or.reduceat(masks, start, axis=0)
+        new = np.where(any_set[:, None], old | orm, old & ~orm)
+        for j in np.flatnonzero(any_set & any_clr).tolist():   # both in one window: in time order
+            stop = start[j + 1] if j + 1 < len(start) else len(rows)
+            w = old[j].copy()
+            for k in range(start[j], stop):
+                w = (w | masks[k]) if upp[k] else (w & ~masks[k])
+            new[j] = w
+        self._account(int(t.min()))   # the residency before these records held until the first
+        self._bits[urows] = new
+        dp = _popcount(new) - _popcount(old)
+        db = (_popcount(new) > 0).astype(np.int64) - (_popcount(old) > 0).astype(np.int64)
+        gg = self._slot_gpu[urows]
+        for gpu in np.unique(gg).tolist():
+            sel = gg == gpu
+            self.pages[gpu] = self.pages.get(gpu, 0) + int(dp[sel].sum())
+            self.blocks[gpu] = self.blocks.get(gpu, 0) + int(db[sel].sum())
+        self._account(horizon, changed=True)
+
+    def _account(self, horizon: int, changed: bool = False) -> None:
+        """The residency now holds from the last application to ``horizon``."""
+        if self.t0 is None:
+            return
+        prev = self.t_applied if self.t_applied is not None else self.t0
+        if horizon < prev or (horizon == prev and not changed):
+            return
+        blocks = max((self.blocks.get(g, 0) for g in self.gpus), default=0) * BLOCK_SIZE
+        pages = max((self.pages.get(g, 0) for g in self.gpus), default=0) << PAGE_SHIFT
+        dt = max(0, horizon - prev)
+        over = blocks - self.limit
+        if over > 0:
+            self.over_ns += dt
+            self.over_byte_ns += over * dt
+            self.over_peak = max(self.over_peak, over)
+        self.peak_blocks = max(self.peak_blocks, blocks)
+        self.peak_pages = max(self.peak_pages, pages)
+        self.t_applied = max(prev, horizon)
+        self._sample((self.t_applied - self.t0) / 1e9, blocks, pages)
+
+    def _sample(self, t_s: float, blocks: int, pages: int) -> None:
+        s = self.series
+        if s and s[-1][1] == blocks and s[-1][2] == pages:
+            s[-1][0] = t_s        # unchanged: extend the last sample
+            return
+        s.append([round(t_s, 6), blocks, pages])
+        if len(s) > MAX_SAMPLES:   # merge pairs, keeping each pair's later time and maxima
+            self.series = [[b[0], max(a[1], b[1]), max(a[2], b[2])] for a, b in zip(s[0::2], s[1::2])] + \
+                          ([s[-1]] if len(s) % 2 else [])
+
+    # -- output ---------------------------------------------------------------------------
+    def resident_bytes(self, gpu: int = 0, *, pages: bool = False) -> int:
+        """Applied residency of one GPU now (block-granular unless ``pages``)."""
+        return (self.pages.get(gpu, 0) << PAGE_SHIFT) if pages else self.blocks.get(gpu, 0) * BLOCK_SIZE
+
+    def verdict(self, estimate_peak_bytes: int | None = None) -> BudgetVerdict:
+        observed = (self.t_applied - self.t0) if (self.t0 is not None and self.t_applied is not None) else 0
+        frac = self.over_ns / observed if observed > 0 else 0.0
+        if not self.migrations:
+            held, why = None, "no migration events seen (migration events off, or a driver or source without them)"
+        elif self.dropped_migrations:
+            held, why = None, f"{self.dropped_migrations:,} migration events were dropped"
+        elif frac > MAX_OVER_FRAC:
+            held, why = False, (f"resident above budget + slack for {100 * frac:.1f} % of the observed time "
+                                f"(more than {100 * MAX_OVER_FRAC:g} %)")
+        else:
+            held, why = True, ""
+        return BudgetVerdict(
+            budget_bytes=self.budget, slack_bytes=self.slack, true_peak_bytes=self.peak_blocks,
+            true_peak_page_bytes=self.peak_pages, estimate_peak_bytes=estimate_peak_bytes,
+            time_over_frac=round(frac, 6), over_peak_bytes=self.over_peak,
+            over_gib_s=round(self.over_byte_ns / 1e9 / (1 << 30), 6), held=held, observed_s=round(observed / 1e9, 6),
+            migrations_seen=self.migrations, late_records=self.late, dropped_migrations=self.dropped_migrations,
+            why=why)
+
+
+__all__ = ["BudgetCheck", "BudgetVerdict", "default_slack", "MAX_OVER_FRAC", "IN_FLIGHT_BYTES"]
