@@ -207,14 +207,16 @@ def test_a_write_error_in_the_writer_thread_reaches_the_caller(tmp_path: Path) -
 
 
 def test_exception_keeps_what_was_written(tmp_path: Path) -> None:
+    """An error keeps what was recorded, readable, but only under NAME.partial: a file under
+    the final name is always a complete run (issue 35)."""
     path = tmp_path / "crash.parquet"
     faults = random_records(Kind.FAULT, 10, np.random.default_rng(0))
     with pytest.raises(RuntimeError, match="boom"):
         with TraceWriter(path, {"mode": "none"}) as w:
             w.write(batch_of({Kind.FAULT: faults}, names=["k"]))
             raise RuntimeError("boom")
-    assert path.exists() and not Path(str(path) + ".partial").exists()
-    t = read_trace(path)
+    assert not path.exists() and w.partial_path.exists()
+    t = read_trace(w.partial_path)
     assert t.meta["complete"] is False and "RuntimeError: boom" in t.meta["error"]
     assert t.names == ["k"]
     assert_same(t.events(Kind.FAULT), faults)

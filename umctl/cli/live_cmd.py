@@ -17,7 +17,7 @@ from ..live.attach import attach_child, attach_source, resolve_sample, start_pro
 from ..live.session import Session, SessionResult
 from ..live.spec import ControlSpec, runtime_copies
 from ..live.stats import LiveStats
-from ..sources.uvmtools import TargetExited
+from ..sources.uvmtools import LiveError, NoUvm, TargetExited
 from ..tui.top import summary_line
 from .common import KINDS_HELP, SAMPLE_HELP, check_output_path, err, fmt_bytes, out
 
@@ -27,7 +27,10 @@ SOURCE_HELP = ("Where events come from: uvmtools (the UVM tools API; works every
 
 CONTROL_HELP = "Controller mode (none, deepum, deepum-prefetch, deepum-preevict, ...): observe and act."
 BUDGET_HELP = ("Soft cap on the target's GPU-resident managed memory (e.g. 8GiB): umctl pre-evicts to stay "
-               "under it, so oversubscription policies run without asking the driver for more than the card has.")
+               "under it, so oversubscription policies run without asking the driver for more than the card has. "
+               "It turns the driver's migration events on (slower fault service) so that the summary can check it: "
+               "'budget NOT held' when the true residency (2 MiB blocks holding any page) was above the budget plus "
+               "slack -- max(2 %, 4 MiB) + 64 MiB in flight -- for more than 1 % of the run (docs/control.md).")
 
 SWEEP_HELP = ("With --budget: every this many ms, move out again the blocks umctl evicted (100 ms or more ago) "
               "and has not seen fault back -- a safeguard for a control loop that falls behind its events. "
@@ -159,6 +162,26 @@ def _print_control(st: dict) -> None:
                   f"{', '.join('CPU' if d < 0 else f'GPU {d}' for d in b['dst'])}"
                   + (f"; swept {b['swept_blocks']:,} blocks (every {b['sweep_ms']:g} ms)" if b.get("sweep_ms") else ""),
                   highlight=False)
+    v = c.get("budget_check")
+    if v:
+        out.print(budget_check_line(v), highlight=False, soft_wrap=True)
+
+
+def budget_check_line(v: dict) -> str:
+    """The budget check's verdict (umctl/live/budget_check.py): true residency from the driver's
+    migration events beside the keeper's estimate; 'budget NOT held' stands out."""
+    lim = fmt_bytes(v["budget_bytes"] + v["slack_bytes"])
+    head = "  budget check "
+    if v["held"] is None:
+        return (f"{head}on: budget unverified ({v['why']}); true peak {fmt_bytes(v['true_peak_bytes'])} "
+                f"from what was seen")
+    true = (f"true peak {fmt_bytes(v['true_peak_bytes'])} in 2 MiB blocks ({fmt_bytes(v['true_peak_page_bytes'])} "
+            f"in pages) vs estimate {fmt_bytes(v['estimate_peak_bytes'] or 0)}; above {lim} (budget + slack) "
+            f"{100 * v['time_over_frac']:.1f} % of {v['observed_s']:.1f} s")
+    if v["held"]:
+        return f"{head}on: budget held; {true} ({v['migrations_seen']:,} migration events)"
+    return (f"{head}on: [bold red]budget NOT held[/bold red]: {true}, by up to {fmt_bytes(v['over_peak_bytes'])} "
+            f"({v['over_gib_s']:.2f} GiB·s over)")
 
 
 # -- commands -------------------------------------------------------------------------------
@@ -208,8 +231,10 @@ def attach_command(
                  probe_launches=launches, live=not as_json, control=control)
     if as_json:
         import json
-        print(json.dumps({"summary": _summary_dict(r.stats), "source": r.source, "end": r.reason}, indent=1,
-                         default=str))
+        ctl = r.source.get("control") or {}
+        print(json.dumps({"summary": _summary_dict(r.stats), "source": r.source, "end": r.reason,
+                          **({"budget_held": ctl.get("budget_held"), "budget_check": ctl.get("budget_check")}
+                             if "budget_check" in ctl else {})}, indent=1, default=str))
     else:
         _print_summary("attach", r)
         _print_control(r.source)
@@ -257,7 +282,48 @@ def _run_on_hosts(hosts: str, mode: Optional[str], gpus: Optional[int], cmd: Lis
         raise UmctlError("--hosts is for --mode snurhac (the cluster has no live prefetching yet)")
     if not shutil.which("mpirun"):
         raise UmctlError("--hosts needs mpirun (e.g. apt-get install openmpi-bin) and mpi4py (pip install 'umctl[mpi]')")
-    raise typer.Exit(subprocess.run(mpirun_command(hosts, cmd, gpus_per_node=gpus or 1)).returncode)
+    code, line = program_exit_status(subprocess.run(mpirun_command(hosts, cmd, gpus_per_node=gpus or 1)).returncode)
+    if line:
+        err.print(f"umctl: {line}", highlight=False)
+    raise typer.Exit(code)
+
+
+def program_exit_status(returncode: int) -> tuple[int, str | None]:
+    """``umctl run``'s exit status for its program's ``returncode`` (Popen's: -N when signal N
+    killed it), and the line that says so on stderr (None for a clean exit). 128 + N for a
+    signal, as a shell reports it: a negative status would reach the shell as 256 - N."""
+    import signal
+
+    if returncode == 0:
+        return 0, None
+    if returncode > 0:
+        return returncode, f"program exited with status {returncode}"
+    n = -returncode
+    try:
+        name = f" ({signal.Signals(n).name})"
+    except ValueError:
+        name = ""
+    return 128 + n, f"program killed by signal {n}{name}"
+
+
+def _wait_program(child: subprocess.Popen, signum: int | None) -> int:
+    """The program's status once it has exited. After a signal stopped the session: SIGTERM
+    (sent to umctl alone, as a service manager does) is passed on; Ctrl-C from a terminal has
+    reached the program already (same process group) and is not sent twice, which would cut
+    short a program's own clean shutdown -- umctl says it is waiting, and one more Ctrl-C
+    stops the program (run_command's cleanup)."""
+    import signal
+
+    if signum is None:
+        return child.wait()
+    if signum == signal.SIGTERM and child.poll() is None:
+        child.send_signal(signal.SIGTERM)
+    try:
+        return child.wait(timeout=1.0)
+    except subprocess.TimeoutExpired:
+        err.print(f"umctl: waiting for the program (pid {child.pid}) to exit; Ctrl-C again to stop it",
+                  highlight=False)
+        return child.wait()
 
 
 def run_command(
@@ -290,6 +356,13 @@ def run_command(
 
     As the program's parent umctl may duplicate its fds without sudo (Yama ptrace_scope <= 1).
 
+    Exit status: the program's, or 128+N when signal N killed it, said in one line on stderr
+    (umctl's own errors before the program runs: 2). Ctrl-C or SIGTERM to umctl stop the
+    recording cleanly (the trace is complete up to that moment) and, once the program has
+    exited, exit 130 / 143 whatever its status: Ctrl-C from a terminal reaches the program
+    too, SIGTERM is passed on to it. A program that exits before using CUDA leaves no trace:
+    with -o that is an error when it exited 0.
+
     Examples:
 
       [bold]umctl run -o train.parquet -- python3 train.py --epochs 1[/bold]
@@ -309,6 +382,10 @@ def run_command(
     if hosts is not None:
         _run_on_hosts(hosts, mode, gpus, cmd)
     check_output_path(output, "trace")   # before the program starts
+    if output:
+        from ..events.trace import check_trace_path
+
+        check_trace_path(output)
     if runtime_copies(mode):
         # the runtime is the whole mode (the program's copies change): nothing to steer, unless
         # a budget is asked for too
@@ -321,27 +398,40 @@ def run_command(
                          "--runtime/--managed/--hum to run under the runtime, or several")
     child, rt_source = start_program(cmd, control=control, runtime=runtime, managed=managed, hum=hum)
     rc: int | None = None
+    before_cuda: LiveError | None = None
     try:
-        src = attach_child(child, kinds, control, wait_cuda)
-        meta = {"command": cmd, "mode": "hum" if hum else (control.mode if control else None),
-                "gpus": control.gpus if control else None,
-                "runtime": {"managed": managed, "hum": hum} if rt_source else None}
-        r = _observe(src, command="run", duration=duration, output=output, interval=1.0, probe_launches=launches,
-                     live=not quiet, child=child, meta=meta, control=control, launches=rt_source)
-        _print_summary("run", r)
-        _print_control(r.source)
-        rc = child.wait()
-    except TargetExited:
-        rc = child.wait()
-        raise
+        try:
+            src = attach_child(child, kinds, control, wait_cuda)
+        except (NoUvm, TargetExited) as e:
+            if child.poll() is None:   # --wait-cuda ran out: umctl's failure, the program is stopped below
+                raise
+            rc, src, before_cuda = child.returncode, None, e   # it exited before umctl could observe it
+        if src is not None:
+            meta = {"command": cmd, "mode": "hum" if hum else (control.mode if control else None),
+                    "gpus": control.gpus if control else None,
+                    "runtime": {"managed": managed, "hum": hum} if rt_source else None}
+            r = _observe(src, command="run", duration=duration, output=output, interval=1.0, probe_launches=launches,
+                         live=not quiet, child=child, meta=meta, control=control, launches=rt_source)
+            _print_summary("run", r)
+            _print_control(r.source)
+            rc = _wait_program(child, r.signal)
     finally:
         if rt_source is not None:
             rt_source.close()  # idempotent: the session closes it too
-        if rc is None and child.poll() is None:
+        if rc is None and child.poll() is None:   # umctl failed or was interrupted: the program goes too
             child.terminate()
             try:
                 child.wait(timeout=5)
             except subprocess.TimeoutExpired:
                 child.kill()
-    if rc:
-        raise typer.Exit(rc if rc > 0 else 128 - rc)
+    code, line = program_exit_status(rc)
+    if before_cuda is not None:
+        if code == 0 and output:   # the trace asked for does not exist: that is umctl's failure
+            raise before_cuda
+        if output or control is not None:
+            line = (f"{line or 'program exited with status 0'} before umctl saw it use CUDA Unified Memory; "
+                    f"nothing {'recorded' if output else 'controlled'}")
+    if line:
+        err.print(f"umctl: {line}", highlight=False, soft_wrap=True)
+    if code:
+        raise typer.Exit(code)

@@ -64,6 +64,9 @@ def summarize(trace: Trace) -> dict[str, Any]:
         dropped[name] = dropped.get(name, 0) + int(n)
     return {
         "file": str(trace.path),
+        # False for a recording that was interrupted or failed (kept as NAME.partial): its
+        # events stop at that point, and a replay of it is a replay of part of the run
+        "complete": trace.meta.get("complete") is not False,
         "meta": trace.meta,
         "kernel_names": len(trace.names),
         "events": {k.value: n for k, n in counts.items() if n},
@@ -108,6 +111,10 @@ def _meta_text(key: str, value: Any) -> str:
 
 def _print_info(s: dict[str, Any], console: Console) -> None:
     meta = dict(s["meta"])
+    if not s["complete"]:
+        why = meta.get("error") or "the recording did not finish"
+        console.print(f"[bold yellow]INCOMPLETE trace[/bold yellow] ({why}): its events stop where the "
+                      "recording stopped; a replay of it covers only that part of the run", soft_wrap=True)
     t = Table(title=s["file"], title_justify="left", show_header=False, box=None)
     t.add_column(style="bold")
     t.add_column(overflow="fold")

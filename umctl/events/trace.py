@@ -30,6 +30,7 @@ import socket
 import subprocess
 import sys
 import threading
+import weakref
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
@@ -41,6 +42,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from .. import UmctlError, __version__
+from ..interrupts import deferred
 from ..units import parse_size
 from .schema import DTYPES, SCHEMA_VERSION, EventBatch, Kind, empty
 
@@ -61,6 +63,45 @@ _RENAMED_FIELDS = {KIND_COLUMN: "kind_code"}
 
 class TraceError(UmctlError):
     """A trace file cannot be read or written; the message names the file and the problem."""
+
+
+#: (path, complete) of every trace closed in this process since the last
+#: :func:`forget_closed_traces`, in order: ``path`` is the ``.partial`` file of an incomplete one
+_CLOSED: list[tuple[Path, bool]] = []
+
+
+#: writers not closed yet (weakly: a writer dropped unclosed is the caller's bug, not a leak here)
+_OPEN: "weakref.WeakSet[TraceWriter]" = weakref.WeakSet()
+
+
+def close_open_traces(error: BaseException) -> None:
+    """Close every writer still open as incomplete, with ``error`` as the reason. The CLI's
+    last step after an interrupt or a failure: an interrupt can land between a writer's
+    creation and the ``try`` that would close it, and the ``.partial`` must still get a footer."""
+    for w in list(_OPEN):
+        try:
+            w.close(error=error)
+        except Exception:  # noqa: BLE001 - the error that ended the run is the one to report
+            pass
+
+
+def closed_traces() -> list[tuple[Path, bool]]:
+    """The traces closed since :func:`forget_closed_traces`: (path, complete). The CLI names
+    them after an interrupt or an error -- which file is whole, which was kept as
+    ``.partial`` -- since the code that opened them has unwound by then."""
+    return list(_CLOSED)
+
+
+def forget_closed_traces() -> None:
+    _CLOSED.clear()
+
+
+def check_trace_path(path: str | os.PathLike) -> None:
+    """Refuse a trace name that is a directory (``--record DIR``) before anything is written:
+    the writer would otherwise leave ``DIR.partial`` beside it and then fail to rename."""
+    p = Path(path)
+    if str(path).endswith(os.sep) or p.is_dir():
+        raise TraceError(f"{path}: is a directory; give a trace file name, e.g. {p / 'trace.parquet'}")
 
 
 # -- layout ---------------------------------------------------------------------------------
@@ -215,17 +256,24 @@ def _one_line(exc: BaseException) -> str:
 class TraceWriter:
     """Streams events into a trace file.
 
-    Data goes to ``<path>.partial`` and is renamed to ``path`` by :meth:`close`, so a file
-    under the final name is always complete and readable; a process killed mid-recording
-    leaves only the ``.partial`` file (which has no footer and cannot be read).
+    Data goes to ``<path>.partial``, which :meth:`close` renames to ``path`` only after a clean
+    finish, so a file under the final name is always complete. A recording that ends in an
+    error or an interrupt (Ctrl-C, SIGTERM) keeps what it had under ``<path>.partial``, closed
+    properly -- readable, its metadata saying ``"complete": false`` and why -- and noted for
+    :func:`closed_traces` so the CLI can name it; a cut-short trace under the final name would
+    replay as if it were the whole run (issue 35: 103,812 of 315,621 events, no ``alloc`` row,
+    marked complete). Only a process killed outright (SIGKILL) leaves a ``.partial`` without a
+    footer, which the reader names as an interrupted recording.
 
     The metadata block and the name table are written at close, through the Parquet writer's
     key-value metadata (which pyarrow accepts until the footer is written), because kernel
     names keep arriving during a recording. Until then ``meta`` may be updated freely.
 
-    Used as a context manager, an exception inside the ``with`` block still closes and renames
-    the file -- what was recorded up to the failure is kept -- and the metadata says
-    ``"complete": false`` with the error; the exception then propagates as usual.
+    Used as a context manager, an exception inside the ``with`` block closes the file as
+    incomplete; so does :meth:`close` called without ``error`` from a ``finally`` block that an
+    exception is unwinding (the simulator's loop closes its recorder that way). The exception
+    then propagates as usual. Closing holds SIGINT/SIGTERM until the footer is written and the
+    file renamed (:func:`umctl.interrupts.deferred`), so a second Ctrl-C cannot cut it in half.
 
     Full row groups are compressed and written by a thread of the writer's own, so
     :meth:`write` only buffers. Why: a 1 M-row group of faults takes ~0.5 s to compress, and
@@ -237,6 +285,7 @@ class TraceWriter:
 
     def __init__(self, path: str | os.PathLike, meta: dict | None = None, names: list[str] | None = None,
                  *, row_group_rows: int = ROW_GROUP_ROWS):
+        check_trace_path(path)
         self.path = Path(path)
         self.partial_path = self.path.with_name(self.path.name + ".partial")
         self.names: list[str] = list(names or [])
@@ -252,15 +301,17 @@ class TraceWriter:
         self._buffers: dict[Kind, list[np.ndarray]] = {k: [] for k in Kind}
         self._buffered: dict[Kind, int] = {k: 0 for k in Kind}
         self._closed = False
-        try:
-            self._writer = pq.ParquetWriter(self.partial_path, SCHEMA, compression="zstd")
-        except (OSError, pa.ArrowException) as e:
-            raise TraceError(f"{path}: cannot write trace ({_one_line(e)})") from e
         #: (kind, records) row groups for the thread; bounded so a slow disk slows the caller
         #: down instead of filling memory
         self._queue: queue.Queue = queue.Queue(maxsize=4)
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
+        try:
+            with deferred():  # a created .partial is always a registered writer that can close it
+                self._writer = pq.ParquetWriter(self.partial_path, SCHEMA, compression="zstd")
+                _OPEN.add(self)
+        except (OSError, pa.ArrowException) as e:
+            raise TraceError(f"{path}: cannot write trace ({_one_line(e)})") from e
 
     def __enter__(self) -> "TraceWriter":
         return self
@@ -308,12 +359,13 @@ class TraceWriter:
         parts = self._buffers[kind]
         if not parts:
             return
-        if self._thread is None:
-            self._thread = threading.Thread(target=self._run, name="umctl-trace-writer", daemon=True)
-            self._thread.start()
-        self._queue.put((kind, parts))
-        self._buffers[kind] = []
-        self._buffered[kind] = 0
+        with deferred():  # a row group is either queued and dropped from the buffer, or neither
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="umctl-trace-writer", daemon=True)
+                self._thread.start()
+            self._queue.put((kind, parts))
+            self._buffers[kind] = []
+            self._buffered[kind] = 0
 
     def _run(self) -> None:
         while True:
@@ -343,26 +395,55 @@ class TraceWriter:
             self._thread = None
 
     def close(self, error: BaseException | None = None) -> None:
-        """Flush, write the metadata block and rename ``.partial`` to the final name.
-        ``error`` (the exception that ended the recording, if any) is recorded in the meta."""
+        """Flush, write the metadata block and the footer; rename ``.partial`` to the final
+        name if the recording finished cleanly, else keep it as ``.partial`` (readable, marked
+        incomplete). ``error`` is the exception that ended the recording; without one, an
+        exception being handled or unwound when close is called counts (``close()`` in a
+        ``finally``), and so does a write error in the writer's thread."""
         if self._closed:
             return
+        given = error if error is not None else sys.exc_info()[1]
+        with deferred():
+            self._close(given)
+        if given is None:
+            self._raise_thread_error()   # else the error that ended the recording goes on unchanged
+
+    def _close(self, error: BaseException | None) -> None:
         self._closed = True
+        _OPEN.discard(self)
         try:
             for kind in Kind:
                 self._flush(kind)
         finally:
             self._join()
+            if error is None and self._error is not None:
+                error = self._error
             meta = dict(self.meta)
             meta["schema_version"] = SCHEMA_VERSION
             meta["complete"] = error is None
             if error is not None:
-                meta["error"] = f"{type(error).__name__}: {_one_line(error)}"
+                meta["error"] = _describe_error(error)
             meta["names"] = self.names
-            self._writer.add_key_value_metadata({META_KEY: json.dumps(meta, default=_json_default)})
-            self._writer.close()
-            os.replace(self.partial_path, self.path)
-        self._raise_thread_error()
+            try:
+                self._writer.add_key_value_metadata({META_KEY: json.dumps(meta, default=_json_default)})
+                self._writer.close()
+            except BaseException:
+                # no footer: nothing readable to keep (a full disk, most likely)
+                self.partial_path.unlink(missing_ok=True)
+                raise
+            if error is None:
+                os.replace(self.partial_path, self.path)
+                _CLOSED.append((self.path, True))
+            else:
+                _CLOSED.append((self.partial_path, False))
+
+
+def _describe_error(error: BaseException) -> str:
+    """The ``error`` of an incomplete trace's metadata: ``interrupted (SIGTERM)`` for a
+    signal, ``Type: first line`` otherwise."""
+    if isinstance(error, KeyboardInterrupt):
+        return str(error) if str(error).startswith("interrupted") else "interrupted (SIGINT)"
+    return f"{type(error).__name__}: {_one_line(error)}"
 
 
 # -- reading --------------------------------------------------------------------------------

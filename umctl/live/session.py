@@ -9,6 +9,12 @@ exiting; in every case it stops the source with a final drain, lets the controll
 commands finish (undoing advice), closes the launch source and the source, and completes the
 trace, so a summary and a trace survive ``kill``.
 
+Ctrl-C and SIGTERM are a request to stop, answered at the next step: the trace then ends
+cleanly with every event up to the stop, so it is complete (its ``end`` says which signal), and
+the signal is noted (:func:`umctl.interrupts.note`) for the CLI to exit 130 / 143. A second
+signal while the session stops is not waited on: it raises, and the trace is closed as
+incomplete (``NAME.partial``, readable) with whatever was drained.
+
 It reports through callbacks and never prints: ``on_tick(session)`` once per ``interval``
 (the CLI renders a status line from ``session.stats`` / ``session.control``), ``on_warning(text)``
 for what degrades without ending the session (no launch probe, a probe that stopped).
@@ -73,23 +79,42 @@ def merge_launches(batch: EventBatch, launches: LaunchSource | None,
     return batch, launches
 
 
-class _SigTerm:
-    """Turns SIGTERM into a clean stop while the session runs in the main thread."""
+class _StopOnSignal:
+    """While the session runs in the main thread: the first SIGINT/SIGTERM stops it at its
+    next step (a clean end: final drain, controller finish, complete trace) and is noted for
+    the exit status; one more, a second or more after the first, raises
+    :class:`~umctl.interrupts.Interrupted` -- the user asked twice, and the teardown must not
+    hang on a stuck step. (Within that second it is a double-tapped Ctrl-C, and ignored.)"""
+
+    #: seconds after the first signal in which another one is taken as the same request
+    GRACE_S = 1.0
 
     def __init__(self, session: "Session") -> None:
         self.session = session
-        self._old = None
+        self._old: dict[int, object] = {}
+        self._first = 0.0
 
-    def __enter__(self) -> "_SigTerm":
+    def _handle(self, signum: int, frame: object) -> None:
+        from ..interrupts import Interrupted, note
+
+        note(signum)
+        if self.session.signal is None:
+            self.session.signal, self._first = signum, time.monotonic()
+            self.session.stop("interrupted" if signum == signal.SIGINT else signal.Signals(signum).name)
+        elif time.monotonic() - self._first >= self.GRACE_S:
+            raise Interrupted(signum)
+
+    def __enter__(self) -> "_StopOnSignal":
         try:
-            self._old = signal.signal(signal.SIGTERM, lambda signum, frame: self.session.stop("SIGTERM"))
+            for s in (signal.SIGINT, signal.SIGTERM):
+                self._old[s] = signal.signal(s, self._handle)
         except ValueError:  # not the main thread: the caller stops it with Session.stop
-            self._old = None
+            pass
         return self
 
     def __exit__(self, *exc: object) -> None:
-        if self._old is not None:
-            signal.signal(signal.SIGTERM, self._old)
+        for s, h in self._old.items():
+            signal.signal(s, h if h is not None else signal.SIG_DFL)
 
 
 def trace_meta(src: Source, command: str, extra: dict) -> dict:
@@ -119,6 +144,8 @@ class SessionResult:
     stats: LiveStats
     source: dict
     reason: str
+    #: SIGINT / SIGTERM when a signal ended the session, else None
+    signal: int | None = None
 
 
 class Session:
@@ -162,6 +189,8 @@ class Session:
         self._stop_reason = ""
         self._writer = None
         self._had_launches = False
+        #: the signal that stopped the session (SIGINT, SIGTERM), once one did
+        self.signal: int | None = None
 
     # -- what callbacks read ------------------------------------------------------------------
     def elapsed(self) -> float:
@@ -197,22 +226,30 @@ class Session:
         return batch
 
     def _start(self) -> None:
-        if self._probe:
-            self._launches = start_launch_probe(self.source.pid, self._warn)
-        if self._spec is not None:
-            try:
+        try:
+            if self._probe:
+                self._launches = start_launch_probe(self.source.pid, self._warn)
+            if self._spec is not None:
                 self.control = self._spec.start(self.source, self._launches, self._actuator)
-            except BaseException:
-                if self._launches is not None:
-                    self._launches.close()
-                self.source.close()
-                raise
-        self._had_launches = self._launches is not None
-        if self.output:
-            from ..events.trace import TraceWriter
+            self._had_launches = self._launches is not None
+            if self.output:
+                from ..events.trace import TraceWriter
 
-            self._writer = TraceWriter(self.output, trace_meta(self.source, self.command, self.meta))
+                self._writer = TraceWriter(self.output, trace_meta(self.source, self.command, self.meta))
+        except BaseException:  # an error, or a second Ctrl-C while starting: undo what started
+            self._abandon_start()
+            raise
         self.t0 = time.monotonic()
+
+    def _abandon_start(self) -> None:
+        for undo in (self.control.finish if self.control is not None else None,
+                     self._launches.close if self._launches is not None else None, self.source.close):
+            if undo is None:
+                continue
+            try:
+                undo()
+            except Exception:  # noqa: BLE001 - the error that stopped the start is the one to report
+                pass
 
     def _loop(self) -> str:
         # controlling: react within a few ms of a fault (the ring drains every 2 ms);
@@ -236,28 +273,49 @@ class Session:
                 if (self.child is not None and self.child.poll() is not None) or self.source.exited():
                     return "target exited"
         except KeyboardInterrupt:
+            if self.signal is not None:   # a signal after the first: forced, the trace stays .partial
+                raise
             return "interrupted"
 
     def run(self) -> SessionResult:
         """Start (launch probe, controller, trace), loop until an end condition, then tear down
-        in order; re-raises what went wrong after the trace is closed with the error noted."""
-        self._start()
-        reason = ""
-        error: BaseException | None = None
-        try:
-            with _SigTerm(self):
+        in order; re-raises what went wrong after the trace is closed with the error noted.
+        Signals are handled from the start to the end of the teardown (:class:`_StopOnSignal`)."""
+        with _StopOnSignal(self):
+            self._start()
+            reason = ""
+            error: BaseException | None = None
+            try:
                 reason = self._loop()
-        except BaseException as e:  # noqa: BLE001 - closed below, re-raised after
-            error = e
-        st, error = self._finish(reason, error)
+            except BaseException as e:  # noqa: BLE001 - closed below, re-raised after
+                error = e
+            st, error = self._finish(reason, error)
         if error is not None:
             raise error
         st["elapsed_s"] = round(self.elapsed(), 3)
         st["trace"] = self.output
         st["trace_events"] = sum(self._writer.counts.values()) if self._writer is not None else None
-        return SessionResult(self.stats, st, reason)
+        return SessionResult(self.stats, st, reason, self.signal)
 
     def _finish(self, reason: str, error: BaseException | None) -> tuple[dict, BaseException | None]:
+        src, writer = self.source, self._writer
+        st: dict = {}
+        try:
+            st, error = self._teardown(reason, error)
+        except BaseException as e:  # noqa: BLE001 - a second Ctrl-C during teardown: still close below
+            error = error or e
+            try:
+                src.close()
+            except Exception:  # noqa: BLE001
+                pass
+        finally:
+            if writer is not None:
+                # complete unless something failed or a second signal cut the teardown short
+                # (the first only stopped the loop: every event up to it is in the trace)
+                writer.close(error=error)
+        return st, error
+
+    def _teardown(self, reason: str, error: BaseException | None) -> tuple[dict, BaseException | None]:
         src, writer = self.source, self._writer
         src.stop()
         try:
@@ -288,5 +346,4 @@ class Session:
             writer.meta.update({"attach": {k: v for k, v in st.items() if k != "gpus"},
                                 "duration_s": round(self.elapsed(), 3), "end": reason,
                                 "launch_events": self._had_launches})
-            writer.close(error=error if isinstance(error, Exception) else None)
         return st, error
