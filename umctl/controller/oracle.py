@@ -63,55 +63,13 @@ class OracleController(Controller):
         self.kernel_of_op = np.full(len(ops), -1, np.int64)
         self.kernel_of_op[kidx] = np.arange(len(kidx))
         self.kernel_gpu = ops["gpu"][kidx].astype(np.int64)
-        # uses: (kernel, block) in first-touch order, each with its sorted pages
-        uk, ub, upos, pages, counts = [], [], [], [], []
-        gpu_of = np.full(len(w.acc_page), -1, np.int64)
-        local_all = space.to_local_pages(w.acc_page) if len(w.acc_page) else np.zeros(0, np.int64)
-        for k, i in enumerate(kidx):
-            lo, hi = int(ops["acc_lo"][i]), int(ops["acc_hi"][i])
-            if hi <= lo:
-                continue
-            gpu_of[lo:hi] = ops["gpu"][i]
-            local = local_all[lo:hi]
-            up = np.unique(local)
-            blocks, start, cnt = np.unique(up >> PAGE_TO_BLOCK_SHIFT, return_index=True, return_counts=True)
-            first_touch = np.unique(local >> PAGE_TO_BLOCK_SHIFT, return_index=True)[1]
-            order = np.argsort(first_touch)
-            uk.append(np.full(len(blocks), k, np.int64))
-            ub.append(blocks[order])
-            upos.append(lo + first_touch[order])
-            pages.append(np.concatenate([up[start[j]:start[j] + cnt[j]] for j in order]))
-            counts.append(cnt[order])
-        self.use_k = np.concatenate(uk) if uk else np.zeros(0, np.int64)
-        self.use_b = np.concatenate(ub) if ub else np.zeros(0, np.int64)
-        self.use_pos = np.concatenate(upos) if upos else np.zeros(0, np.int64)
-        self.use_pages = np.concatenate(pages) if pages else np.zeros(0, np.int64)
-        self.use_plo = np.concatenate([[0], np.cumsum(np.concatenate(counts))]) if counts else np.zeros(1, np.int64)
-        n = len(self.use_k)
-        self.issued = np.zeros(n, np.bool_)
-        breaks = np.diff(self.use_pages, prepend=-2) != 1
-        cum = np.cumsum(breaks)
-        lo_, hi_ = self.use_plo[:-1], self.use_plo[1:]
-        self.use_npages = hi_ - lo_
-        self.use_runs = np.where(hi_ > lo_, cum[np.maximum(hi_ - 1, 0)] - cum[lo_] + 1, 0)
-        # uses grouped by block, to forget a block's future uses when it is dropped
-        self.by_block = np.lexsort((np.arange(n), self.use_b))
-        self.by_block_lo = np.searchsorted(self.use_b[self.by_block], np.arange(space.nblocks + 1))
-        self.kernel_use_lo = np.searchsorted(self.use_k, np.arange(len(kidx) + 1))
-        # Belady in the driver: per access, the next access to its block on the same GPU
-        blk = local_all >> PAGE_TO_BLOCK_SHIFT
-        pos = np.arange(len(blk))
-        order = np.lexsort((pos, blk, gpu_of))
-        same = (blk[order][1:] == blk[order][:-1]) & (gpu_of[order][1:] == gpu_of[order][:-1])
-        nxt = np.full(len(blk), _NEVER, np.int64)
-        nxt[order[:-1]] = np.where(same, order[1:], _NEVER)
-        nxt[gpu_of < 0] = _NEVER
-        self.key = ctx.belady(nxt)  # the core keeps key = -(next access) as it walks
-        first = np.ones(len(order), np.bool_)
-        first[1:] = ~same
-        fo = order[first]
-        fo = fo[gpu_of[fo] >= 0]
-        self.key[gpu_of[fo], blk[fo]] = -fo.astype(np.float64)
+        # The future is computed on the simulator's runs (compact pages, each run inside one
+        # 2 MiB block and one operation), never on the flat per-access stream: a paper-scale
+        # replay makes hundreds of millions of accesses in a few hundred thousand runs, and
+        # every table here is per run, per use or per block.
+        runs = ctx.options["access_runs"]
+        self._plan_uses(runs, ops, kidx)
+        self._plan_belady(runs, ops, kidx, ctx)
         self.cursor = 0
         self.last_plan = -1
         self.kernel = -1
@@ -125,6 +83,88 @@ class OracleController(Controller):
         # link cost of one command and of one page (moved in now, written back later)
         self.cmd_ns = float(calib.transfer_latency_ns)
         self.page_ns = PAGE_SIZE / calib.prefetch_h2d_Bps * 1e9 + PAGE_SIZE / calib.d2h_Bps * 1e9
+
+    @staticmethod
+    def _kernel_runs(runs, ops, kidx) -> tuple[np.ndarray, np.ndarray]:
+        """(kernel, run) of every run of every kernel, kernels in launch order and each one's
+        runs in stream order (a run inside several kernels' ranges is listed once per kernel)."""
+        lo = np.searchsorted(runs.pos, ops["acc_lo"][kidx], "right") - 1
+        hi = np.searchsorted(runs.pos, ops["acc_hi"][kidx], "left")
+        empty = ops["acc_hi"][kidx] <= ops["acc_lo"][kidx]
+        n = np.where(empty, 0, hi - lo)
+        rk = np.repeat(np.arange(len(kidx), dtype=np.int64), n)
+        rr = np.arange(len(rk), dtype=np.int64) - np.repeat(np.cumsum(n) - n, n) + np.repeat(lo, n)
+        return rk, rr
+
+    def _plan_uses(self, runs, ops, kidx) -> None:
+        """Uses: (kernel, block) in first-touch order, each with its distinct pages as runs of
+        in-block offsets (the union of the kernel's runs in that block)."""
+        rk, rr = self._kernel_runs(runs, ops, kidx)
+        page = runs.page[rr]
+        blk = page >> PAGE_TO_BLOCK_SHIFT
+        off = page & (PAGES_PER_BLOCK - 1)
+        end = off + runs.length[rr]
+        # group the runs by (kernel, block), offsets ascending inside a group
+        srt = np.lexsort((off, blk, rk))
+        gk, gb, s_off, s_end, s_run = rk[srt], blk[srt], off[srt], end[srt], rr[srt]
+        del page, off, end, blk
+        newg = np.ones(len(srt), np.bool_)
+        newg[1:] = (gk[1:] != gk[:-1]) | (gb[1:] != gb[:-1])
+        gstart = np.flatnonzero(newg)
+        gid = np.cumsum(newg) - 1
+        g_k, g_b = gk[gstart], gb[gstart]
+        g_first = np.minimum.reduceat(s_run, gstart) if len(gstart) else np.zeros(0, np.int64)   # first-touch run
+        # merge each group's intervals: a new page run starts past the ends seen so far
+        span = 2 * PAGES_PER_BLOCK
+        reach = np.maximum.accumulate(gid * span + s_end)
+        newr = newg.copy()
+        newr[1:] |= gid[1:] * span + s_off[1:] > reach[:-1]
+        rstart = np.flatnonzero(newr)
+        m_off = s_off[rstart]
+        m_len = (reach[np.append(rstart[1:], len(reach)) - 1] - gid[rstart] * span) - m_off if len(rstart) else m_off
+        m_gid = gid[rstart]
+        del gk, gb, s_off, s_end, s_run, reach, newr, gid
+        # uses in first-touch order inside each kernel
+        order = np.lexsort((g_first, g_k))
+        rank = np.empty(len(order), np.int64)
+        rank[order] = np.arange(len(order))
+        mord = np.argsort(rank[m_gid], kind="stable")
+        self.use_k, self.use_b = g_k[order], g_b[order]
+        self.use_pos = runs.pos[g_first[order]]
+        nruns = np.bincount(m_gid, minlength=len(g_k))[order]
+        self.use_rlo = np.zeros(len(order) + 1, np.int64)
+        np.cumsum(nruns, out=self.use_rlo[1:])
+        self.use_roff = m_off[mord].astype(np.int16)     # in-block page offset of each page run
+        self.use_rlen = m_len[mord].astype(np.int16)     # its pages (<= 512)
+        self.use_runs = nruns
+        self.use_npages = np.bincount(m_gid, weights=m_len, minlength=len(g_k))[order].astype(np.int64)
+        n = len(self.use_k)
+        self.issued = np.zeros(n, np.bool_)
+        # uses grouped by block, to forget a block's future uses when it is dropped
+        nblocks = self.ctx.options["page_space"].nblocks
+        self.by_block = np.lexsort((np.arange(n), self.use_b))
+        self.by_block_lo = np.searchsorted(self.use_b[self.by_block], np.arange(nblocks + 1))
+        self.kernel_use_lo = np.searchsorted(self.use_k, np.arange(len(kidx) + 1))
+
+    def _plan_belady(self, runs, ops, kidx, ctx: ControllerContext) -> None:
+        """Belady in the driver: per run, the next access to its block by the same GPU after
+        the run (inside a run the next access is the next position: the core knows)."""
+        gpu = np.full(len(runs), -1, np.int64)
+        rk, rr = self._kernel_runs(runs, ops, kidx)
+        gpu[rr] = self.kernel_gpu[rk]         # a run in several kernels: the last one's GPU
+        del rk, rr
+        blk = runs.page >> PAGE_TO_BLOCK_SHIFT
+        order = np.lexsort((np.arange(len(blk)), blk, gpu))
+        order = order[gpu[order] >= 0]
+        sg, sb = gpu[order], blk[order]
+        same = (sb[1:] == sb[:-1]) & (sg[1:] == sg[:-1])
+        nxt = np.full(len(blk), _NEVER, np.int64)
+        nxt[order[:-1]] = np.where(same, runs.pos[order[1:]], _NEVER)
+        self.key = ctx.belady(next_run=nxt)  # the core keeps key = -(next access) as it walks
+        first = np.ones(len(order), np.bool_)
+        first[1:] = ~same
+        fo = order[first]
+        self.key[gpu[fo], blk[fo]] = -runs.pos[fo].astype(np.float64)
 
     # ------------------------------------------------------------------ events
     def on_events(self, batch: EventBatch) -> np.ndarray | None:
@@ -249,10 +289,10 @@ class OracleController(Controller):
             lens = np.diff(np.append(starts, len(whole)))
             out.append(commands(Op.PREFETCH, whole[starts], lens * BLOCK_SIZE, dst=g, exec_id=exec_id, priority=0))
         for b, u in zip(blocks[sparse], uses[sparse]):
-            pg = self.use_pages[self.use_plo[u]:self.use_plo[u + 1]] & (PAGES_PER_BLOCK - 1)
-            starts = np.flatnonzero(np.diff(pg, prepend=-2) != 1)
-            lens = np.diff(np.append(starts, len(pg)))
-            out.append(commands(Op.PREFETCH, self.block_addr[b] + pg[starts] * PAGE_SIZE, lens * PAGE_SIZE,
+            lo, hi = self.use_rlo[u], self.use_rlo[u + 1]
+            off = self.use_roff[lo:hi].astype(np.int64)
+            lens = self.use_rlen[lo:hi].astype(np.int64)
+            out.append(commands(Op.PREFETCH, self.block_addr[b] + off * PAGE_SIZE, lens * PAGE_SIZE,
                                 dst=g, exec_id=exec_id, priority=0))
         res = np.concatenate(out)
         self.n_prefetch += len(res)

@@ -1329,6 +1329,14 @@ static inline void remote_read(SimState *s, int64_t p, mask_t bit, double *stall
 }
 
 /* The accesses of positions [a, b) pass (hit or served): Belady keys, prefetch use, remote reads. */
+/* Belady's key of the access at pos of run c->r: minus the position of the next access to its
+ * block on this GPU. A run lies in one block and one kernel, so that is pos + 1 inside the
+ * run, and next[r] (per run, computed by the caller) after its last access: one entry per
+ * run instead of one per access (a paper-scale replay makes hundreds of millions). */
+static inline double next_key(const Cursor *c, const int64_t *next, int64_t pos) {
+    return -(double)(pos + 1 < c->rpos[c->r + 1] ? pos + 1 : next[c->r]);
+}
+
 static void pass_range(SimState *s, Cursor c, int64_t a, int64_t b, double *key, const int64_t *next, mask_t bit,
                        double *stall) {
     for (int64_t i = a; i < b; ) {
@@ -1339,7 +1347,7 @@ static void pass_range(SimState *s, Cursor c, int64_t a, int64_t b, double *key,
             while (end - i >= 8 && !load8(s->pf_tag + p)) { i += 8; p += 8; }
         for (; i < end; i++, p++) {
             remote_read(s, p, bit, stall, NULL);
-            if (key) key[p >> PB_SHIFT] = -(double)next[i];
+            if (key) key[p >> PB_SHIFT] = next_key(&c, next, i);
             if (s->pf_tag[p]) {
                 s->pf_tag[p] = 0;
                 s->stats[ST_PF_USED]++;
@@ -1351,7 +1359,8 @@ static void pass_range(SimState *s, Cursor c, int64_t a, int64_t b, double *key,
 /*
  * Run kernel accesses [pos, hi) of stream positions [lo, hi) on GPU g (runs rpage/rwrite/rpos,
  * nruns of them). t(pos) = start + compute*(pos-lo)/(hi-lo) + *stall.
- * `next` (or NULL) gives, per access, the position of the next access to its block on g.
+ * `next` (or NULL) gives, per run, the position of the next access to its block on g after
+ * the run's last access (every run lies in one block and one kernel: see next_key).
  * `win` (or NULL) gives, per access, the accesses left in its recorded fault batch (0: none).
  * With out->collect the events of each batch are appended to `out`, and it returns after
  * the first batch that ends at or after `deadline` (or when a buffer is nearly full) so the
@@ -1401,7 +1410,7 @@ int64_t sim_kernel(SimState *s, int g, const int64_t *rpage, const uint8_t *rwri
                 }
                 if (is_miss(s, p, w, bit, t)) goto miss;
                 remote_read(s, p, bit, stall, &t);
-                if (key) key[p >> PB_SHIFT] = -(double)next[pos];
+                if (key) key[p >> PB_SHIFT] = next_key(&c, next, pos);
                 if (s->pf_tag[p]) {
                     s->pf_tag[p] = 0;
                     s->stats[ST_PF_USED]++;

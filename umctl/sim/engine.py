@@ -246,7 +246,12 @@ class Simulator:
         a = workload.allocations
         # the access stream as runs within one 2 MiB block each, in compact pages: a run is
         # contiguous there too, and the core walks runs instead of a per-access array
-        runs = workload.acc_runs.split_blocks(PAGE_TO_BLOCK_SHIFT)
+        # and in one operation (cut where an operation's range starts or ends: a trace's flat
+        # stream may run on across kernels), so a run is one block's accesses by one kernel
+        ops = workload.ops
+        ranged = ops[(ops["type"] == OpType.KERNEL) | (ops["type"] == OpType.HOST_WRITE)]
+        runs = workload.acc_runs.cut_at(np.concatenate([ranged["acc_lo"], ranged["acc_hi"]]))
+        runs = runs.split_blocks(PAGE_TO_BLOCK_SHIFT)
         try:
             self.space = PageSpace(a["addr"], a["bytes"])
             local = self.space.to_local_pages(runs.page)
@@ -278,7 +283,7 @@ class Simulator:
         self.pinned = np.zeros((G, nbl), np.bool_)
         self.lru = np.zeros((G, nbl))
         self._evict_key: np.ndarray | None = None
-        self._next_access: np.ndarray | None = None
+        self._next_run: np.ndarray | None = None     # Belady (oracle): per run, see _belady
         self.rescount = np.zeros((G, nbl), np.int32)
         maxp = max(1, int(self.cap.max()))
         self.pending = np.zeros((G, maxp))
@@ -326,8 +331,7 @@ class Simulator:
         self.cs.drop_reason = _EVICTED
         self.csp = C.byref(self.cs)
         self.out = core.EventOut()
-        self._run_write = self.runs.write.view(np.uint8)
-        self._runs_c = (core.ptr(self.runs.page), core.ptr(self._run_write), core.ptr(self.runs.pos), len(self.runs))
+        self._set_runs(self.runs)
         self._pf_out = (C.c_double * 6)()
         self._init_allocations()
         self.maxblocks[:] = self.cap - self.pinned.sum(1)
@@ -367,6 +371,9 @@ class Simulator:
                                 belady=self._belady, spare_memory=self._spare_memory,
                                 harvest=self._configure_harvest)
         ctx.options["page_space"] = self.space
+        # the stream the core walks: runs in compact pages, each within one 2 MiB block and
+        # one operation (what ``belady(next_run=...)`` is indexed by)
+        ctx.options["access_runs"] = self.runs
         ctx.options["calibration"] = calib
         controller.attach(ctx)
         self._init_s = _time.perf_counter() - t_init  # counted in wall_s: set-up is part of a replay
@@ -431,19 +438,37 @@ class Simulator:
             if self.used[g] > self.cap[g]:
                 raise ValueError(f"device allocations need {self.used[g]} chunks but GPU {g} has {self.cap[g]}")
 
-    def _belady(self, next_access: np.ndarray) -> np.ndarray:
-        """Replay only: evict by Belady's MIN instead of LRU. ``next_access[i]`` is the
-        position (in the workload's access arrays) of the next access to access i's block by
-        the same GPU (int64 max: never). The core keeps each block's key at minus its next
-        access as the kernels walk the stream; the smallest key is evicted first. Returns the
-        (GPUs x blocks) key array, which the caller initialises (first access of each block)
-        and may read."""
-        if len(next_access) != self.runs.n_accesses:
-            raise ValueError("next_access must give one position per access")
-        self._next_access = np.ascontiguousarray(next_access, dtype=np.int64)
+    def _belady(self, next_access: np.ndarray | None = None, *, next_run: np.ndarray | None = None) -> np.ndarray:
+        """Replay only: evict by Belady's MIN instead of LRU. The core keeps each block's key
+        at minus the position of its next access on the same GPU as the kernels walk the
+        stream; the smallest key is evicted first. Returns the (GPUs x blocks) key array,
+        which the caller initialises (first access of each block) and may read.
+
+        ``next_run[r]`` (one per run of ``ctx.options["access_runs"]``, whose runs each lie in
+        one block and one operation) is the position of the next access to run r's block by
+        the same GPU after the run's last access (int64 max: never); inside a run it is the
+        next position. That is 8 bytes a run; ``next_access`` (one per access, the older form:
+        8 bytes an access, gigabytes at the papers' scale) is still taken and reduced to it."""
+        runs = self.runs
+        if next_access is not None:
+            if len(next_access) != runs.n_accesses:
+                raise ValueError("next_access must give one position per access")
+            nxt = np.asarray(next_access, dtype=np.int64)
+            # cut the runs wherever the next access is not simply the next position
+            inner = np.flatnonzero(nxt[:-1] != np.arange(1, len(nxt), dtype=np.int64)) + 1
+            self._set_runs(runs.cut_at(inner))
+            next_run = nxt[self.runs.pos[1:] - 1]
+        if next_run is None or len(next_run) != len(self.runs):
+            raise ValueError("next_run must give one position per run")
+        self._next_run = np.ascontiguousarray(next_run, dtype=np.int64)
         self._evict_key = np.full_like(self.lru, -np.inf)
         self.cs.evict_key = core.ptr(self._evict_key)
         return self._evict_key
+
+    def _set_runs(self, runs: AccessRuns) -> None:
+        self.runs = runs
+        self._run_write = runs.write.view(np.uint8)
+        self._runs_c = (core.ptr(runs.page), core.ptr(self._run_write), core.ptr(runs.pos), len(runs))
 
     def _free_memory(self, g: int) -> int:
         """Bytes the driver can hand out without evicting: free chunks and chunks whose
@@ -551,7 +576,7 @@ class Simulator:
         causes0 = self.stats[core.FC].copy()
         pos = lo
         rp, rw, rpos, nruns = self._runs_c
-        nx = core.ptr(self._next_access) if self._next_access is not None else None
+        nx = core.ptr(self._next_run) if self._next_run is not None else None
         wn = core.ptr(self.acc_win) if self.acc_win is not None else None
         out = self.out
         while pos < hi:

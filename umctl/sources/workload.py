@@ -146,6 +146,20 @@ class AccessRuns:
         writes = np.repeat(self.write[r0:r1], n)
         return pages[lo - pos[0]:hi - pos[0]], writes[lo - pos[0]:hi - pos[0]]
 
+    def cut_at(self, positions: np.ndarray) -> "AccessRuns":
+        """The same stream with a run boundary at every stream position in ``positions``
+        (e.g. where operations' access ranges start and end, so that no run spans two)."""
+        q = np.asarray(positions, dtype=np.int64)
+        q = q[(q > 0) & (q < self.n_accesses)]
+        if len(q) == 0:
+            return self
+        starts = np.union1d(self.pos[:-1], q)
+        if len(starts) == len(self.page):
+            return self
+        r = np.searchsorted(self.pos, starts, "right") - 1
+        return AccessRuns(self.page[r] + (starts - self.pos[r]), np.diff(starts, append=self.n_accesses),
+                          self.write[r])
+
     def split_blocks(self, shift: int) -> "AccessRuns":
         """The same stream with every run cut where it crosses a multiple of ``1 << shift``
         pages (the simulator's runs each lie in one 2 MiB block)."""
@@ -265,33 +279,6 @@ class Workload:
                 live -= size[i]
         return int(peak)
 
-    def footprint_pages(self) -> np.ndarray:
-        """Distinct pages the kernels touch."""
-        if self._acc_page is not None:
-            return np.unique(self._acc_page)
-        r = self.acc_runs
-        spans = AccessRuns(r.page, r.length, np.zeros(len(r), np.bool_))
-        return np.unique(spans.expand()[0]) if len(r) else np.zeros(0, np.int64)
-
-    def page_span(self) -> tuple[int, int]:
-        """Lowest page and one past the highest page of any allocation (for dense state)."""
-        a = self.allocations
-        r = self.acc_runs
-        if len(a) == 0:
-            if len(r) == 0:
-                return 0, 0
-            return int(r.page.min()), int((r.page + r.length).max())
-        lo = int(a["addr"].min()) >> PAGE_SHIFT
-        hi = int(((a["addr"] + a["bytes"] + PAGE_SIZE - 1) >> PAGE_SHIFT).max())
-        if len(r):
-            lo = min(lo, int(r.page.min()))
-            hi = max(hi, int((r.page + r.length).max()))
-        return lo, hi
-
-    def exec_sequence(self) -> np.ndarray:
-        """Execution hashes of the kernels in launch order."""
-        return self.kernels["exec_hash"]
-
     def validate(self) -> None:
         """Check internal consistency; raises ValueError naming the first problem."""
         ops = self.ops
@@ -355,9 +342,18 @@ class WorkloadBuilder:
         rec.update(kw)
         self._ops.append(tuple(rec[n] for n in OP_DTYPE.names))
 
-    def _accesses(self, parts: Sequence[tuple[np.ndarray, bool]]) -> tuple[int, int]:
+    def _accesses(self, parts: Sequence[tuple[np.ndarray | range, bool]]) -> tuple[int, int]:
+        """Append parts (page array or ``range`` of pages, is_write) to the stream. A range
+        (a tensor, ``Buffer.page_range``) becomes one run without its pages ever being listed:
+        at the papers' scale a model's tensors are tens of millions of pages."""
         lo = self._n_acc
         for pages, write in parts:
+            if isinstance(pages, range) and pages.step == 1:
+                if len(pages):
+                    self._acc_runs.append(AccessRuns(np.array([pages.start], np.int64), np.array([len(pages)], np.int64),
+                                                     np.array([bool(write)])))
+                    self._n_acc += len(pages)
+                continue
             pages = np.asarray(pages, dtype=np.int64)
             if len(pages):
                 self._acc_runs.append(AccessRuns.of_pages(pages, bool(write)))
@@ -372,7 +368,7 @@ class WorkloadBuilder:
         order, each page once); ``pages`` gives explicit (page array, is_write) parts;
         ``thread_blocks`` (a ``threadblocks.KernelBlocks``) says which of them each thread
         block makes."""
-        parts = [(r.pages(), False) for r in reads] + [(w.pages(), True) for w in writes] + list(pages)
+        parts = [(r.page_range(), False) for r in reads] + [(w.page_range(), True) for w in writes] + list(pages)
         lo, hi = self._accesses(parts)
         if thread_blocks is not None:
             if int(thread_blocks.tb_off[-1]) != hi - lo:
@@ -386,7 +382,7 @@ class WorkloadBuilder:
         self._op(OpType.HOST, compute_ns=int(duration_ns), pid=pid)
 
     def host_write(self, buf: "Buffer", duration_ns: int = 0, pid: int = 0) -> None:
-        lo, hi = self._accesses([(buf.pages(), True)])
+        lo, hi = self._accesses([(buf.page_range(), True)])
         self._op(OpType.HOST_WRITE, compute_ns=int(duration_ns), acc_lo=lo, acc_hi=hi, pid=pid,
                  addr=buf.addr, bytes=buf.nbytes, alloc_id=buf.alloc_id)
 
@@ -426,8 +422,12 @@ class Buffer:
     pid: int = 0
 
     def pages(self) -> np.ndarray:
+        return np.arange(self.page_range().start, self.page_range().stop, dtype=np.int64)
+
+    def page_range(self) -> range:
+        """The buffer's pages as a range (nothing listed: a full-size tensor has millions)."""
         first = self.addr >> PAGE_SHIFT
-        return np.arange(first, first + (self.nbytes + PAGE_SIZE - 1) // PAGE_SIZE, dtype=np.int64)
+        return range(first, first + (self.nbytes + PAGE_SIZE - 1) // PAGE_SIZE)
 
     def slice(self, offset: int, nbytes: int) -> "Buffer":
         offset = max(0, min(int(offset), self.nbytes))

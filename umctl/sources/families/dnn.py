@@ -489,7 +489,7 @@ def job(b: WorkloadBuilder, params: dict, net: Net, *, footprint: int | None, pi
         meta.update(footprint=lay.footprint, scale=float(lay.scale), param_count=net.param_count,
                     kernels_per_iteration=sum(st.type is OpType.KERNEL for st in steps))
     born, dies = births_and_deaths(steps)
-    static = {r: buf.pages() for r, buf in lay.tensors.items()}
+    static = {r: buf.page_range() for r, buf in lay.tensors.items()}   # ranges: nothing listed
     durations: list[int] = []
     launches: list[tuple[tuple, tuple[int, int, int]]] = []
     for st in steps:
