@@ -87,7 +87,7 @@ def test_batches_spread_over_blocks_cost_block_ns_each_beyond_the_first():
         b.kernel("k", pages=[(pages, False)], compute_ns=0)
         w = b.build()
         w.acc_win = np.arange(32, 0, -1, dtype=np.int32)   # all 32 were recorded in one batch
-        cal = DEFAULT.with_overrides(block_ns=block_ns, density_threshold=2.0)  # no prefetcher
+        cal = DEFAULT.with_overrides(block_ns=block_ns, density_threshold=1.0)  # no prefetcher (no count exceeds 1 x a region)
         return simulate(w, make_controller("none"), calib=cal)
 
     one, spread = run(15_000, False), run(15_000, True)

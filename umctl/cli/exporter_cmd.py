@@ -16,13 +16,21 @@ from .. import UmctlError, __version__
 
 _DURATION_RE = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*(ms|s|m|h)?\s*$")
 _DURATION_UNIT = {"ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0, None: 1.0}
+#: Most ring entries per attached process (72 bytes each): 1.2 GiB of ring, per process, is
+#: already far more than any drain interval needs; 2^40 was accepted and would be 72 TiB.
+MAX_RING_ENTRIES = 1 << 24
+
+
+#: Longest duration an option takes (a year): beyond it, timers and waits overflow.
+MAX_DURATION_S = 365 * 86400.0
 
 
 def parse_duration(text: str, what: str) -> float:
-    """'1s', '500ms', '2m', '1h' or plain seconds, > 0."""
+    """'1s', '500ms', '2m', '1h' or plain seconds, > 0 and at most a year."""
     m = _DURATION_RE.match(str(text))
-    if not m or float(m.group(1)) <= 0:
-        raise UmctlError(f"{what} must be a positive duration such as 1s, 500ms or 2m (got {text!r})")
+    if not m or float(m.group(1)) <= 0 or float(m.group(1)) * _DURATION_UNIT[m.group(2)] > MAX_DURATION_S:
+        raise UmctlError(f"{what} must be a positive duration up to 365 days, such as 1s, 500ms or 2m "
+                         f"(got {text!r})")
     return float(m.group(1)) * _DURATION_UNIT[m.group(2)]
 
 
@@ -52,7 +60,7 @@ def exporter_command(
     grace: str = typer.Option("2m", "--grace", help="How long an ended process's series stay before they are "
                               "dropped (at least two scrape intervals)."),
     ring_entries: Optional[int] = typer.Option(None, "--ring-entries", help="Ring entries per process "
-                                               "(power of two, 72 bytes each; default 32768). Larger: less CPU (drained less often), more memory."),
+                                               "(power of two up to 2^24, 72 bytes each; default 32768). Larger: less CPU (drained less often), more memory."),
     state_dir: Optional[str] = typer.Option(None, "--state-dir", help="Where umctl controllers publish their "
                                             "command counts (default /run/umctl or $UMCTL_STATE_DIR)."),
     duration: Optional[str] = typer.Option(None, "--duration", "-d", help="Stop after this long (default: "
@@ -85,8 +93,13 @@ def exporter_command(
     stop_after = parse_duration(duration, "--duration") if duration is not None else None
     kind_set = parse_kinds(kinds)
     ring = RING_ENTRIES if ring_entries is None else ring_entries
-    if ring < 2 or ring & (ring - 1):
-        raise UmctlError(f"--ring-entries must be a power of two (got {ring})")
+    if ring < 2 or ring & (ring - 1) or ring > MAX_RING_ENTRIES:
+        raise UmctlError(f"--ring-entries must be a power of two from 2 to {MAX_RING_ENTRIES} "
+                         f"({MAX_RING_ENTRIES * 72 >> 20} MiB per process) (got {ring})")
+    if state_dir is not None and ensure_state_dir(state_dir) is None:
+        # the default directory may be missing (commands are then not exported); one the
+        # operator names must work, or the dashboard's command panels stay silently empty
+        raise UmctlError(f"--state-dir {state_dir}: cannot create or use it as a directory")
 
     state = ExporterState(sample=frac, kinds=kinds_label(kind_set), version=__version__)
     registry = CollectorRegistry()

@@ -15,13 +15,13 @@ from ..live.stats import LiveStats
 from ..sources.uvmtools import LiveError, UvmToolsSource, list_uvm_processes, parse_kinds
 from ..sources.uvmtools.process import comm_of, process_alive
 from ..tui.top import SORT_KEYS, KeyReader, render_top
-from .common import KINDS_HELP, SAMPLE_HELP, err, out
+from .common import KINDS_HELP, SAMPLE_HELP, TOP_INTERVAL_S, check_number, err, out
 
 
 def top_command(
     pid: Optional[int] = typer.Option(None, "--pid", "-p", help="Only this process (default: every process using UVM)."),
     once: bool = typer.Option(False, "--once", help="Print one snapshot (sampled over --interval) and exit."),
-    interval: float = typer.Option(1.0, "--interval", "-i", help="Seconds between refreshes (and the --once sample)."),
+    interval: float = typer.Option(1.0, "--interval", "-i", help="Seconds between refreshes (and the --once sample); above 0, at most 86400."),
     kinds: str = typer.Option("default", "--kinds", "-k", help=KINDS_HELP),
     sort: str = typer.Option("faults", "--sort", "-s", help="Sort by faults, batches, h2d, d2h, thrashing, cpu_faults or pid."),
     launches: bool = typer.Option(True, "--launches/--no-launches", help="Kernel launches (top kernels) through the BPF probe."),
@@ -42,8 +42,11 @@ def top_command(
     """
     from rich.live import Live
 
+    check_number(interval, "--interval", TOP_INTERVAL_S, " s")
     if sort not in SORT_KEYS.values():
         raise UmctlError(f"unknown sort key {sort!r} (choose from {', '.join(SORT_KEYS.values())})")
+    if not any(w.strip() for w in kinds.lstrip("+").split(",")):
+        raise UmctlError(f"--kinds {kinds!r} names no event kind (e.g. default, all, faults,migrations or +migrations)")
     kind_set = parse_kinds(kinds)
     frac = resolve_sample(sample, recording=False, control=False)
 

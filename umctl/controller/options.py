@@ -7,6 +7,14 @@ mode's options have one of the types below. Text from the command line is conver
 against that declaration; a value that does not fit is a one-line error naming the option and
 its type (``-O deepum.degree=x`` used to reach the constructor as a string).
 
+Numbers also have a range, declared once in :data:`BOUNDS` (by option name: an option means
+the same in every mode that has it; :data:`MODE_BOUNDS` overrides one mode's). A value outside
+it is refused here with the range in the message: ``-O deepum.degree=0`` used to replay a
+prefetcher that never prefetches, ``-O deepum.num_rows=0`` crashed inside the table. Every
+number is finite; upper bounds keep a typo (``num_rows=2048000000000``) from becoming a run
+that exhausts the machine. A test checks that every int/float option of every registered mode
+has a range here, so a new option cannot skip it.
+
 Scenario parameters (``--param``) and ``--calibration`` are not mode options and are parsed by
 the scenario and calibration code.
 """
@@ -18,12 +26,49 @@ import typing
 from dataclasses import dataclass
 
 from .. import UmctlError
+from ..units import Range
 from .base import Controller, available_modes, controller_class
 
 #: the types an option may have: what a command-line word can be turned into without guessing
 TYPES: tuple[type, ...] = (bool, int, float, str)
 _TRUE = ("true", "yes", "on", "1")
 _FALSE = ("false", "no", "off", "0")
+
+
+_BIG = float(1 << 20)   # counts of blocks / kernels / uses: 2 TiB of 2 MiB blocks
+
+#: Ranges of the modes' numeric options, by option name. Lower bounds are what the code needs to
+#: mean anything (a table of 0 rows, a degree of 0 kernels ahead); upper bounds are far above
+#: any configuration in the papers or the docs (DeepUM table 6 / figure 11 sweep NumRows up to
+#: 2048 x scale and N up to 64) and only stop a typo from exhausting memory or time.
+BOUNDS: dict[str, Range] = {
+    # correlation tables (DeepUM, SnuRHAC)
+    "num_rows": Range(1, 1 << 24),
+    "assoc": Range(1, 64),
+    "num_succs": Range(1, 64),
+    "num_levels": Range(1, 16),
+    "degree": Range(1, 4096),                 # kernels ahead (DeepUM's N)
+    "watermark_blocks": Range(0, _BIG),
+    "max_blocks_per_step": Range(1, _BIG),
+    "evict_horizon": Range(0, _BIG),
+    # memHarvester
+    "threshold_chunks": Range(0, _BIG),
+    "prefetch_bytes": Range(0, float(1 << 40)),
+    "stride_bytes": Range(0, float(1 << 40)),
+    "active_window_ns": Range(0, 3600e9),
+    # the oracle
+    "lookahead": Range(1, _BIG),
+    "replan_uses": Range(1, _BIG),
+    "reserve_frac": Range(0, 1, hi_open=True),   # a fraction of GPU memory kept free
+    "prefetch_blocks": Range(0, _BIG),
+    # SnuRHAC
+    "overlap_threshold": Range(0, 1),             # a fraction of a kernel's blocks
+    "host_copy_gbps": Range(0, 1e4, lo_open=True),
+}
+#: Per-mode exceptions to :data:`BOUNDS`: mode name -> option -> range.
+MODE_BOUNDS: dict[str, dict[str, Range]] = {}
+#: What an int option without a declared range may be (booleans and strings have none).
+INT_RANGE = Range(-(1 << 62), 1 << 62)
 
 
 @dataclass(frozen=True)
@@ -33,6 +78,7 @@ class OptionSpec:
     name: str
     type: type
     default: object
+    range: Range | None = None
 
     def parse(self, text: str, label: str) -> object:
         """``text`` as this option's type; ``label`` names the option in the error (e.g.
@@ -46,9 +92,15 @@ class OptionSpec:
             return text
         else:
             try:
-                return t(text.strip())
-            except ValueError:
+                v = t(text.strip().replace("_", ""))
+            except (ValueError, OverflowError):
                 pass
+            else:
+                rng = self.range or (INT_RANGE if t is int else Range())
+                if v not in rng:
+                    raise UmctlError(f"{label}: option {self.name} must be {_a(t)} {rng.describe()} "
+                                     f"(default {self.default!r}), got {text.strip()!r}")
+                return v
         raise UmctlError(f"{label}: option {self.name} takes {_a(t)} (default {self.default!r}), got {text!r}")
 
 
@@ -70,7 +122,10 @@ def declared(cls: type[Controller]) -> dict[str, OptionSpec]:
         if t not in TYPES or p.default is p.empty:
             raise TypeError(f"{cls.__name__}.__init__: option {p.name} must be declared as "
                             f"'{p.name}: bool|int|float|str = default' (got {t!r})")
-        out[p.name] = OptionSpec(p.name, t, p.default)
+        rng = None
+        if t in (int, float):
+            rng = MODE_BOUNDS.get(getattr(cls, "name", ""), {}).get(p.name) or BOUNDS.get(p.name)
+        out[p.name] = OptionSpec(p.name, t, p.default, rng)
     return out
 
 
@@ -87,6 +142,9 @@ def parse_mode_options(items: list[str] | None, modes: list[str], *,
     bad = [m for m in modes if m not in known]
     if bad:
         raise UmctlError(f"unknown mode {bad[0]!r}; available: {', '.join(known)}")
+    twice = sorted({m for m in modes if modes.count(m) > 1})
+    if twice:  # it would replay the mode twice and print two identical rows
+        raise UmctlError(f"--mode: {', '.join(twice)} given twice; name each mode once")
     specs = {m: mode_options(m) for m in modes}
     out: dict[str, dict] = {m: {} for m in modes}
     for item in items or []:

@@ -8,8 +8,22 @@ matplotlib.use("Agg")  # no display on servers and in CI
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
+from .. import UmctlError  # noqa: E402
 from ..sim.engine import SimResult  # noqa: E402
 from ..units import GiB  # noqa: E402
+
+
+def _save(fig, path: str, what: str = "figure") -> None:
+    """Write ``fig`` to ``path`` as a PNG, under exactly that name (an explicit format: matplotlib
+    appends ".png" to a name without an ending otherwise), and close it. An OSError (a full
+    disk, a directory that went away) is one line naming the file: the replay before it may
+    have taken minutes, and a traceback would bury why the figure is missing."""
+    try:
+        fig.savefig(path, dpi=110, format="png")
+    except OSError as e:
+        raise UmctlError(f"{path}: cannot write the {what}: {e.strerror or e}") from None
+    finally:
+        plt.close(fig)
 
 
 def replay_png(results: list[SimResult], rows: list[dict], path: str, title: str) -> None:
@@ -58,8 +72,7 @@ def replay_png(results: list[SimResult], rows: list[dict], path: str, title: str
     a.set_title("faults over time")
     a.legend()
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    _save(fig, path)
 
 
 def sweep_png(sweeps: dict[str, list[dict]], path: str, title: str) -> None:
@@ -81,8 +94,7 @@ def sweep_png(sweeps: dict[str, list[dict]], path: str, title: str) -> None:
         a.set_title(what)
     fig.suptitle(title, fontsize=11)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    _save(fig, path)
 
 
 def timeline_png(results: list[SimResult], path: str, title: str, *, titles: list[str] | None = None) -> None:
@@ -115,5 +127,4 @@ def timeline_png(results: list[SimResult], path: str, title: str, *, titles: lis
         a.grid(axis="x", alpha=0.3)
     axes[-1, 0].set_xlabel("simulated time (ms); colours: buffers; red: host waiting on a write-protected page")
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    _save(fig, path, "timeline")

@@ -20,15 +20,51 @@ entries for 107 K distinct pages over 4 passes), so compare live fault counts wi
 
 from __future__ import annotations
 
+import math
+import numbers
+import os
 from dataclasses import asdict, dataclass, replace
+
+from ..units import Range
 
 #: Values of Calibration.eviction_refresh.
 EVICTION_REFRESH = ("migration", "access")
 
+#: The built-in constants' name: what a replay prints for them and ``--calibration`` accepts.
+BUILTIN_NAME = "h100-pcie5-r580"
+
+_RATE = Range(0, 1e15, lo_open=True)      # bytes/s: > 0 (a rate of 0 is an infinite transfer time)
+_NS = Range(0, 3600e9)                    # a cost or a period: 0 .. one hour
+_COUNT = Range(0, 1 << 20)
+
+#: Allowed values of each numeric constant, checked whenever a Calibration is made (the
+#: defaults, a calibration file, ``--calib-set``). The lower bounds are what the model needs to
+#: mean anything: a rate of 0 divides by zero (``d2h_Bps: 0`` crashed a replay), a batch of 0
+#: faults never empties the fault buffer (``batch_max_faults=0`` looped forever), and the
+#: density threshold is a fraction of a region's pages. Upper bounds are far beyond any GPU
+#: (1 PB/s, an hour per operation) and only stop a typo from stalling a replay.
+RANGES: dict[str, Range] = {
+    "prefetch_h2d_Bps": _RATE, "d2h_Bps": _RATE, "pinned_copy_Bps": _RATE, "pageable_copy_Bps": _RATE,
+    "nvlink_Bps": _RATE, "fault_h2d_Bps": _RATE, "um_stage_Bps": _RATE, "hbm_Bps": _RATE,
+    "internode_Bps": _RATE,
+    "transfer_latency_ns": _NS, "batch_ns": _NS, "fault_ns": _NS, "block_ns": _NS, "evict_chunk_ns": _NS,
+    "discard_block_ns": _NS, "um_migrate_latency_ns": _NS, "thrashing_lapse_ns": _NS,
+    "thrashing_nap_ns": _NS, "thrashing_epoch_ns": _NS, "thrashing_pin_ns": _NS, "internode_latency_ns": _NS,
+    "cpu_fault_ns_per_GiB": Range(0, 3600e9),
+    "batch_max_faults": Range(1, 1 << 16),        # uvm_perf_fault_batch_count: 1 .. a GPU's fault buffer
+    "fault_window_pages": Range(1, 1 << 20),
+    "window_jitter": Range(0, 1),                 # ± a fraction of the window
+    # a fraction of a region's pages (0.51 = 51 %); 1 switches the prefetcher off (a region
+    # prefetches when more than threshold x its pages faulted, which no count exceeds at 1)
+    "density_threshold": Range(0, 1, lo_open=True),
+    "fault_granularity_pages": Range(1, 64),      # and a power of two (below)
+    "thrashing_threshold": _COUNT, "thrashing_max_resets": _COUNT, "thrashing_pin_threshold": _COUNT,
+}
+
 
 @dataclass(frozen=True)
 class Calibration:
-    name: str = "h100-pcie5-r580"
+    name: str = BUILTIN_NAME
 
     # -- host <-> GPU link (PCIe 5 x16) -----------------------------------------------------
     #: cuMemPrefetchAsync / UVM_MIGRATE host->GPU: 1 GiB in 21.4-21.9 ms (d_result prefetch_H2D).
@@ -136,6 +172,18 @@ class Calibration:
     internode_latency_ns: int = 1_000
 
     def __post_init__(self) -> None:
+        """Every constant of its type and in its range (:data:`RANGES`); ValueError naming the
+        first that is not, which the loaders turn into one line naming the file or the option."""
+        for key, rng in RANGES.items():
+            v = getattr(self, key)
+            kind = type(self.__dataclass_fields__[key].default)
+            if isinstance(v, bool) or not isinstance(v, numbers.Integral if kind is int else numbers.Real):
+                raise ValueError(f"{key} must be {'an int' if kind is int else 'a number'} {rng.describe()}, "
+                                 f"not {v!r}")
+            if v not in rng:
+                raise ValueError(f"{key} must be {rng.describe()}, not {v!r}")
+        if not isinstance(self.prefetch_evicts, bool):
+            raise ValueError(f"prefetch_evicts must be true or false, not {self.prefetch_evicts!r}")
         if self.fault_granularity_pages not in (1, 2, 4, 8, 16, 32, 64):
             raise ValueError(f"fault_granularity_pages must be a power of two from 1 to 64, "
                              f"not {self.fault_granularity_pages}")
@@ -158,7 +206,8 @@ class Calibration:
 
     def settings(self, items: list[str] | None) -> dict:
         """``KEY=VALUE`` texts as typed constants of this calibration, checked together (the
-        values the dataclass accepts); a bad one is a one-line UmctlError."""
+        types and ranges of :data:`RANGES`); a bad one is a one-line UmctlError naming the
+        constant and its range."""
         from .. import UmctlError
 
         if not items:
@@ -176,7 +225,7 @@ class Calibration:
                 near = difflib.get_close_matches(key, [f for f in fields if f != "name"], n=1)
                 hint = f" (did you mean {near[0]}?)" if near else "; see umctl/sim/calibration.py"
                 raise UmctlError(f"--calib-set: no calibration constant {key!r}{hint}")
-            kind = type(getattr(self, key))
+            kind = type(fields[key].default)
             try:
                 if kind is bool:
                     low = raw.lower()
@@ -190,10 +239,9 @@ class Calibration:
                     kw[key] = int(v)
                 else:
                     kw[key] = kind(raw)
-            except ValueError:
-                raise UmctlError(f"--calib-set {key}={raw}: not a valid {kind.__name__}") from None
-            if kind in (int, float) and kw[key] < 0:
-                raise UmctlError(f"--calib-set {key}={raw}: must not be negative")
+            except (ValueError, OverflowError):
+                rng = f" {RANGES[key].describe()}" if key in RANGES else ""
+                raise UmctlError(f"--calib-set {key}={raw}: not a valid {kind.__name__}{rng}") from None
         try:
             replace(self, **kw)
         except ValueError as e:
@@ -204,35 +252,95 @@ class Calibration:
         return asdict(self)
 
     @classmethod
+    def from_fields(cls, fields: dict, where: str) -> "Calibration":
+        """A calibration from a file's "calibration" table: every field known, of its type and
+        in its range (an int written as 30000.0 is that int); UmctlError naming ``where`` (the
+        file) and the field otherwise. Missing fields keep their defaults."""
+        from .. import UmctlError
+
+        if not isinstance(fields, dict):
+            raise UmctlError(f"{where}: not a umctl calibration file (\"calibration\" must be a table of constants)")
+        known = cls.__dataclass_fields__
+        unknown = sorted(set(fields) - set(known))
+        if unknown:
+            raise UmctlError(f"{where}: not a umctl calibration file (unknown field(s) {', '.join(unknown)})")
+        kw: dict = {}
+        for key, v in fields.items():
+            if key == "name":
+                continue   # a calibration is named by its file (see load)
+            kind = type(known[key].default)
+            if kind is int and isinstance(v, float) and math.isfinite(v) and v.is_integer():
+                v = int(v)
+            ok = (isinstance(v, bool) if kind is bool else isinstance(v, str) if kind is str else
+                  not isinstance(v, bool) and isinstance(v, int if kind is int else (int, float)))
+            if not ok:
+                what = {bool: "true or false", str: "a string", int: "an int", float: "a number"}[kind]
+                rng = f" {RANGES[key].describe()}" if key in RANGES else ""
+                raise UmctlError(f"{where}: calibration field {key} must be {what}{rng}, not {v!r}")
+            kw[key] = float(v) if kind is float else v
+        try:
+            return replace(cls(), **kw)
+        except ValueError as e:
+            raise UmctlError(f"{where}: calibration field {e}") from None
+
+    @classmethod
     def load(cls, path: str) -> "Calibration":
-        """A calibration file written by benchmarks/gpu/calibrate.py (a path, or the name of
-        one shipped in umctl/sim/calibrations/, e.g. ``h200-r580``): JSON with the fields of
-        this class under "calibration" (missing ones keep their defaults) and the raw
-        measurements beside them."""
+        """A calibration by name or file. Names are those a replay prints: the built-in
+        constants' (``h100-pcie5-r580``), a shipped file's stem (``h100-r580``, ``h200-r580``:
+        :func:`shipped_names`; their former internal names are aliases), a what-if
+        ``NAME+KEY=VALUE,...`` as ``--calib-set`` names it. A path is a file written by
+        benchmarks/gpu/calibrate.py: JSON with the fields of this class under "calibration"
+        (missing ones keep their defaults) and the raw measurements beside them. A shipped file
+        is named by its stem, so the name a replay prints is the one to pass again; a user's
+        file keeps the name written in it (else its stem)."""
         import json
         import os
 
         from .. import UmctlError
 
-        bundled = os.path.join(os.path.dirname(__file__), "calibrations", os.path.basename(path))
-        if not os.path.exists(path):  # a bundled calibration by name, e.g. h200-r580
+        if not os.path.exists(path):
+            name = ALIASES.get(path, path)
+            if name == BUILTIN_NAME:
+                return cls()
+            bundled = os.path.join(CALIBRATION_DIR, os.path.basename(name))
             for candidate in (bundled, bundled + ".json"):
-                if os.path.exists(candidate):
+                if os.path.isfile(candidate) and os.path.basename(name) == name:
                     path = candidate
                     break
+            else:
+                base, plus, tag = name.partition("+")
+                if plus and tag:   # a what-if, as a replay with --calib-set names it
+                    return cls.load(base).with_settings(tag.split(","))
+                raise UmctlError(f"{path}: cannot read calibration (no such file, and not a calibration name: "
+                                 f"{', '.join([BUILTIN_NAME, *shipped_names()])})")
         try:
             with open(path) as f:
                 data = json.load(f)
-            fields = data["calibration"]
-            known = {k: v for k, v in fields.items() if k in cls.__dataclass_fields__}
-            unknown = sorted(set(fields) - set(known))
-            if unknown:
-                raise ValueError(f"unknown field(s) {', '.join(unknown)}")
-            return replace(cls(), **{k: type(getattr(cls(), k))(v) for k, v in known.items()})
         except OSError as e:
-            raise UmctlError(f"{path}: cannot read calibration ({e.strerror})") from None
-        except (ValueError, KeyError, TypeError) as e:
-            raise UmctlError(f"{path}: not a umctl calibration file ({e})") from None
+            raise UmctlError(f"{path}: cannot read calibration ({e.strerror or e})") from None
+        except (ValueError, UnicodeDecodeError) as e:
+            raise UmctlError(f"{path}: not a umctl calibration file (not JSON: {' '.join(str(e).split())})") from None
+        if not isinstance(data, dict) or "calibration" not in data:
+            raise UmctlError(f"{path}: not a umctl calibration file (no \"calibration\" table)")
+        cal = cls.from_fields(data["calibration"], path)
+        stem = os.path.splitext(os.path.basename(path))[0]
+        own = data["calibration"].get("name")
+        shipped = os.path.dirname(os.path.abspath(path)) == os.path.abspath(CALIBRATION_DIR)
+        # a shipped file is named by its stem; a user's file by the name written in it, if any
+        return replace(cal, name=stem if shipped or not isinstance(own, str) or not own.strip() else own)
+
+
+#: The shipped calibration files' directory.
+CALIBRATION_DIR = os.path.join(os.path.dirname(__file__), "calibrations")
+#: Names the shipped calibrations had inside their files before a calibration was named by its
+#: file (still accepted by ``--calibration``).
+ALIASES = {"h100-80gb-hbm3-measured": "h100-r580", "h200-measured": "h200-r580",
+           "p3.8xlarge-v100-16gb-nvlink2-pcie3": "p3-v100-nvlink", "v100-pcie3-r460": "v100-pcie3"}
+
+
+def shipped_names() -> list[str]:
+    """The names of the calibrations shipped in umctl/sim/calibrations/ (file stems)."""
+    return sorted(f[:-5] for f in os.listdir(CALIBRATION_DIR) if f.endswith(".json"))
 
 
 def shipped_for(meta: dict) -> str | None:
@@ -252,8 +360,7 @@ def shipped_for(meta: dict) -> str | None:
     if model is None:
         return None
     cand = f"{model}-r{m.group(1)}"
-    here = os.path.join(os.path.dirname(__file__), "calibrations", cand + ".json")
-    return cand if os.path.exists(here) else None
+    return cand if cand in shipped_names() else None
 
 
 def fit_block_ns(shapes) -> int:
