@@ -249,8 +249,6 @@ def test_trace_commands_refuse_bad_files_and_options(capsys, env, data):
     _check(capsys, argv)
 
 
-@pytest.mark.xfail(strict=True, reason="umctl/cli/trace_cmd.py does not check --skip (inf: OverflowError "
-                                        "traceback; nan, -1: accepted); outside this change's files")
 @settings(FAST, max_examples=10)
 @given(skip=bad_float(0, 1e6))
 def test_trace_control_refuses_a_bad_skip(capsys, env, skip):

@@ -26,6 +26,7 @@ import os
 from typing import List, Optional
 
 import typer
+from rich.markup import escape
 
 from .. import UmctlError, __version__
 from .common import check_output_path, err, out
@@ -357,7 +358,8 @@ def _invoke(args: list[str]) -> int:
             command.invoke(ctx)
         return 0
     except UmctlError as e:
-        err.print(f"[red]umctl: error:[/red] {e}", highlight=False, soft_wrap=True, markup=True)
+        # the message is text, not markup: a "[family]" in it must print as written
+        err.print(f"[red]umctl: error:[/red] {escape(str(e))}", highlight=False, soft_wrap=True, markup=True)
         if os.environ.get("UMCTL_DEBUG"):
             raise
         raise _Failed(e, e.exit_code) from None
@@ -369,7 +371,7 @@ def _invoke(args: list[str]) -> int:
     except cx.ClickException as e:
         ctx = getattr(e, "ctx", None)
         hint = f" (see {ctx.command_path} --help)" if ctx is not None else " (see umctl --help)"
-        err.print(f"[red]umctl: error:[/red] {e.format_message()}{hint}", highlight=False, soft_wrap=True)
+        err.print(f"[red]umctl: error:[/red] {escape(e.format_message() + hint)}", highlight=False, soft_wrap=True)
         raise _Failed(e, e.exit_code) from None
     except typer.Exit as e:   # typer.Exit(n), ctx.exit(n), --help and --version (0)
         code = int(getattr(e, "exit_code", 0) or 0)

@@ -191,6 +191,9 @@ def control(
     """
     from ..report.control import CLASSES, from_trace
 
+    if not (0 <= skip <= 1e6):   # nan fails both comparisons; no trace is 11 days long
+        raise UmctlError(f"--skip must be between 0 and 1e6 seconds (got {skip:g})")
+
     with read_trace(file) as trace:
         if not trace.counts()[Kind.COMMAND]:
             raise UmctlError(f"{file}: no COMMAND records (record a controlled run: umctl attach/run --mode ... -o FILE)")

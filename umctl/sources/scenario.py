@@ -45,7 +45,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
-from rich.markup import escape
 
 from .. import UmctlError
 from ..units import PAGE_SIZE, GiB, KiB, Range, parse_size
@@ -295,8 +294,8 @@ def _parse_file(data: bytes, source: str, family: str,
     fam = doc.get("family", {})
     tables = doc.get("scenarios")
     if not isinstance(fam, dict) or not isinstance(tables, dict) or not tables:
-        raise UmctlError(escape(f"scenario file {source} needs a [family] table (generator = ...) and at least "
-                                f"one [scenarios.NAME] table"))
+        raise UmctlError(f"scenario file {source} needs a [family] table (generator = ...) and at least "
+                         f"one [scenarios.NAME] table")
     fam_defaults = fam.get("defaults", {})
     if not isinstance(fam_defaults, dict):
         raise UmctlError(f"{source}: family.defaults must be a table")
@@ -312,8 +311,8 @@ def _parse_file(data: bytes, source: str, family: str,
         generator = base.generator if base else fam.get("generator")
         if generator not in GENERATORS:
             what = f"generator {generator!r} is" if generator is not None else "[family] has no generator:"
-            raise UmctlError(escape(f"{source}: {what} not one of {', '.join(GENERATORS)}"
-                                    if generator is not None else f"{source}: {what} give one of {', '.join(GENERATORS)}"))
+            raise UmctlError(f"{source}: {what} not one of {', '.join(GENERATORS)}"
+                             if generator is not None else f"{source}: {what} give one of {', '.join(GENERATORS)}")
         own = {k: v for k, v in table.items() if k not in RESERVED}
         schema = generator_params(generator) if strict else {}
         if strict:
