@@ -118,6 +118,25 @@ def test_no_migrations_is_unverified_never_held():
     assert v.held is None and "no migration events" in v.why and v.migrations_seen == 0
 
 
+def test_a_source_with_migrations_on_that_moved_nothing_is_judged_from_its_faults():
+    """Migration events on and none reported: nothing moved, so the faults are the residency
+    (a budget that never bound is held; one the faults alone overran is not)."""
+    fit = BudgetCheck(4 * BLOCK_SIZE, slack_bytes=0, reorder_ms=0, migrations_on=True)
+    fit.observe(batch(1 * MS, fault=faults(0, [0, 1])))
+    fit.observe(batch(10 * MS))
+    fit.finish(10 * MS)
+    assert fit.verdict().held is True
+    over = BudgetCheck(BLOCK_SIZE, slack_bytes=0, reorder_ms=0, migrations_on=True)
+    over.observe(batch(1 * MS, fault=faults(0, [0, 1, 2])))
+    over.observe(batch(10 * MS))
+    over.finish(10 * MS)
+    assert over.verdict().held is False
+    off = BudgetCheck(4 * BLOCK_SIZE, slack_bytes=0, reorder_ms=0, migrations_on=False)
+    off.observe(batch(1 * MS, fault=faults(0, [0])))
+    off.finish(10 * MS)
+    assert off.verdict().held is None
+
+
 def test_our_own_prefetches_count_once_they_land():
     """A prefetch of never-populated pages moves nothing and reports no migration: its OK
     RESULT is the evidence the block is on the GPU."""

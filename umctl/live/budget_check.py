@@ -32,8 +32,10 @@ Contract (what counts, and why):
   above ``budget + slack`` and the excess integrated over time (GiB·s) are taken from it over the
   observed time (first record to the last time applied). A block that comes and goes within one
   application is therefore not seen in the peak: the resolution is one drain.
-* **Verdict.** ``held`` is None (unverified) when no MIGRATION record was seen (migration events
-  off, an old driver, a source without them) or migration records were dropped; else False when
+* **Verdict.** ``held`` is None (unverified) when the source delivers no migration events
+  (``migrations_on=False``; or, when not told, none was seen: events off, an old driver, a source
+  without them) or migration records were dropped. A source that delivers them and reported none
+  moved nothing between processors, so its faults alone are the residency. Else ``held`` is False when
   the block-granular residency of any budgeted GPU was above ``budget + slack`` for more than
   :data:`MAX_OVER_FRAC` of the observed time, else True.
 * **Slack.** ``max(2 % of the budget, 2 blocks)`` plus an in-flight allowance, by default one
@@ -123,8 +125,12 @@ class BudgetCheck:
     ``slack_bytes`` defaults to :func:`default_slack`."""
 
     def __init__(self, budget_bytes: int, gpus=(0,), *, slack_bytes: int | None = None,
-                 reorder_ms: float = 50.0):
+                 reorder_ms: float = 50.0, migrations_on: bool | None = None):
         self.budget = int(budget_bytes)
+        #: whether the source delivers migration events (True / False; None: judge by whether any
+        #: came). With them on, a run that moved nothing reports none and is judged from its
+        #: faults alone; with them off, nothing that left the GPU could be seen
+        self.migrations_on = migrations_on
         self.gpus = [int(g) for g in gpus] or [0]
         self.slack = default_slack(self.budget) if slack_bytes is None else int(slack_bytes)
         self.limit = self.budget + self.slack
@@ -338,7 +344,7 @@ class BudgetCheck:
     def verdict(self, estimate_peak_bytes: int | None = None) -> BudgetVerdict:
         observed = (self.t_applied - self.t0) if (self.t0 is not None and self.t_applied is not None) else 0
         frac = self.over_ns / observed if observed > 0 else 0.0
-        if not self.migrations:
+        if self.migrations_on is False or (self.migrations_on is None and not self.migrations):
             held, why = None, "no migration events seen (migration events off, or a driver or source without them)"
         elif self.dropped_migrations:
             held, why = None, f"{self.dropped_migrations:,} migration events were dropped"

@@ -326,7 +326,7 @@ class LiveControl:
 
     def __init__(self, controller: Controller, actuator, *, pid: int, gpus: list[dict],
                  budget_bytes: int | None = None, spare_gpus: int = 0, budget_sweep_ms: float = 0.0,
-                 safe_invalidate: bool = False):
+                 safe_invalidate: bool = False, migrations_on: bool | None = None):
         if controller.replay_only:
             raise UmctlError(f"mode {controller.name} needs the future (replay only); live modes: "
                              "none, deepum, deepum-prefetch, deepum-preevict, ...")
@@ -355,7 +355,8 @@ class LiveControl:
         ctx.options["safe_invalidate"] = bool(safe_invalidate)
         controller.attach(ctx)
         #: the budget's independent check: true residency from the driver's events
-        self.check = BudgetCheck(self.budget.nbytes, self.target_gpus) if self.budget is not None else None
+        self.check = (BudgetCheck(self.budget.nbytes, self.target_gpus, migrations_on=migrations_on)
+                      if self.budget is not None else None)
         #: cmd_id -> (op, first block, dst, when issued, whether the command is what put the block
         #: in the estimate: a PREFETCH that fails is taken back only then)
         self._issued: dict[int, tuple[int, int, int, int, bool]] = {}

@@ -179,7 +179,8 @@ class ControlSpec:
         try:
             return LiveControl(self.controller, act, pid=src.pid, gpus=gpus, budget_bytes=self.budget,
                                spare_gpus=self.spare_gpus, budget_sweep_ms=self.budget_sweep,
-                               safe_invalidate=safe)
+                               safe_invalidate=safe,
+                               migrations_on=Kind.MIGRATION in getattr(src, "kinds", frozenset()))
         except BaseException:
             act.close()
             raise
