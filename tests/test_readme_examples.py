@@ -20,8 +20,8 @@ README = Path(__file__).resolve().parents[1] / "README.md"
 
 #: examples that need a GPU, root or a program to attach to: parsed, not run
 LIVE = ("attach", "top", "exporter", "record", "run")
-#: examples that take minutes (full-scale or every-mode replays): run under -m slow
-SLOW = ("--param scale=full", "bert-large -m all", "sweep resnet152", "replay gpt2-xl --mode none,deepum,oracle")
+#: examples that take half a minute or more (the papers' full-scale runs): run under -m slow
+SLOW = ("--param scale=full",)
 
 
 def examples() -> list[str]:
