@@ -17,6 +17,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import require
 
 from umctl.cluster.runtime import plan_launch
 from umctl.controller.snurhac import partition
@@ -30,19 +31,9 @@ MPIRUN = shutil.which("mpirun")
 MPI_ENV = {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1", "OMPI_MCA_btl": "self,tcp"}
 
 
-def _mpi_missing() -> str | None:
-    try:
-        import mpi4py  # noqa: F401
-    except ImportError:
-        return "mpi4py not installed (pip install -e '.[mpi]')"
-    return None if MPIRUN else "mpirun not installed (apt-get install openmpi-bin libopenmpi-dev)"
-
-
-if (_why := _mpi_missing()) is not None:
-    # CI (.ci/run sets UMCTL_REQUIRE_MPI) installs both and must run these; elsewhere, a skip
-    if os.environ.get("UMCTL_REQUIRE_MPI"):
-        raise RuntimeError(_why)
-    pytest.skip(_why, allow_module_level=True)
+# mpirun and mpi4py: a skip without them, a failure under UMCTL_REQUIRE_MPI=1 (.ci/run installs
+# both and sets it; tests/conftest.py). test_cluster_live.py imports this module: the same for it
+require("mpi", module=True)
 
 
 def mpirun(case: str, ranks: int, out: Path, gpus: int = 1, timeout: float = 90) -> subprocess.CompletedProcess:

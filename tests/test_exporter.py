@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import gc
 import os
+import random
 import shutil
+import threading
 import time
 
 import numpy as np
@@ -17,10 +19,12 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from umctl.events.schema import EventBatch, Kind, Op, Status, commands, empty
+from umctl.exporter import agent as agent_mod
 from umctl.exporter.agent import Agent, is_umctl
 from umctl.exporter.control_state import ensure_state_dir, publisher_for, read_published
 from umctl.exporter.metrics import ExporterCollector, ExporterState, ProcessTotals
-from umctl.sources.uvmtools import DEFAULT_KINDS, abi, process
+from umctl.sources.uvmtools import DEFAULT_KINDS, UvmToolsSource, abi, process
+from umctl.sources.uvmtools.sampling import Sampler
 
 from test_uvmtools_source import GPU_UUID, FakeDriver, entries, fake_proc, produce, run_cli
 
@@ -105,15 +109,30 @@ def kill(tmp_path, pid: int) -> None:
     shutil.rmtree(tmp_path / "proc" / str(pid))
 
 
+#: agents made by this test; closed when it ends (passed or not), so that no drain thread of
+#: one test runs on into the next (tests/conftest.py fails a test that leaves one running)
+_AGENTS: list[Agent] = []
+
+
+@pytest.fixture(autouse=True)
+def _close_agents():
+    yield
+    while _AGENTS:
+        _AGENTS.pop().close()
+
+
 def make_agent(drv, root, *, sample=1.0, grace=5.0, clock=None, kinds=DEFAULT_KINDS, state_dir=None,
-               ring_entries=256, **kw):
+               ring_entries=256, drain_ms=1.0, **kw):
+    """An agent over the fake node. ``clock`` (a :class:`Clock`) drives the grace periods and
+    retry back-offs; with the default real clock a test must not depend on how much time passes."""
     state = ExporterState(sample=sample, kinds="test", version="t")
     logs: list[str] = []
-    agent = Agent(state, kinds=kinds, sample=sample, interval_s=0.05, grace_s=grace, ring_entries=ring_entries, drain_ms=1.0,
-                  io_factory=lambda: drv, proc_root=root, driver_present=lambda: not drv.no_driver,
+    agent = Agent(state, kinds=kinds, sample=sample, interval_s=0.05, grace_s=grace, ring_entries=ring_entries,
+                  drain_ms=drain_ms, io_factory=lambda: drv, proc_root=root, driver_present=lambda: not drv.no_driver,
                   log=logs.append, clock=clock or time.monotonic, state_dir=state_dir, same_file=drv.same_file, **kw)
     agent._smi_t = float("inf")   # never run nvidia-smi in tests
     agent._smi = []
+    _AGENTS.append(agent)
     return agent, state, logs
 
 
@@ -134,12 +153,16 @@ def value(m: dict, name: str, **labels) -> float | None:
     return sum(hits) if hits else None
 
 
-def settle(agent: Agent, cond, timeout: float = 5.0) -> None:
+def settle(agent: Agent, cond, timeout: float = 60.0) -> None:
+    """Step until ``cond()`` holds. The drain threads take events off the rings whenever the
+    scheduler runs them, so a test waits for the condition (generously: a loaded 2-core machine
+    may not run a thread for seconds), never for a fixed time; a timeout is a failure."""
     end = time.monotonic() + timeout
     while True:
         agent.step()
-        if cond() or time.monotonic() > end:
+        if cond():
             return
+        assert time.monotonic() < end, f"not reached within {timeout:g} s"
         time.sleep(0.01)
 
 
@@ -212,6 +235,20 @@ def test_migration_events_give_bytes_by_direction_and_cause_and_evictions(node):
     agent.close()
 
 
+def test_without_replay_events_batches_are_counted_by_their_ids(node):
+    """--kinds faults (no GpuFaultReplay events): every event is collected, but batches can
+    only be counted by the distinct batch ids of their faults."""
+    drv, root, tmp = node
+    spawn(tmp, 251)
+    agent, state, _ = make_agent(drv, root, kinds={Kind.FAULT})
+    agent.step()
+    drv.emit(251, faults_for(251, 30, batch=1))
+    drv.emit(251, faults_for(251, 20, batch=2))
+    settle(agent, lambda: value(scrape(state), "umctl_gpu_faults_total", pid=251) == 50)
+    assert value(scrape(state), "umctl_gpu_fault_batches_total", pid=251) == 2
+    agent.close()
+
+
 def test_ended_process_keeps_its_final_values_for_the_grace_then_its_series_end(node):
     drv, root, tmp = node
     clock = Clock()
@@ -237,31 +274,63 @@ def test_ended_process_keeps_its_final_values_for_the_grace_then_its_series_end(
     assert any("pid 301 (python3): ended" in ln for ln in logs)
 
 
-def test_sampled_counters_are_scaled_by_the_measured_on_time(node):
+class SteppedSource(UvmToolsSource):
+    """The tools source with no drain thread and its sampler on the test's clock: ``drain()``
+    first takes what the ring holds, and the sampler's windows move only when the test ticks
+    it. What the agent estimates then depends on the test alone, never on how a loaded machine
+    schedules threads. (The drain thread ticking the sampler is test_uvmtools_sampling.py's.)"""
+
+    clock: Clock
+    rng: random.Random
+
+    def _attach(self) -> None:
+        super()._attach()
+        if self.sampler is not None:   # the same driver toggle, on the test's clock and seed
+            self.sampler = Sampler(self.sampler.toggle, self.sample, self.sample_period_ms, clock=self.clock,
+                                   rng=self.rng)
+        self.drainer.tick = None
+        self.drainer.start = lambda: None
+
+    def drain(self):
+        if self.drainer is not None and not self._stopped:
+            self.drainer.drain_once()
+        return super().drain()
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_sampled_counters_are_scaled_by_the_measured_on_time(node, monkeypatch, seed):
+    """A process faulting at a steady 100 faults per 5 ms, collected in 50 ms windows of each
+    100 ms (sample 0.5, random window offsets): each 300 ms interval's count, scaled by its
+    elapsed time over its measured on-time, gives the exact total -- dividing by the nominal
+    duty (x2) would not: the windows' measured on-time is not exactly half of the run."""
     drv, root, tmp = node
+    clock = Clock()
+    monkeypatch.setattr(agent_mod, "UvmToolsSource", type("S", (SteppedSource,), {"clock": clock,
+                                                                                  "rng": random.Random(seed)}))
     spawn(tmp, 401)
-    # a ring that holds 80 emissions: a drain thread held up by a loaded machine must not
-    # overflow it, which would lose events for a reason other than sampling
-    agent, state, _ = make_agent(drv, root, sample=0.5, ring_entries=8192)
+    agent, state, _ = make_agent(drv, root, sample=0.5, ring_entries=8192, clock=clock)   # one interval's events
     agent.step()
     src = agent.sessions[401].src
-    assert src.sampler is not None
-    sent = overflowed = 0
-    end = time.monotonic() + 3.0
-    while time.monotonic() < end:   # a steady 100 faults per 5 ms; the driver drops them while disabled
-        if drv.enabled_mask & (1 << abi.EV_GPU_FAULT):
-            overflowed += 100 - drv.emit(401, faults_for(401, 100, batch=sent))
-        sent += 1
-        time.sleep(0.005)
-        if sent % 10 == 0:
+    assert src.sampler is not None and src.sampler.clock is clock
+    truth = collected = 0
+    slots = 600                          # 5 ms slots: 3 s, 30 sampling periods, 10 agent intervals
+    for i in range(slots):
+        if drv.enabled_mask & (1 << abi.EV_GPU_FAULT):   # the driver drops them while disabled
+            n = drv.emit(401, faults_for(401, 100, batch=i))
+            assert n == 100, "ring overflow"
+            collected += n
+        truth += 100
+        clock.t += 0.005                 # the slot is over: the sampler may switch now
+        src.sampler.tick()
+        if (i + 1) % 60 == 0:
             agent.step()
-    agent.step()
     est = value(scrape(state), "umctl_gpu_faults_total", pid=401)
-    truth = sent * 100
-    assert overflowed == 0
-    assert 0.3 < src.sample_fraction() < 0.7
-    assert est == pytest.approx(truth, rel=0.3), (est, truth, src.sample_fraction())
-    assert value(scrape(state), "umctl_process_sampled_ratio", pid=401) == pytest.approx(src.sample_fraction(), abs=0.05)
+    frac = src.sample_fraction()
+    assert 0.3 < frac < 0.7 and src.sampler.toggles >= 30
+    assert collected == pytest.approx(truth * frac)      # what was collected is the on-time's share
+    assert collected != truth / 2                         # so dividing by the nominal duty would be off
+    assert est == pytest.approx(truth, rel=1e-9), (est, truth, frac)
+    assert value(scrape(state), "umctl_process_sampled_ratio", pid=401) == pytest.approx(frac)
     agent.close()
 
 
@@ -274,6 +343,21 @@ def test_fold_scales_and_counts_a_batch_spanning_two_drains_once():
     f2["gpu"], f2["batch_id"] = 0, [6, 7]       # batch 6 goes on in the next drain
     t.fold(EventBatch(arrays={Kind.FAULT: f2}), 10.0, replay_batches=False)
     assert t.faults == {0: 60.0} and t.batches == {0: 30.0}
+
+
+def test_with_every_event_a_batch_is_counted_by_its_replay_once_across_drains():
+    """Unsampled, fault batches are counted by their replay records. A drain can end between a
+    batch's faults and its replay (the drain thread runs when it runs): the batch is counted
+    when its replay comes, once -- not also by the batch ids of its faults."""
+    t = ProcessTotals(1, "x")
+    f = empty(Kind.FAULT, 3)
+    f["gpu"], f["batch_id"] = 0, [1, 1, 2]
+    t.fold(EventBatch(arrays={Kind.FAULT: f}))            # faults of batches 1 and 2, replays not yet
+    assert t.batches == {} and t.faults == {0: 3.0}
+    r = empty(Kind.REPLAY, 2)
+    r["gpu"] = 0
+    t.fold(EventBatch(arrays={Kind.REPLAY: r}))
+    assert t.batches == {0: 2.0}
 
 
 def test_refused_attach_is_retried_with_backoff_and_forgotten_when_gone(node):
@@ -377,7 +461,8 @@ def test_a_failing_source_or_a_missing_driver_never_stops_the_agent(node):
     drv, root, tmp = node
     spawn(tmp, 701)
     spawn(tmp, 702)
-    agent, state, logs = make_agent(drv, root)
+    # the test's clock: 701's re-attach back-off must not run out while the driver is gone
+    agent, state, logs = make_agent(drv, root, clock=Clock())
     agent.step()
     drv.emit(702, faults_for(702, 3, batch=1))
     settle(agent, lambda: value(scrape(state), "umctl_gpu_faults_total", pid=702) == 3)
@@ -495,21 +580,20 @@ def test_churn_of_1000_processes_keeps_memory_bounded(node):
     ring and drain thread is released, ended series are retired after the grace, no source
     object outlives its process, and the last 800 processes leave the resident size where
     the first 200 did."""
-    import threading
-
-    from umctl.sources.uvmtools import UvmToolsSource
-
     drv, root, tmp = node
     clock = Clock()
-    agent, state, _ = make_agent(drv, root, grace=3.0, clock=clock)
+    # drained every 50 ms, not 1: 50 threads waking each millisecond only fight for the GIL
+    # (what is checked is that each is released; the last drain on exit takes its events)
+    agent, state, _ = make_agent(drv, root, grace=3.0, clock=clock, drain_ms=50.0)
     slots = [f"{root}/.slot{i}" for i in range(50)]   # a process starts and exits by a rename
     for i in range(50):                              # (quick on any file system, unlike rmtree)
         spawn(tmp, 90_000 + i)
         os.rename(f"{root}/{90_000 + i}", slots[i])
-    def drain_threads() -> int:
-        return sum(t.name.startswith("umctl-uvm-") for t in threading.enumerate())
+    others = set(threading.enumerate())
 
-    assert drain_threads() == 0
+    def drain_threads() -> int:   # this agent's: not a thread some other test left behind
+        return sum(t.name.startswith("umctl-uvm-") for t in threading.enumerate() if t not in others)
+
     # the fake pids must not include this test's own: the agent never attaches to its own process
     pid = 10_000 if not 10_000 <= os.getpid() < 11_000 else 20_000
     produced = 0

@@ -4,6 +4,9 @@ device (a fake process faulting at a known rate), Prometheus scrapes it every se
 rates and totals Prometheus computes through its HTTP query API must match what the fake
 produced; the fake target is then killed mid-run and its series must end cleanly (final total
 exact, no counter reset, gone after the grace period) while the exporter stays up.
+What Prometheus stored is checked against the fake's own log of what it had sent when, not
+against the wall clock: a loaded machine delays the fake, the exporter and the scrapes, and
+none of that may change a verdict.
 
 Run as a script (``--serve``), this file is the fake-fed exporter itself."""
 
@@ -30,8 +33,11 @@ PID = 4242
 RUN_S = 16.0         # faulting, then killed
 GRACE_S = 4.0
 
-pytestmark = pytest.mark.skipif(shutil.which("prometheus") is None,
-                                reason="needs the prometheus server binary (apt install prometheus; .ci/run does)")
+#: the most the exporter's totals may trail what the fake sent (drain + 250 ms interval + a
+#: scrape), generous for a loaded 2-core machine
+LAG_MAX_S = 10.0
+
+pytestmark = pytest.mark.requires("prometheus")   # tests/conftest.py: UMCTL_REQUIRE_PROMETHEUS=1 in CI
 
 
 # -- the fake-fed exporter (subprocess) -----------------------------------------------------
@@ -66,8 +72,10 @@ def serve(port: int, workdir: str) -> int:
             time.sleep(0.01)
         t0 = time.monotonic()
         sent = batch = 0
+        log = []   # (wall time before this wake-up's emits, after them, faults sent by then)
         while (now := time.monotonic()) - t0 < RUN_S:
             due = int((now - t0) * RATE) // BATCH * BATCH
+            before = time.time()
             while sent < due:
                 recs = faults_for(PID, BATCH, batch)
                 replay = entries({"type": abi.EV_GPU_FAULT_REPLAY, "r_gpu": 1, "r_batch": batch, "r_ts": 1})
@@ -75,10 +83,11 @@ def serve(port: int, workdir: str) -> int:
                 assert n == BATCH, "ring full"
                 sent += BATCH
                 batch += 1
+            log.append((before, time.time(), sent))
             time.sleep(0.05)
         shutil.rmtree(tmp / "proc" / str(PID))           # the target is killed
         doc = {"faults": sent, "batches": batch, "t_start": time.time() - (time.monotonic() - t0),
-               "t_kill": time.time()}
+               "t_kill": time.time(), "log": log}
         (tmp / "produced.json.tmp").write_text(json.dumps(doc))
         os.replace(tmp / "produced.json.tmp", tmp / "produced.json")
 
@@ -175,20 +184,33 @@ def test_prometheus_rates_match_the_fake_and_a_killed_target_ends_cleanly(workdi
         wait_for("the series to end", lambda: query(base, sel) == [], GRACE_S + 30)
         t_end = time.time()
 
+        # every sample Prometheus scraped, against the fake's log: never more than had been
+        # sent by the end of the scrape (a scrape is stamped with its start and times out after
+        # the 1 s interval), never less than had been sent LAG_MAX_S before it
+        log = doc["log"]
+
+        def sent_by(t: float, i: int) -> int:   # i=0: emits begun by t (an upper bound); 1: ended by t
+            return max((e[2] for e in log if e[i] <= t), default=0)
+
+        raw = query(base, f"{sel}[10m]", t_end)[0]["values"]
+        samples = [(float(ts), float(v)) for ts, v in raw]
+        assert len(samples) >= 5, samples
+        assert all(a[1] <= b[1] for a, b in zip(samples, samples[1:])), samples      # a counter
+        for ts, v in samples:
+            assert sent_by(ts - LAG_MAX_S, 1) <= v <= sent_by(ts + 1.0, 0), (ts, v, doc["t_start"])
+
         # rates while it ran (Prometheus's own rate()), over windows wholly inside the scraped
-        # run: a window the series only partly covers reads low (rate() divides by the window)
-        t0, tk = doc["t_start"], doc["t_kill"]
-        first = float(query_range(base, sel, t0 - 60, tk, 0.25)[0]["values"][0][0])
-        t0 = max(t0, first)
+        # run: a window the series only partly covers reads low (rate() divides by the window).
+        # Their mean is the fake's rate; batches come with their faults (one replay each 100)
+        t0, tk = max(doc["t_start"], samples[0][0]), doc["t_kill"]
         rates = query_range(base, f"rate({sel}[5s])", t0 + 6, tk - 1)
         values = [float(v) for _, v in rates[0]["values"]]
         assert len(values) >= 5, rates
         mean = sum(values) / len(values)
-        assert mean == pytest.approx(RATE, rel=0.05), values
-        assert all(v == pytest.approx(RATE, rel=0.25) for v in values), values
+        assert mean == pytest.approx(RATE, rel=0.15), values
         b = query_range(base, f'rate(umctl_gpu_fault_batches_total{{pid="{PID}"}}[5s])', t0 + 6, tk - 1)
         bmean = sum(float(v) for _, v in b[0]["values"]) / len(b[0]["values"])
-        assert bmean == pytest.approx(RATE / BATCH, rel=0.05)
+        assert bmean == pytest.approx(mean / BATCH, rel=0.02)
 
         # the ended series: the exact total, no reset, marked not attached during the grace
         last = query(base, f"max_over_time({sel}[2m])", t_end)

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import require
 
 from umctl import UmctlError
 from umctl.events.schema import Access, Cause, Kind
@@ -88,24 +89,28 @@ def test_decode_kinds_and_numbering():
         kp.decode(heads, fl[:2])
 
 
-def _bpf_unavailable() -> str | None:
-    from umctl.bpf import libbpf as lb
-    import os
-    if os.geteuid() != 0:
-        return "not root"
+def _reason(fn) -> str | None:
     try:
-        lb.libbpf()
-    except UmctlError as e:
-        return str(e)
-    try:
-        import umctl.bpf
-        umctl.bpf.object_path("uvmfault.bpf.o")
+        fn()
     except UmctlError as e:
         return str(e)
     return None
 
 
-needs_bpf = pytest.mark.skipif(_bpf_unavailable() is not None, reason=f"BPF unavailable: {_bpf_unavailable()}")
+@pytest.fixture
+def bpf():
+    """Root with libbpf1, and the shipped uvmfault.bpf.o (built at install when clang is
+    there): skips without them, fails instead under UMCTL_REQUIRE_ROOT=1 / UMCTL_REQUIRE_CLANG=1
+    (tests/conftest.py; .ci/run sets both)."""
+    from umctl.bpf import libbpf as lb
+    import umctl.bpf
+
+    require("root")
+    require("root", why=_reason(lb.libbpf))
+    require("clang", why=_reason(lambda: umctl.bpf.object_path("uvmfault.bpf.o")))
+
+
+needs_bpf = pytest.mark.usefixtures("bpf")
 
 
 @needs_bpf

@@ -272,12 +272,6 @@ def test_scenario_files_as_targets(tmp_path, monkeypatch) -> None:
         load_scenario(str(incomplete))
 
 
-def test_default_dnn_generation_time() -> None:
-    t0 = time.perf_counter()
-    w = load_scenario("gpt2-xl")
-    print(f"gpt2-xl defaults: {w.n_accesses} accesses generated in {time.perf_counter() - t0:.2f} s")
-
-
 @pytest.mark.slow
 def test_ten_million_access_dnn_generates_fast() -> None:
     t0 = time.perf_counter()

@@ -148,6 +148,8 @@ class Agent:
         self._smi: list[dict] | None = None
         self._smi_t = -1e9
         self._migrations = Kind.MIGRATION in self.kinds
+        #: fault batches counted by their replay records: every event collected, replays among them
+        self._replays = self.sample >= 1 and Kind.REPLAY in self.kinds
 
     # -- one interval ---------------------------------------------------------------------
     def step(self) -> None:
@@ -284,7 +286,7 @@ class Agent:
             with self.state.lock:
                 if uuids is not None:
                     s.totals.uuids = uuids
-                s.totals.fold(batch, scale, counters=counters, replay_batches=self.sample >= 1,
+                s.totals.fold(batch, scale, counters=counters, replay_batches=self._replays,
                               migration_events=self._migrations)
                 s.totals.sampled_ratio = src.sample_fraction()
         except Exception:

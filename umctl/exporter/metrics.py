@@ -67,9 +67,11 @@ class ProcessTotals:
              replay_batches: bool = True, migration_events: bool = False) -> None:
         """One drained batch. ``scale`` turns this interval's raw counts into estimates
         (elapsed / on-time; 1 without sampling). ``replay_batches``: count fault batches by
-        GpuFaultReplay records (exact when every event is collected); otherwise by distinct
-        batch ids of the faults seen, since a sampling window catches a batch's faults but
-        often not its replay, which the driver posts when the batch completes.
+        GpuFaultReplay records (exact when every event is collected, replays included), and
+        only by them: a drain that holds a batch's faults but not yet its replay counts it when
+        the replay comes, not twice; otherwise by distinct batch ids of the faults seen, since
+        a sampling window catches a batch's faults but often not its replay, which the driver
+        posts when the batch completes.
         ``migration_events``: bytes by cause come from Migration events; without them, from
         the growth of the driver's byte ``counters`` (cumulative since attach), by direction."""
         f = batch[Kind.FAULT]
@@ -77,10 +79,11 @@ class ProcessTotals:
             gpus, n = np.unique(f["gpu"], return_counts=True)
             for g, c in zip(gpus.tolist(), n.tolist()):
                 _add(self.faults, g, c * scale)
-        if replay_batches and Kind.REPLAY in batch:
-            gpus, n = np.unique(batch[Kind.REPLAY]["gpu"], return_counts=True)
-            for g, c in zip(gpus.tolist(), n.tolist()):
-                _add(self.batches, g, c * scale)
+        if replay_batches:
+            if Kind.REPLAY in batch:
+                gpus, n = np.unique(batch[Kind.REPLAY]["gpu"], return_counts=True)
+                for g, c in zip(gpus.tolist(), n.tolist()):
+                    _add(self.batches, g, c * scale)
         elif len(f):
             for g in np.unique(f["gpu"]).tolist():
                 ids = np.unique(f["batch_id"][f["gpu"] == g])

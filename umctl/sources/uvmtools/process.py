@@ -164,13 +164,6 @@ def list_uvm_processes(proc_root: str | None = None, skip: Container[int] = ()) 
     return sorted(found, key=lambda p: p.pid), hidden
 
 
-def check_driver(tools_path: str = abi.Ioctl.TOOLS_PATH) -> None:
-    """NoDriver unless the UVM tools device exists (the nvidia-uvm module creates it)."""
-    if not os.path.exists(tools_path):
-        what = "the nvidia-uvm module is not loaded" if not os.path.exists(UVM_DEVICE) else f"{tools_path} is missing"
-        raise NoDriver(f"no NVIDIA UVM driver: {what} (modprobe nvidia-uvm; needs an NVIDIA GPU)")
-
-
 @dataclass
 class Borrowed:
     """The target's va_space fd, duplicated into this process, and its pidfd."""
