@@ -99,6 +99,13 @@ def _mount_subcommands(names: set[str] | None = None) -> None:
     app.registered_commands.sort(key=lambda c: order.get(c.name or "", -1))   # stable: this file's first
 
 
+def command_tree():
+    """The whole ``umctl`` command as click sees it, every subcommand mounted: what a test or a
+    documentation tool parses example command lines against without running them."""
+    _mount_subcommands(None)
+    return typer.main.get_command(app)
+
+
 def _command_named(args: list[str]) -> str | None:
     """The subcommand an argument list names: its first word that is not an option (the top
     level takes only flags: --help/-h, --version/-V)."""
