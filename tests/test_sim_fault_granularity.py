@@ -45,7 +45,7 @@ def test_sequential_reads_are_unchanged():
     assert run(w, 1).bytes_h2d == run(w, 16).bytes_h2d == 4 * BLOCK_SIZE
 
 
-@pytest.mark.parametrize("bad", [0, 3, 128])
-def test_only_powers_of_two_up_to_64(bad):
-    with pytest.raises(ValueError, match="power of two"):
+@pytest.mark.parametrize("bad, why", [(0, "from 1 to 64"), (3, "power of two"), (128, "from 1 to 64")])
+def test_only_powers_of_two_up_to_64(bad, why):
+    with pytest.raises(ValueError, match=why):
         DEFAULT.with_overrides(fault_granularity_pages=bad)

@@ -67,7 +67,7 @@ def test_descriptors_are_kept_per_node():
 
 
 @pytest.mark.parametrize("params, words", [
-    ({"nodes": "0"}, "nodes must be at least 1"),
+    ({"nodes": "0"}, "nodes: must be from 1 to 32"),
     ({"gpus": "9", "nodes": "2"}, "gpus must be between 1 and 8"),
     ({"gpus": "8", "nodes": "5"}, "at most 32"),
     ({"scale": "full"}, "raise gpu_mem"),
@@ -166,4 +166,4 @@ def test_the_cli_replays_the_thesis_cluster_and_refuses_bad_topologies(capsys):
     assert row["nodes"] == 8 and row["bytes_internode"] > 0
     assert main(args + ["--param", "nodes=0"]) != 0
     err = capsys.readouterr().err
-    assert "nodes must be at least 1" in err and "Traceback" not in err
+    assert "nodes: must be from 1 to 32" in err and "Traceback" not in err
