@@ -195,7 +195,7 @@ static void *prefetch_stream_of(int d)
 {
     pthread_mutex_lock(&prefetch_mu);
     if (!prefetch_stream[d] && get_cudaStreamCreateWithFlags() &&
-        real_cudaStreamCreateWithFlags(&prefetch_stream[d], 1 /* non-blocking */) != 0)
+        get_cudaStreamCreateWithFlags()(&prefetch_stream[d], 1 /* non-blocking */) != 0)
         prefetch_stream[d] = NULL;
     void *s = prefetch_stream[d];
     pthread_mutex_unlock(&prefetch_mu);
@@ -252,18 +252,18 @@ static int put_stage(struct hcopy *c, size_t off, const char *from, size_t n)
 static __thread cudaStream_t tl_dma_stream;
 static int put_dma(struct hcopy *c, size_t off, const char *from, size_t n)
 {
-    return real_cudaMemcpyAsync(c->dst + off, from, n, 1 /* H2D */, tl_dma_stream) != 0 ? -1 : 0;
+    return get_cudaMemcpyAsync()(c->dst + off, from, n, 1 /* H2D */, tl_dma_stream) != 0 ? -1 : 0;
 }
 
 static int wk_device(struct hum_wk *w, int dev)
 {
     if (dev < 0 || dev >= MAX_DEV)
         return 0;
-    if (w->cur_dev != dev && (!get_cudaSetDevice() || real_cudaSetDevice(dev) != 0))
+    if (w->cur_dev != dev && (!get_cudaSetDevice() || get_cudaSetDevice()(dev) != 0))
         return 0;
     w->cur_dev = dev;
     if (!w->stream[dev] && (!get_cudaStreamCreateWithFlags()
-                            || real_cudaStreamCreateWithFlags(&w->stream[dev], 1 /* non-blocking */) != 0)) {
+                            || get_cudaStreamCreateWithFlags()(&w->stream[dev], 1 /* non-blocking */) != 0)) {
         w->stream[dev] = NULL;
         return 0;
     }
@@ -377,7 +377,7 @@ static void buf_retire(struct hum_buf *b)
     struct hcopy *c = b->c;
     b->c = NULL;
     int64_t t = now_ns();
-    real_cudaEventSynchronize(b->ev[b->dev]);
+    get_cudaEventSynchronize()(b->ev[b->dev]);
     atomic_fetch_add(&st_dmawait_ns, (u64)(now_ns() - t));
     atomic_fetch_add(&st_pinned, 1);
     chunk_landed(c);
@@ -395,16 +395,16 @@ static int wk_pinned(struct hum_wk *w)
         return w->pinned > 0;
     w->pinned = -1;
     /* resolve every call the pinned path makes: the program itself may never have called them
-       (an nvcc sample uses cudaMemcpy only, so real_cudaMemcpyAsync would still be NULL) */
+       (an nvcc sample uses cudaMemcpy only, so cudaMemcpyAsync might be unresolved yet) */
     if (!env_size("UMCTL_RT_HUM_PINNED", 1) || !get_cudaHostAlloc() || !get_cudaEventRecord()
         || !get_cudaEventCreateWithFlags() || !get_cudaEventSynchronize() || !get_cudaMemcpyAsync()
         || !get_cudaStreamSynchronize() || !get_cudaGetLastError())
         return 0;
     for (int i = 0; i < HUM_NBUF; i++) {
         void *p = NULL;
-        if (real_cudaHostAlloc(&p, CHUNK, 1 /* portable */) != 0 || !p) {
+        if (get_cudaHostAlloc()(&p, CHUNK, 1 /* portable */) != 0 || !p) {
             if (get_cudaGetLastError())
-                real_cudaGetLastError();
+                get_cudaGetLastError()();
             return 0;   /* (a buffer already allocated stays: a few MiB, for the process's life) */
         }
         w->buf[i].pin = p;
@@ -418,7 +418,7 @@ static int chunk_pinned(struct hum_wk *w, struct hcopy *c, uint32_t k, size_t of
 {
     struct hum_buf *b = &w->buf[w->next];
     buf_retire(b);
-    if (!b->ev[c->dev] && real_cudaEventCreateWithFlags(&b->ev[c->dev], 2 /* disable timing */) != 0) {
+    if (!b->ev[c->dev] && get_cudaEventCreateWithFlags()(&b->ev[c->dev], 2 /* disable timing */) != 0) {
         b->ev[c->dev] = NULL;
         return -1;
     }
@@ -427,13 +427,13 @@ static int chunk_pinned(struct hum_wk *w, struct hcopy *c, uint32_t k, size_t of
     for_pieces(c, off, len, put_stage);
     atomic_fetch_add(&st_stage_ns, (u64)(now_ns() - t));
     chunk_staged(c, k);
-    if (real_cudaMemcpyAsync(c->dst + off, b->pin, len, 1 /* H2D */, w->stream[c->dev]) != 0
-        || real_cudaEventRecord(b->ev[c->dev], w->stream[c->dev]) != 0) {
+    if (get_cudaMemcpyAsync()(c->dst + off, b->pin, len, 1 /* H2D */, w->stream[c->dev]) != 0
+        || get_cudaEventRecord()(b->ev[c->dev], w->stream[c->dev]) != 0) {
         /* the bytes are staged (and the source may already be written again): finish from the
            buffer, synchronously, by CPU */
         if (get_cudaGetLastError())
-            real_cudaGetLastError();
-        real_cudaStreamSynchronize(w->stream[c->dev]);
+            get_cudaGetLastError()();
+        get_cudaStreamSynchronize()(w->stream[c->dev]);
         memcpy(c->dst + off, b->pin, len);
         chunk_landed(c);
         return 0;
@@ -449,19 +449,19 @@ static void chunk_plain(struct hum_wk *w, struct hcopy *c, uint32_t k, size_t of
     int dma = 0;
     if (w->cur_dev == c->dev && get_cudaMemcpyAsync() && get_cudaStreamSynchronize()) {
         tl_dma_stream = w->stream[c->dev];
-        dma = for_pieces(c, off, len, put_dma) == 0 && real_cudaStreamSynchronize(tl_dma_stream) == 0;
+        dma = for_pieces(c, off, len, put_dma) == 0 && get_cudaStreamSynchronize()(tl_dma_stream) == 0;
     }
     if (dma) {
         atomic_fetch_add(&st_dma, 1);
     } else {
         if (get_cudaGetLastError())
-            real_cudaGetLastError();
+            get_cudaGetLastError()();
         copy_piece(c, off, len);
         if (cu_prefetch && w->cur_dev == c->dev) {
             if (cu_prefetch((u64)(uintptr_t)(c->dst + off), len, c->dev, prefetch_stream_of(c->dev)) == 0)
                 atomic_fetch_add(&st_prefetch, 1);
             if (get_cudaGetLastError())
-                real_cudaGetLastError();
+                get_cudaGetLastError()();
         }
     }
     chunk_staged(c, k);
@@ -505,13 +505,13 @@ static void *hum_worker(void *arg)
         pthread_mutex_unlock(&hum_mu);
 
         if (c->ev_ok)   /* the copy follows the earlier work of its stream */
-            real_cudaEventSynchronize(c->ev);
+            get_cudaEventSynchronize()(c->ev);
         size_t off = (size_t)k * CHUNK, len = c->n - off < CHUNK ? c->n - off : CHUNK;
         if (cfg_delay_us)
             usleep(cfg_delay_us);
         int on_dev = wk_device(&w, c->dev);
         if (!on_dev && get_cudaGetLastError())
-            real_cudaGetLastError();
+            get_cudaGetLastError()();
         atomic_fetch_add(&st_chunks, 1);
         if (!(on_dev && wk_pinned(&w) && chunk_pinned(&w, c, k, off, len) == 0))
             chunk_plain(&w, c, k, off, len);
@@ -542,9 +542,9 @@ static void hum_start(void)
     int v = 0, d = current_device();
     tl_internal++;
     /* host writes to managed memory while kernels run need concurrent managed access */
-    if (!get_cudaDeviceGetAttribute() || real_cudaDeviceGetAttribute(&v, 89, d) != 0 || !v) {
+    if (!get_cudaDeviceGetAttribute() || get_cudaDeviceGetAttribute()(&v, 89, d) != 0 || !v) {
         if (get_cudaGetLastError())
-            real_cudaGetLastError();
+            get_cudaGetLastError()();
         tl_internal--;
         return;
     }
@@ -689,11 +689,11 @@ static int hum_try(void *dst, const void *src, size_t n, int kind, void *stream,
     unsigned char attr[256];
     memset(attr, 0, sizeof attr);
     int cap_status = 0;
-    if (get_cudaPointerGetAttributes() && real_cudaPointerGetAttributes(attr, src) == 0 && *(int *)attr == 0 &&
-        (!get_cudaStreamIsCapturing() || (real_cudaStreamIsCapturing(stream, &cap_status) == 0 && cap_status == 0)))
+    if (get_cudaPointerGetAttributes() && get_cudaPointerGetAttributes()(attr, src) == 0 && *(int *)attr == 0 &&
+        (!get_cudaStreamIsCapturing() || (get_cudaStreamIsCapturing()(stream, &cap_status) == 0 && cap_status == 0)))
         ok = 1;
     if (get_cudaGetLastError())
-        real_cudaGetLastError();
+        get_cudaGetLastError()();
     tl_internal--;
     if (!ok || !plain_rw(s & ~(page_sz - 1), (s + n + page_sz - 1) & ~(page_sz - 1))) {
         atomic_fetch_add(&st_fallback, 1);
@@ -751,12 +751,12 @@ static int hum_issue(void *dst, const void *src, size_t n, void *stream, int is_
     c->bits = calloc(c->nchunks, 1);
     tl_internal++;
     int fail = (c->head_n && !c->head) || (c->tail_n && !c->tail) || !c->bits;
-    if (!fail && !c->ev && real_cudaEventCreateWithFlags(&c->ev, 2 /* disable timing */) != 0)
+    if (!fail && !c->ev && get_cudaEventCreateWithFlags()(&c->ev, 2 /* disable timing */) != 0)
         fail = 1;
-    if (!fail && real_cudaEventRecord(c->ev, stream) != 0)
+    if (!fail && get_cudaEventRecord()(c->ev, stream) != 0)
         fail = 1;
     if (fail && get_cudaGetLastError())
-        real_cudaGetLastError();
+        get_cudaGetLastError()();
     tl_internal--;
     if (fail) {
         free(c->head);

@@ -76,10 +76,10 @@ static void hum_populate(void *p, size_t n)
         return;
     tl_internal++;
     void *ps = prefetch_stream_of(d);
-    if (ps && cu_prefetch((u64)(uintptr_t)p, n, d, ps) == 0 && real_cudaStreamSynchronize(ps) == 0)
+    if (ps && cu_prefetch((u64)(uintptr_t)p, n, d, ps) == 0 && get_cudaStreamSynchronize()(ps) == 0)
         atomic_fetch_add(&st_populated, 1);
     if (get_cudaGetLastError())
-        real_cudaGetLastError();
+        get_cudaGetLastError()();
     tl_internal--;
 }
 
@@ -92,7 +92,7 @@ API cudaError_t cudaMalloc(void **p, size_t n)
     if (cfg_managed && !tl_internal && p && n && get_cudaMallocManaged() &&
         (!cfg_cap || atomic_load(&managed_bytes) + n <= cfg_cap)) {
         tl_internal++;   /* the driver-API wrapper below must not track it a second time */
-        cudaError_t rm = real_cudaMallocManaged(p, n, 1 /* cudaMemAttachGlobal */);
+        cudaError_t rm = get_cudaMallocManaged()(p, n, 1 /* cudaMemAttachGlobal */);
         tl_internal--;
         if (rm == 0) {
             atomic_fetch_add(&st_managed, 1);
@@ -102,9 +102,9 @@ API cudaError_t cudaMalloc(void **p, size_t n)
             return 0;
         }
         if (get_cudaGetLastError())
-            real_cudaGetLastError();   /* our attempt must not leave an error behind */
+            get_cudaGetLastError()();   /* our attempt must not leave an error behind */
     }
-    cudaError_t r = real_cudaMalloc(p, n);
+    cudaError_t r = get_cudaMalloc()(p, n);
     if (r == 0 && p && *p && !tl_internal && (sock_fd >= 0 || cfg_managed))
         remember_alloc(*p, n, 0);
     return r;
@@ -120,7 +120,7 @@ API cudaError_t cudaFree(void *p)
         part_forget(p);
     }
     tl_internal++;
-    cudaError_t r = real_cudaFree(p);
+    cudaError_t r = get_cudaFree()(p);
     tl_internal--;
     return r;
 }
@@ -164,7 +164,7 @@ API cudaError_t cudaMemcpy(void *dst, const void *src, size_t n, int kind)
     hum_barrier();
     int k = copy_host_sync(kind, dst, src);
     int64_t t0 = sock_fd >= 0 ? now_ns() : 0;
-    cudaError_t r = real_cudaMemcpy(dst, src, n, kind);
+    cudaError_t r = get_cudaMemcpy()(dst, src, n, kind);
     if (sock_fd >= 0 && !tl_internal && r == 0 && k >= 0)
         report_copy(t0, now_ns(), k, dst, src, n, NULL, 0, current_device());
     return r;
@@ -179,7 +179,7 @@ API cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t n, int kind, 
     hum_barrier();
     int k = copy_host_sync(kind, dst, src);
     int64_t t0 = sock_fd >= 0 ? now_ns() : 0;
-    cudaError_t r = real_cudaMemcpyAsync(dst, src, n, kind, s);
+    cudaError_t r = get_cudaMemcpyAsync()(dst, src, n, kind, s);
     if (sock_fd >= 0 && !tl_internal && r == 0 && k >= 0)
         report_copy(t0, 0, k, dst, src, n, s, 1, current_device());
     return r;
@@ -240,9 +240,9 @@ static void *trk_worker(void *arg)
             struct trk *t = &trk_q[(head + i) % TRK];
             if (!t->ev)
                 continue;
-            if (t->dev != cur_dev && real_cudaSetDevice(t->dev) == 0)
+            if (t->dev != cur_dev && get_cudaSetDevice()(t->dev) == 0)
                 cur_dev = t->dev;
-            if (real_cudaEventQuery(t->ev) == 0) {
+            if (get_cudaEventQuery()(t->ev) == 0) {
                 report_end(t);
                 ended[n_ended++] = t->ev;
                 t->ev = NULL;
@@ -281,9 +281,9 @@ static void track_end(int64_t seq, cudaStream_t s)
         atomic_fetch_add(&st_trk_drop, 1);   /* the kernel's end is not reported: never block */
     } else {
         cudaEvent_t ev = trk_npool ? trk_pool[--trk_npool] : NULL;
-        if (!ev && real_cudaEventCreateWithFlags(&ev, 2 /* disable timing */) != 0)
+        if (!ev && get_cudaEventCreateWithFlags()(&ev, 2 /* disable timing */) != 0)
             ev = NULL;
-        if (ev && real_cudaEventRecord(ev, s) == 0) {
+        if (ev && get_cudaEventRecord()(ev, s) == 0) {
             struct trk *t = &trk_q[trk_tail++ % TRK];
             t->seq = seq, t->dev = current_device(), t->ev = ev;
         } else if (ev) {

@@ -87,7 +87,7 @@ static struct finfo *func_info(const void *f, int drv)
     pthread_once(&driver_once, load_driver);
     int named = drv ? (cu_func_name && cu_func_name(&name, (void *)f) == 0) ||
                           (cu_kernel_name && cu_kernel_name(&name, (void *)f) == 0)
-                    : get_cudaFuncGetName() && real_cudaFuncGetName(&name, f) == 0;
+                    : get_cudaFuncGetName() && get_cudaFuncGetName()(&name, f) == 0;
     if (named && name && *name) {
         fi.name_id = intern_name(name);
         fi.name_hash = fnv(FNV0, name, strlen(name));
@@ -96,7 +96,7 @@ static struct finfo *func_info(const void *f, int drv)
         fi.name_hash = fnv(FNV0, &f, sizeof f);   /* unnamed: the host stub's address */
     }
     void *cf = drv ? (void *)f : NULL;
-    if (cu_param_info && (drv || (get_cudaGetFuncBySymbol() && real_cudaGetFuncBySymbol(&cf, f) == 0)) && cf) {
+    if (cu_param_info && (drv || (get_cudaGetFuncBySymbol() && get_cudaGetFuncBySymbol()(&cf, f) == 0)) && cf) {
         uint32_t tmp[256];
         int np = 0;
         size_t off, sz;
@@ -115,7 +115,7 @@ static struct finfo *func_info(const void *f, int drv)
         }
     }
     if (!drv && get_cudaGetLastError())
-        real_cudaGetLastError();
+        get_cudaGetLastError()();
     tl_internal--;
     /* Probe again: while the lock was let go (the name and sizes take driver calls), other
        threads may have filled the slot found above, with this kernel or another one. Handing

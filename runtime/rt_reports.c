@@ -194,7 +194,7 @@ static int current_device(void)
 {
     int d = 0;
     if (get_cudaGetDevice())
-        real_cudaGetDevice(&d);
+        get_cudaGetDevice()(&d);
     return d;
 }
 

@@ -49,12 +49,14 @@ static void *next_sym(const char *name)
     return p;
 }
 
+/* get_X() resolves X once and returns it; call X as get_X()(...): the slot is written by
+   whichever thread resolves it first, so every read goes through the getter's atomic load */
 #define REAL(ret, name, ...)                                                     \
     typedef ret (*name##_t)(__VA_ARGS__);                                        \
-    static name##_t real_##name;                                                 \
+    static name##_t real_##name##_slot;                                          \
     static name##_t get_##name(void)                                             \
     {                                                                            \
-        return LAZY_SYM(real_##name, next_sym(#name));                           \
+        return LAZY_SYM(real_##name##_slot, next_sym(#name));                    \
     }
 
 REAL(cudaError_t, cudaMalloc, void **, size_t)

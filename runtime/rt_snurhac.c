@@ -53,26 +53,26 @@ static void part_setup(void)
             ok = 0;
         }
     }
-    if (ok && (real_cudaGetDeviceCount(&n) != 0 || n < part_local)) {
+    if (ok && (get_cudaGetDeviceCount()(&n) != 0 || n < part_local)) {
         fprintf(stderr, "umctl runtime: UMCTL_RT_GPUS=%d but %d GPUs visible: kernels are not partitioned\n", part_local, n);
         ok = 0;
     }
     for (int g = 0; ok && g < part_local; g++) {
-        ok = real_cudaSetDevice(g) == 0 && real_cudaStreamCreateWithFlags(&part_stream[g], 1 /* non-blocking */) == 0 &&
-             real_cudaEventCreateWithFlags(&part_done[g], 2 /* disable timing */) == 0 &&
-             real_cudaEventCreateWithFlags(&part_start[g], 2) == 0;
+        ok = get_cudaSetDevice()(g) == 0 && get_cudaStreamCreateWithFlags()(&part_stream[g], 1 /* non-blocking */) == 0 &&
+             get_cudaEventCreateWithFlags()(&part_done[g], 2 /* disable timing */) == 0 &&
+             get_cudaEventCreateWithFlags()(&part_start[g], 2) == 0;
         /* managed memory needs no peer mappings; a device buffer of GPU h (cudaMalloc beyond the
            managed cap) does, so map every pair that can be mapped */
         for (int h = 0; ok && h < part_local; h++) {
             int can = 0;
             if (h != g && get_cudaDeviceCanAccessPeer() && get_cudaDeviceEnablePeerAccess() &&
-                real_cudaDeviceCanAccessPeer(&can, g, h) == 0 && can)
-                real_cudaDeviceEnablePeerAccess(h, 0);   /* "already enabled" is fine */
+                get_cudaDeviceCanAccessPeer()(&can, g, h) == 0 && can)
+                get_cudaDeviceEnablePeerAccess()(h, 0);   /* "already enabled" is fine */
         }
     }
-    real_cudaSetDevice(cur);
+    get_cudaSetDevice()(cur);
     if (get_cudaGetLastError())
-        real_cudaGetLastError();
+        get_cudaGetLastError()();
     part_ok = ok;
     tl_internal--;
 }
@@ -420,9 +420,9 @@ static int part_launch(const void *f, dim3 g, dim3 b, void **args, size_t smem, 
     if (!s && ptsz)
         s = STREAM_PER_THREAD;
     if (!part_ok || d < 0 || d >= part_local ||
-        (get_cudaStreamIsCapturing() && (real_cudaStreamIsCapturing(s, &capturing) != 0 || capturing))) {
+        (get_cudaStreamIsCapturing() && (get_cudaStreamIsCapturing()(s, &capturing) != 0 || capturing))) {
         if (get_cudaGetLastError())
-            real_cudaGetLastError();
+            get_cudaGetLastError()();
         atomic_fetch_add(&st_part_fallback, 1);
         return 0;
     }
@@ -433,18 +433,18 @@ static int part_launch(const void *f, dim3 g, dim3 b, void **args, size_t smem, 
     int cluster = cl_on();
     tl_internal++;
     if (cluster && get_cudaStreamSynchronize())
-        real_cudaStreamSynchronize(s);   /* what the program queued before must be in memory for the diff */
+        get_cudaStreamSynchronize()(s);   /* what the program queued before must be in memory for the diff */
     tl_internal--;
     if (cluster)
         cl_begin('B', fi, args, p->ro_mask);
     tl_internal++;
     part_read_only(fi, args, p->ro_mask, d);
-    int ok = real_cudaEventRecord(part_start[d], s) == 0;
+    int ok = get_cudaEventRecord()(part_start[d], s) == 0;
     for (int k = part_first; ok && k < part_first + part_local; k++) {
         unsigned lo = slab_edge(dims[dim], k, G), hi = slab_edge(dims[dim], k + 1, G);
         int l = k - part_first;   /* the slab's local GPU */
         if (hi > lo)
-            ok = real_cudaSetDevice(l) == 0 && real_cudaStreamWaitEvent(part_stream[l], part_start[d], 0) == 0;
+            ok = get_cudaSetDevice()(l) == 0 && get_cudaStreamWaitEvent()(part_stream[l], part_start[d], 0) == 0;
     }
     cudaError_t r = 0;
     int launched = 0, done[MAX_DEV] = {0};
@@ -458,7 +458,7 @@ static int part_launch(const void *f, dim3 g, dim3 b, void **args, size_t smem, 
         sd[dim] = hi - lo;
         dim3 sg = {sd[0], sd[1], sd[2]};
         p->off[dim] = lo;   /* the runtime copies argument values at the launch call */
-        if (real_cudaSetDevice(l) != 0) {
+        if (get_cudaSetDevice()(l) != 0) {
             ok = launched > 0;
             r = 1;
             break;
@@ -466,7 +466,7 @@ static int part_launch(const void *f, dim3 g, dim3 b, void **args, size_t smem, 
         tl_internal--;
         int64_t q = report_launch(f, sg, b, args, smem, part_stream[l]);
         tl_internal++;
-        cudaError_t e = real_cudaLaunchKernel(f, sg, b, args, smem, part_stream[l]);
+        cudaError_t e = get_cudaLaunchKernel()(f, sg, b, args, smem, part_stream[l]);
         if (e != 0) {
             /* nothing launched yet: the original launch instead; else the error is the launch's */
             ok = launched > 0;
@@ -477,20 +477,20 @@ static int part_launch(const void *f, dim3 g, dim3 b, void **args, size_t smem, 
         tl_internal--;
         track_end(q, part_stream[l]);
         tl_internal++;
-        done[l] = real_cudaEventRecord(part_done[l], part_stream[l]) == 0;
+        done[l] = get_cudaEventRecord()(part_done[l], part_stream[l]) == 0;
         if (!done[l])
             r = 1;
     }
     *p = save;
-    real_cudaSetDevice(d);
+    get_cudaSetDevice()(d);
     for (int k = 0; k < part_local; k++)
-        if (done[k] && real_cudaStreamWaitEvent(s, part_done[k], 0) != 0)
+        if (done[k] && get_cudaStreamWaitEvent()(s, part_done[k], 0) != 0)
             r = r ? r : 1;
     if (!ok && get_cudaGetLastError())
-        real_cudaGetLastError();
+        get_cudaGetLastError()();
     for (int k = 0; cluster && k < part_local && get_cudaStreamSynchronize(); k++)
         if (done[k])
-            real_cudaStreamSynchronize(part_stream[k]);   /* the slabs' writes, before the diff */
+            get_cudaStreamSynchronize()(part_stream[k]);   /* the slabs' writes, before the diff */
     tl_internal--;
     if (cluster) {
         cl_end();   /* (a launch that failed here still ends the kernel on every node) */
@@ -530,7 +530,7 @@ API cudaError_t cudaLaunchKernel(const void *f, dim3 g, dim3 b, void **args, siz
 {
     if (!get_cudaLaunchKernel())
         return 1;
-    return launch_plain(real_cudaLaunchKernel, f, g, b, args, smem, s, 0);
+    return launch_plain(get_cudaLaunchKernel(), f, g, b, args, smem, s, 0);
 }
 
 /* cudaLaunchConfig_t of cuda_runtime_api.h (CUDA >= 11.8): the layout the ExC entry points

@@ -48,7 +48,7 @@ static void event_put(int dev, cudaEvent_t ev)
     }
     pthread_mutex_unlock(&evpool_mu);
     if (ev && get_cudaEventDestroy())
-        real_cudaEventDestroy(ev);
+        get_cudaEventDestroy()(ev);
 }
 
 /* An event after everything queued on @stream so far, or NULL (no control channel, a stream
@@ -59,9 +59,9 @@ static cudaEvent_t free_event(int dev, void *stream)
         !get_cudaEventQuery() || !get_cudaGetDevice() || !get_cudaSetDevice())
         return NULL;
     int capturing = 0;
-    if (get_cudaStreamIsCapturing() && (real_cudaStreamIsCapturing(stream, &capturing) != 0 || capturing)) {
+    if (get_cudaStreamIsCapturing() && (get_cudaStreamIsCapturing()(stream, &capturing) != 0 || capturing)) {
         if (get_cudaGetLastError())
-            real_cudaGetLastError();
+            get_cudaGetLastError()();
         return NULL;
     }
     cudaEvent_t ev = NULL;
@@ -71,17 +71,17 @@ static cudaEvent_t free_event(int dev, void *stream)
     pthread_mutex_unlock(&evpool_mu);
     int prev = -1;
     tl_internal++;
-    real_cudaGetDevice(&prev);
+    get_cudaGetDevice()(&prev);
     if (prev != dev)
-        real_cudaSetDevice(dev);
-    int ok = (ev || real_cudaEventCreateWithFlags(&ev, 2 /* disable timing */) == 0) &&
-             real_cudaEventRecord(ev, stream) == 0;
+        get_cudaSetDevice()(dev);
+    int ok = (ev || get_cudaEventCreateWithFlags()(&ev, 2 /* disable timing */) == 0) &&
+             get_cudaEventRecord()(ev, stream) == 0;
     if (prev != dev && prev >= 0)
-        real_cudaSetDevice(prev);
+        get_cudaSetDevice()(prev);
     tl_internal--;
     if (!ok) {
         if (get_cudaGetLastError())
-            real_cudaGetLastError();
+            get_cudaGetLastError()();
         event_put(dev, ev);
         return NULL;
     }
@@ -143,11 +143,11 @@ static void discard_range(const struct umrt_discard *q, struct done_list *d)
             if (!hit[i].ev)
                 st = UMRT_KEPT_UNSAFE;
             else {
-                int r = real_cudaEventQuery(hit[i].ev);
+                int r = get_cudaEventQuery()(hit[i].ev);
                 st = r == 0 ? (b > a ? UMRT_DISCARDED : UMRT_KEPT_SMALL) : r == 600 /* not ready */ ? UMRT_KEPT_BUSY
                                                                                             : UMRT_KEPT_UNSAFE;
                 if (r != 0 && r != 600 && get_cudaGetLastError())
-                    real_cudaGetLastError();
+                    get_cudaGetLastError()();
             }
             if (st == UMRT_DISCARDED) {
                 d->kept[UMRT_KEPT_SMALL] += (a - s) + (e - b);
@@ -255,18 +255,18 @@ API void *umctl_rt_malloc(ssize_t size, int device, void *stream)
     if (cfg_cap && atomic_load(&managed_bytes) + n > cfg_cap)
         return NULL;
     int prev = -1;
-    real_cudaGetDevice(&prev);
+    get_cudaGetDevice()(&prev);
     if (prev != device)
-        real_cudaSetDevice(device);
+        get_cudaSetDevice()(device);
     void *p = NULL;
     tl_internal++;
-    cudaError_t r = real_cudaMallocManaged(&p, n, 1);
+    cudaError_t r = get_cudaMallocManaged()(&p, n, 1);
     tl_internal--;
     if (prev != device && prev >= 0)
-        real_cudaSetDevice(prev);
+        get_cudaSetDevice()(prev);
     if (r != 0) {
         if (get_cudaGetLastError())
-            real_cudaGetLastError();
+            get_cudaGetLastError()();
         return NULL;
     }
     atomic_fetch_add(&st_managed, 1);
@@ -311,6 +311,6 @@ API void umctl_rt_free(void *p, ssize_t size, int device, void *stream)
     hum_barrier();
     tl_internal++;
     if (get_cudaFree())
-        real_cudaFree(p);
+        get_cudaFree()(p);
     tl_internal--;
 }
