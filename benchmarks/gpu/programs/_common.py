@@ -109,3 +109,13 @@ def finish(total_s: float, digest: str, touched: int | None = None) -> None:
     print(f"TOUCHED {int(touched if touched is not None else peak)}", flush=True)
     print(f"DONE {total_s:.3f} {digest}", flush=True)
 
+
+
+def finish_training(name: str, total_s: float, losses: list, tensors: list, touched: int | None = None) -> None:
+    """End of a training program: a loss that went non-finite fails the run (exit status 1,
+    no DONE line: the benchmark counts it as failed, never as a result), else :func:`finish`
+    with the checksum of ``tensors`` and the losses."""
+    lv = torch.stack(losses).cpu()
+    if not bool(torch.isfinite(lv).all()):
+        raise SystemExit(f"{name}: loss not finite")
+    finish(total_s, checksum(list(tensors) + [lv]), touched=touched)

@@ -69,10 +69,7 @@ def main() -> None:
         losses.append(loss.detach())
 
     total = C.run_steps(a.steps, step)
-    lv = torch.stack(losses).cpu()
-    if not bool(torch.isfinite(lv).all()):
-        raise SystemExit("convnet: loss not finite")
-    C.finish(total, C.checksum(list(model.parameters()) + list(model.buffers()) + [lv]))
+    C.finish_training("convnet", total, losses, list(model.parameters()) + list(model.buffers()))
 
 
 if __name__ == "__main__":

@@ -44,10 +44,7 @@ def main() -> None:
         losses.append(loss.detach())
 
     total = C.run_steps(a.steps, step)
-    lv = torch.stack(losses).cpu()
-    if not bool(torch.isfinite(lv).all()):
-        raise SystemExit("embedding: loss not finite")
-    C.finish(total, C.checksum(params + [lv]))
+    C.finish_training("embedding", total, losses, params)
 
 
 if __name__ == "__main__":

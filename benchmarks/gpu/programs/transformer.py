@@ -43,10 +43,7 @@ def main() -> None:
         losses.append(loss.detach())
 
     total = C.run_steps(a.steps, step)
-    lv = torch.stack(losses).cpu()
-    if not bool(torch.isfinite(lv).all()):
-        raise SystemExit("transformer: loss not finite")
-    C.finish(total, C.checksum(list(model.parameters()) + [lv]))
+    C.finish_training("transformer", total, losses, list(model.parameters()))
 
 
 if __name__ == "__main__":
