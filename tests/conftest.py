@@ -24,8 +24,10 @@ from __future__ import annotations
 import ctypes
 import os
 import shutil
+import subprocess
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
@@ -120,3 +122,24 @@ def no_leftover_threads():
             break
         time.sleep(0.02)
     assert not left, f"threads left running by this test: {sorted(t.name for t in left)}"
+
+
+# -- the in-process runtime on the fake CUDA (tests/rtprog), built once for every module using it
+_ROOT = Path(__file__).resolve().parent.parent
+_RTSRC = _ROOT / "tests" / "rtprog"
+
+
+def _gcc_rt(*args: str) -> None:
+    subprocess.run(["gcc", *args], check=True, capture_output=True, text=True)
+
+
+@pytest.fixture(scope="session")
+def built(tmp_path_factory) -> dict[str, Path]:
+    d = tmp_path_factory.mktemp("rt")
+    _gcc_rt("-O2", "-shared", "-fPIC", "-Wall", str(_ROOT / "runtime" / "umctl_rt.c"), "-o", str(d / "libumctl_rt.so"),
+         "-ldl", "-lpthread")
+    _gcc_rt("-O1", "-shared", "-fPIC", str(_RTSRC / "fakecudart.c"), "-o", str(d / "libcudart.so"), "-ldl")
+    _gcc_rt("-O1", "-shared", "-fPIC", "-DFAKE_LIBCUDA", str(_RTSRC / "fakecudart.c"), "-o", str(d / "libcuda.so.1"))
+    _gcc_rt("-O1", "-rdynamic", str(_RTSRC / "rtprog.c"), "-o", str(d / "rtprog"), f"-L{d}", "-lcudart",
+         f"-Wl,-rpath,{d}", "-ldl")
+    return {"dir": d, "lib": d / "libumctl_rt.so", "prog": d / "rtprog", "libcuda": d / "libcuda.so.1"}

@@ -16,11 +16,11 @@ import sys
 import pytest
 
 from test_cluster import MPI_ENV, MPIRUN
-from test_runtime import SRC, _gcc, built  # noqa: F401 - built: the module-scoped build fixture
+from test_runtime import SRC, _gcc
 
 
 @pytest.fixture(scope="module")
-def prog(built):  # noqa: F811
+def prog(built):
     d = built["dir"]
     _gcc("-O1", "-Wall", "-rdynamic", str(SRC / "clusterprog.c"), "-o", str(d / "clusterprog"), f"-L{d}", "-lcudart",
          f"-Wl,-rpath,{d}", "-ldl")
@@ -31,7 +31,7 @@ def results(out: str) -> list[str]:
     return [ln for ln in out.splitlines() if ln.startswith("RESULT ")]
 
 
-def run_cluster(built, prog, tmp_path, nodes: int, gpus: int, args=("100", "4"), timeout: float = 90,  # noqa: F811
+def run_cluster(built, prog, tmp_path, nodes: int, gpus: int, args=("100", "4"), timeout: float = 90,
                 extra: dict | None = None):
     env = {k: v for k, v in os.environ.items() if not k.startswith(("UMCTL_RT_", "LD_PRELOAD", "FAKE_"))}
     env.update(MPI_ENV, FAKE_LIBCUDA=str(built["libcuda"]), FAKE_DEVICES=str(gpus),
@@ -45,7 +45,7 @@ def run_cluster(built, prog, tmp_path, nodes: int, gpus: int, args=("100", "4"),
     return p, st
 
 
-def plain(built, prog, args=("100", "4")) -> str:  # noqa: F811
+def plain(built, prog, args=("100", "4")) -> str:
     env = dict(os.environ, FAKE_LIBCUDA=str(built["libcuda"]))
     env.pop("LD_PRELOAD", None)
     p = subprocess.run([str(prog), *args], env=env, capture_output=True, text=True, timeout=60, check=True)
@@ -53,7 +53,7 @@ def plain(built, prog, args=("100", "4")) -> str:  # noqa: F811
 
 
 @pytest.mark.parametrize("nodes,gpus", [(2, 1), (3, 1), (2, 2)])
-def test_partitioned_program_over_nodes_equals_one_gpu(built, prog, tmp_path, nodes, gpus):  # noqa: F811
+def test_partitioned_program_over_nodes_equals_one_gpu(built, prog, tmp_path, nodes, gpus):
     want = plain(built, prog)
     p, st = run_cluster(built, prog, tmp_path, nodes, gpus)
     assert results(p.stdout) == [want] * nodes
@@ -72,7 +72,7 @@ def test_partitioned_program_over_nodes_equals_one_gpu(built, prog, tmp_path, no
 
 
 @pytest.mark.parametrize("wait", ["stream", "event", "async"])
-def test_host_waiting_on_a_stream_or_an_event_reads_every_nodes_results(built, prog, tmp_path, wait):  # noqa: F811
+def test_host_waiting_on_a_stream_or_an_event_reads_every_nodes_results(built, prog, tmp_path, wait):
     """The host waits only with cudaStreamSynchronize, with cudaEventSynchronize, or with a
     cudaMemcpyAsync to the host then cudaStreamSynchronize (no cudaDeviceSynchronize, no cudaMemcpy
     back), then reads: node 1 must see every node's slabs, not its own alone. Node 0 starts its
@@ -88,7 +88,7 @@ def test_host_waiting_on_a_stream_or_an_event_reads_every_nodes_results(built, p
         assert s["rc"] == 0 and s["launches"] == 7 and s["host_syncs"] == 2
 
 
-def test_pages_large_enough_for_the_rendezvous_protocol(built, prog, tmp_path):  # noqa: F811
+def test_pages_large_enough_for_the_rendezvous_protocol(built, prog, tmp_path):
     """600 x 600 ints: 1.4 MB buffers, so a page reply is a large MPI message in each direction at
     once (two blocking sends of that size waited on each other forever on the H100 run)."""
     args = ("600", "2")
@@ -96,7 +96,7 @@ def test_pages_large_enough_for_the_rendezvous_protocol(built, prog, tmp_path): 
     assert results(p.stdout) == [plain(built, prog, args)] * 2
 
 
-def test_a_failing_program_on_one_node_stops_the_cluster(built, prog, tmp_path):  # noqa: F811
+def test_a_failing_program_on_one_node_stops_the_cluster(built, prog, tmp_path):
     """A node whose program cannot start: mpirun exits non-zero, no hang."""
     env = dict(os.environ, **MPI_ENV)
     p = subprocess.run([MPIRUN, "--oversubscribe", "-n", "2", sys.executable, "-m", "umctl.cluster.live",
@@ -105,7 +105,7 @@ def test_a_failing_program_on_one_node_stops_the_cluster(built, prog, tmp_path):
     assert p.returncode != 0 and "Traceback" not in p.stderr
 
 
-def test_umctl_run_hosts_runs_the_program_on_every_node(built, prog, tmp_path):  # noqa: F811
+def test_umctl_run_hosts_runs_the_program_on_every_node(built, prog, tmp_path):
     """`umctl run --mode snurhac --hosts localhost:2 -- prog`: mpirun with one node agent a slot
     (the package's runtime library, built at install)."""
     from umctl.runtime import library_path

@@ -10,17 +10,17 @@ import pytest
 
 from umctl.controller.snurhac import partition
 
-from test_runtime import built, stats  # noqa: F401 - built: the module-scoped build fixture
+from test_runtime import stats
 from test_snurhac_live import run_part
 
 
-def run_node(built, grid, nodes: int, per_node: int, node: int):  # noqa: F811
+def run_node(built, grid, nodes: int, per_node: int, node: int):
     return run_part(built, grid, nodes * per_node, devices=per_node,
                     extra={"UMCTL_RT_NODE_GPUS": str(per_node), "UMCTL_RT_NODE": str(node)})
 
 
 @pytest.mark.parametrize("grid,nodes,per_node", [((7, 3, 1), 2, 2), ((1, 1, 5), 4, 1), ((2, 9, 1), 3, 2)])
-def test_nodes_run_their_slabs_and_together_every_block(built, grid, nodes, per_node):  # noqa: F811
+def test_nodes_run_their_slabs_and_together_every_block(built, grid, nodes, per_node):
     _, parts = partition(grid, nodes * per_node)
     ran = np.zeros(int(np.prod(grid)), int)
     for node in range(nodes):
@@ -38,7 +38,7 @@ def test_nodes_run_their_slabs_and_together_every_block(built, grid, nodes, per_
     assert (ran == 2).all()
 
 
-def test_node_outside_the_cluster_is_a_clean_single_launch(built):  # noqa: F811
+def test_node_outside_the_cluster_is_a_clean_single_launch(built):
     res, err = run_node(built, (7, 3, 1), 2, 2, 2)     # node 2 of a 2-node cluster
     assert "outside UMCTL_RT_GPUS" in err and stats(err)["partitioned"] == "0"
     assert set(res["hits"]) == {2}

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import re
 import shlex
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -20,8 +21,8 @@ README = Path(__file__).resolve().parents[1] / "README.md"
 
 #: examples that need a GPU, root or a program to attach to: parsed, not run
 LIVE = ("attach", "top", "exporter", "record", "run")
-#: examples that take half a minute or more (the papers' full-scale runs): run under -m slow
-SLOW = ("--param scale=full",)
+#: examples that take many seconds (the papers' full-scale runs, sweeps): run under -m slow
+SLOW = ("--param scale=full", "umctl sweep")   # sweeps: 8 s each; tests/test_deepum_replay.py sweeps too
 
 
 def examples() -> list[str]:
@@ -107,22 +108,26 @@ def _runnable() -> list:
     return out
 
 
+@pytest.fixture(scope="module")
+def controlled_trace(tmp_path_factory) -> Path:
+    """A trace of a controlled replay, for the examples that read one (trace control needs
+    COMMAND records; deepum is replayed beside none, so --record writes one file per mode)."""
+    d = tmp_path_factory.mktemp("readme-trace")
+    rec = subprocess.run([sys.executable, "-m", "umctl.cli.main", "replay", "gpt2-l", "-m", "deepum", "--iters", "1",
+                          "--record", str(d / "rec.parquet")], cwd=d, capture_output=True, text=True, timeout=600)
+    assert rec.returncode == 0, rec.stderr[-2000:]
+    return d / "rec.deepum.parquet"
+
+
 @pytest.mark.parametrize("cmd", _runnable())
-def test_every_offline_example_runs(cmd, tmp_path):
-    """The example runs to a zero exit in a scratch folder (a trace example reads what the
-    recording example before it wrote, so the recording runs first when needed)."""
+def test_every_offline_example_runs(cmd, tmp_path, controlled_trace):
+    """The example runs to a zero exit in a scratch folder (one that reads a trace gets a
+    controlled run's under the name it gives)."""
     words = _placeholders(cmd, tmp_path)
-    needs_trace = [w for w in words if w.endswith(".parquet") and "--record" not in words]
-    for t in needs_trace:
-        p = tmp_path / t if not Path(t).is_absolute() else Path(t)
+    for t in (w for w in words if w.endswith(".parquet") and "--record" not in words):
+        p = Path(t) if Path(t).is_absolute() else tmp_path / t
         if not p.exists():
-            # a controlled run (trace control needs COMMAND records); deepum is replayed beside
-            # none, so --record writes one file per mode
-            rec = subprocess.run([sys.executable, "-m", "umctl.cli.main", "replay", "gpt2-l", "-m", "deepum",
-                                  "--iters", "1", "--record", str(tmp_path / "rec.parquet")], cwd=tmp_path,
-                                 capture_output=True, text=True, timeout=600)
-            assert rec.returncode == 0, rec.stderr[-2000:]
-            (tmp_path / "rec.deepum.parquet").rename(p)
+            shutil.copyfile(controlled_trace, p)
     p = subprocess.run([sys.executable, "-m", "umctl.cli.main", *words], cwd=tmp_path, capture_output=True,
                        text=True, timeout=1800)
     assert p.returncode == 0, f"{cmd}: rc {p.returncode}\n{p.stderr[-2000:]}"

@@ -28,16 +28,7 @@ def _gcc(*args: str) -> None:
     subprocess.run(["gcc", *args], check=True, capture_output=True, text=True)
 
 
-@pytest.fixture(scope="module")
-def built(tmp_path_factory) -> dict[str, Path]:
-    d = tmp_path_factory.mktemp("rt")
-    _gcc("-O2", "-shared", "-fPIC", "-Wall", str(ROOT / "runtime" / "umctl_rt.c"), "-o", str(d / "libumctl_rt.so"),
-         "-ldl", "-lpthread")
-    _gcc("-O1", "-shared", "-fPIC", str(SRC / "fakecudart.c"), "-o", str(d / "libcudart.so"), "-ldl")
-    _gcc("-O1", "-shared", "-fPIC", "-DFAKE_LIBCUDA", str(SRC / "fakecudart.c"), "-o", str(d / "libcuda.so.1"))
-    _gcc("-O1", "-rdynamic", str(SRC / "rtprog.c"), "-o", str(d / "rtprog"), f"-L{d}", "-lcudart",
-         f"-Wl,-rpath,{d}", "-ldl")
-    return {"dir": d, "lib": d / "libumctl_rt.so", "prog": d / "rtprog", "libcuda": d / "libcuda.so.1"}
+# `built` (the runtime and the fake CUDA, compiled once per session) is in conftest.py
 
 
 def run(built, mode: str, *, preload: bool = True, libcuda: str | None = None, **kw) -> tuple[dict, str]:

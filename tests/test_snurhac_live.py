@@ -22,13 +22,13 @@ from umctl.runtime import child_env
 from umctl.units import BLOCK_SHIFT, BLOCK_SIZE, PAGE_SIZE
 
 from test_live_control import FakeActuator
-from test_runtime import built, run_prog, stats  # noqa: F401 - built: the module-scoped build fixture
+from test_runtime import run_prog, stats
 
 MANGLED = "_Z9part_kern12umctl_part_tPjPiPKj"
 
 
 def run_part(built, grid, gpus: int, devices: int = 4, variant: str = "part",
-             param_info: bool = True, extra: dict | None = None) -> tuple[dict, str]:  # noqa: F811
+             param_info: bool = True, extra: dict | None = None) -> tuple[dict, str]:
     base = {k: v for k, v in os.environ.items() if not k.startswith(("UMCTL_RT_", "LD_PRELOAD", "FAKE_"))}
     base.update(FAKE_LIBCUDA=str(built["libcuda"]), FAKE_DEVICES=str(devices))
     if not param_info:
@@ -66,7 +66,7 @@ def check_wiring(log: list[str], n_slabs: int) -> None:
 
 @pytest.mark.parametrize("grid", [(7, 3, 1), (1, 1, 5), (2, 9, 1), (3, 1, 1)])
 @pytest.mark.parametrize("gpus", [2, 3, 4])
-def test_runtime_partition_equals_the_replay_rule(built, grid, gpus):  # noqa: F811
+def test_runtime_partition_equals_the_replay_rule(built, grid, gpus):
     """§6.2: each thread block runs exactly once, on the GPU partition() gives it; slab launches
     carry the slab's grid, in order, on devices 0..N-1; the caller's device and argument come back
     unchanged."""
@@ -96,7 +96,7 @@ def test_runtime_partition_equals_the_replay_rule(built, grid, gpus):  # noqa: F
     assert st["read_mostly"] == "1,1"
 
 
-def test_read_only_advice_without_parameter_sizes(built):  # noqa: F811
+def test_read_only_advice_without_parameter_sizes(built):
     """Driver 580 / CUDA 13 gave no parameter sizes for nvcc-built kernels: the ro_mask's
     arguments are then taken as pointers, and a flagged buffer the next launch does not mark
     read-only loses its flag (a written READ_MOSTLY buffer bounced between 2 H200s, 100x slower)."""
@@ -106,7 +106,7 @@ def test_read_only_advice_without_parameter_sizes(built):  # noqa: F811
     assert set(res["hits"]) == {2}
 
 
-def test_kernel_without_convention_or_magic_runs_once_unchanged(built):  # noqa: F811
+def test_kernel_without_convention_or_magic_runs_once_unchanged(built):
     res, err = run_part(built, (8, 4, 1), 4, variant="plain")
     launches = [ln for ln in res["log"].splitlines() if ln.startswith("launch ")]
     assert launches == ["launch _Z10plain_kernPjPi dev=0 stream=0 grid=8,4,1"]
@@ -118,13 +118,13 @@ def test_kernel_without_convention_or_magic_runs_once_unchanged(built):  # noqa:
     assert stats(err)["partitioned"] == "0" and stats(err)["part_fallbacks"] == "2"
 
 
-def test_more_gpus_than_devices_is_a_clean_single_launch(built):  # noqa: F811
+def test_more_gpus_than_devices_is_a_clean_single_launch(built):
     res, err = run_part(built, (7, 3, 1), 3, devices=2)
     assert set(res["owner"]) == {0} and set(res["hits"]) == {2}
     assert "not partitioned" in err and stats(err)["partitioned"] == "0"
 
 
-def test_one_gpu_is_unchanged(built):  # noqa: F811
+def test_one_gpu_is_unchanged(built):
     res, err = run_part(built, (7, 3, 1), 1)
     assert set(res["owner"]) == {0} and stats(err)["partitioned"] == "0"
     assert res["log"].count("launch ") == 2
