@@ -30,7 +30,7 @@ from umctl.sim.core import FAULT_CAUSES
 from umctl.sim.engine import SimResult
 from umctl.controller.options import parse_mode_options
 from umctl.sim.replay import run_modes
-from umctl.sources.scenario import load_scenario
+from umctl.workload.scenario import load_scenario
 
 MODES = ["none", "deepum", "oracle"]
 

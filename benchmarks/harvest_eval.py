@@ -21,7 +21,7 @@ from rich.table import Table
 from umctl.controller.base import make_controller
 from umctl.controller.harvest import roles
 from umctl.sim.engine import simulate
-from umctl.sources.scenario import load_scenario
+from umctl.workload.scenario import load_scenario
 
 BUILDUP = ["harvest-h", "harvest-pe", "harvest-lp", "harvest-plf", "harvest-lpf", "harvest"]
 MODES = ["none", "pre-ef-host", *BUILDUP]

@@ -19,7 +19,7 @@ import statistics
 from umctl.controller import make_controller
 from umctl.sim.calibration import DEFAULT
 from umctl.sim.engine import simulate
-from umctl.sources.scenario import load_scenario
+from umctl.workload.scenario import load_scenario
 
 #: program shapes of the family (hum-async is hum-sync's CUDA-async version, so not a shape)
 SHAPES = ["hum-sync", "hum-gemm", "hum-hostcompute", "hum-copybound", "hum-vectoradd", "hum-mixed", "hum-rewrite"]

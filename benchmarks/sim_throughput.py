@@ -23,7 +23,7 @@ from rich.table import Table
 from umctl.controller import make_controller
 from umctl.sim.calibration import Calibration
 from umctl.sim.engine import simulate
-from umctl.sources.scenario import load_scenario
+from umctl.workload.scenario import load_scenario
 from umctl.units import format_bytes
 
 

@@ -35,8 +35,8 @@ from snurhac import STAND_INS, TABLE_7_11  # noqa: E402  (benchmarks/papers/snur
 from umctl.controller import make_controller  # noqa: E402
 from umctl.sim.calibration import Calibration  # noqa: E402
 from umctl.sim.engine import simulate  # noqa: E402
-from umctl.sources.families.multigpu import HANDWRITTEN  # noqa: E402
-from umctl.sources.scenario import list_scenarios, load_scenario  # noqa: E402
+from umctl.workload.families.multigpu import HANDWRITTEN  # noqa: E402
+from umctl.workload.scenario import list_scenarios, load_scenario  # noqa: E402
 
 VARIANTS = ["snurhac", "snurhac-sp", "snurhac-sp-dp"]
 COUNTS = [1, 2, 4, 8, 16, 32]
@@ -190,7 +190,7 @@ def main() -> None:
         a.gpu_mem = "32GiB"   # Table 7.9: V100 PCIe 32 GB
     progs = a.programs.split(",")
     if a.scale == "full":   # Table 7.10 sizes exist only for the programs standing for one of its applications
-        from umctl.sources.families.multigpu import FULL_MB
+        from umctl.workload.families.multigpu import FULL_MB
 
         skip = [p for p in progs if load_scenario(p).meta["program"] not in FULL_MB]
         if skip:

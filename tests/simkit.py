@@ -6,7 +6,7 @@ import numpy as np
 
 from umctl.controller.base import Controller
 from umctl.events.schema import AllocOp, EventBatch, Kind, Op, commands
-from umctl.sources.workload import Init, WorkloadBuilder
+from umctl.workload.workload import Init, WorkloadBuilder
 from umctl.units import BLOCK_SIZE, GiB, MiB
 
 

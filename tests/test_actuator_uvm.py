@@ -14,7 +14,7 @@ import pytest
 
 from umctl.actuators.uvm import UvmActuator
 from umctl.events.schema import Advice, Op, Status, commands
-from umctl.sources.uvmtools import abi
+from umctl.driver import abi
 from umctl.units import BLOCK_SIZE, CPU
 
 GPU0 = bytes(range(16))

@@ -127,7 +127,7 @@ def bad_calib_set():
 
 def bad_scenario_param():
     """--param for gpt2-l (a dnn model): out of range, wrong type, unknown."""
-    from umctl.sources.scenario import BOUNDS, find_scenario
+    from umctl.workload.scenario import BOUNDS, find_scenario
 
     info = find_scenario("gpt2-l")
     parts = [st.sampled_from(["bogus=1", "batch", "=3", "arch=lstm", "optimizer=lamb", "dropout=maybe",
@@ -297,7 +297,7 @@ def test_every_numeric_calibration_constant_has_a_range():
 
 
 def test_every_numeric_scenario_parameter_has_a_range():
-    from umctl.sources.scenario import BOUNDS, check_value, list_scenarios
+    from umctl.workload.scenario import BOUNDS, check_value, list_scenarios
 
     for info in list_scenarios():
         for p in info.params:
@@ -315,7 +315,7 @@ def _doc_examples() -> list[str]:
 
 
 def test_docs_have_an_example_per_family():
-    from umctl.sources.families import GENERATORS
+    from umctl.workload.families import GENERATORS
 
     gens = {tomllib.loads(b)["family"]["generator"] for b in _doc_examples()}
     assert gens == set(GENERATORS), gens

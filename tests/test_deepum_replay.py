@@ -8,7 +8,7 @@ from umctl.events.schema import Kind, Op
 from umctl.sim.engine import Simulator
 from umctl.sim.replay import result_rows, run_modes
 from umctl.sim.sweep import sweep
-from umctl.sources.scenario import load_scenario
+from umctl.workload.scenario import load_scenario
 
 SMALL = {"gpu_mem": "256MiB", "iterations": "4"}
 

@@ -23,7 +23,8 @@ from umctl.exporter import agent as agent_mod
 from umctl.exporter.agent import Agent, is_umctl
 from umctl.exporter.control_state import ensure_state_dir, publisher_for, read_published
 from umctl.exporter.metrics import ExporterCollector, ExporterState, ProcessTotals
-from umctl.sources.uvmtools import DEFAULT_KINDS, UvmToolsSource, abi, process
+from umctl.driver import abi, process
+from umctl.sources.uvmtools import DEFAULT_KINDS, UvmToolsSource
 from umctl.sources.uvmtools.sampling import Sampler
 
 from test_uvmtools_source import GPU_UUID, FakeDriver, entries, fake_proc, produce, run_cli

@@ -50,7 +50,7 @@ def serve(port: int, workdir: str) -> int:
 
     from umctl.cli.main import main
     from umctl.exporter import agent as agent_mod
-    from umctl.sources.uvmtools import abi, process
+    from umctl.driver import abi, process
     from umctl.sources.uvmtools import source as source_mod
 
     from test_exporter import NodeDriver, faults_for, spawn

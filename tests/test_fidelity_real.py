@@ -4,7 +4,7 @@ tests/data/real/ holds four recorded runs (benchmarks/gpu/fidelity_real.py recor
 H100 80GB HBM3, driver 580.159.04): each trace carries the span its program timed itself over
 and NAME.json beside it the measured time. The replay is deterministic, so this checks the
 model (tracefile -> simulator, shipped h100-r580 calibration), not the machine. Also the span,
-host-time and CPU-fault bookkeeping of umctl/sources/tracefile.py on small synthetic traces."""
+host-time and CPU-fault bookkeeping of umctl/workload/tracefile.py on small synthetic traces."""
 
 from __future__ import annotations
 
@@ -17,8 +17,8 @@ import pytest
 
 from umctl.events.schema import EventBatch, Kind, empty
 from umctl.events.trace import TraceWriter, read_trace
-from umctl.sources.tracefile import workload_from_trace
-from umctl.sources.workload import OpType
+from umctl.workload.tracefile import workload_from_trace
+from umctl.workload.workload import OpType
 from umctl.units import PAGE_SHIFT
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -122,7 +122,7 @@ def test_host_first_touch_is_host_time_and_resident_touches_are_modelled(tmp_pat
 def test_allocations_first_touched_by_a_gpu_start_untouched(tmp_path: Path) -> None:
     """A recorded allocation whose first touch is a GPU fault zero-fills on the GPU (no
     transfer); one the host touched first, or a copy filled, stays host-initialised."""
-    from umctl.sources.workload import Init
+    from umctl.workload.workload import Init
     from umctl.units import BLOCK_SIZE
 
     al = empty(Kind.ALLOC, 3)
@@ -146,7 +146,7 @@ def test_a_span_after_the_gpu_first_wrote_an_allocation_fetches_it_back(tmp_path
     first touches inside the span still zero-fills (tests/gpu/wl_convnet.py's cold steps)."""
     from umctl.controller.base import make_controller
     from umctl.sim.engine import simulate
-    from umctl.sources.workload import Init
+    from umctl.workload.workload import Init
     from umctl.units import BLOCK_SIZE
 
     al = empty(Kind.ALLOC, 2)
@@ -179,7 +179,7 @@ def test_reread_pages_ride_in_the_batch_that_faulted_their_block(tmp_path: Path)
 def test_a_cpu_fault_moves_the_drivers_density_region() -> None:
     """A host sweeping a GPU-resident block faults at 0, 16, 32, 64, 128, 256 and moves all of
     it; scattered faults move their 64 KiB regions (the probe's 476 faults moved 31 MiB)."""
-    from umctl.sources.tracefile import _fill_host_runs
+    from umctl.workload.tracefile import _fill_host_runs
 
     blk = 3 << 9
     sweep = _fill_host_runs(np.array([blk + o for o in (0, 16, 32, 64, 128, 256)], np.int64))

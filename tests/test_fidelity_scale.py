@@ -10,9 +10,9 @@ import pytest
 
 from umctl import UmctlError
 from umctl.sim.calibration import Calibration
-from umctl.sources.families import dnn
-from umctl.sources.families.common import Params
-from umctl.sources.scenario import find_scenario, load_scenario, resolve_params
+from umctl.workload.families import dnn
+from umctl.workload.families.common import Params
+from umctl.workload.scenario import find_scenario, load_scenario, resolve_params
 from umctl.units import GiB, MiB
 
 CALIBRATIONS = Path(__file__).resolve().parents[1] / "umctl" / "sim" / "calibrations"

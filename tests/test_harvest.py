@@ -11,8 +11,8 @@ from umctl.controller.harvest import roles, scaled_threshold
 from umctl.events.schema import Op, commands
 from umctl.sim.engine import Simulator, simulate
 from umctl.sim.replay import run_modes
-from umctl.sources.scenario import load_scenario
-from umctl.sources.workload import Init, WorkloadBuilder
+from umctl.workload.scenario import load_scenario
+from umctl.workload.workload import Init, WorkloadBuilder
 from umctl.units import BLOCK_SIZE, MiB
 
 
@@ -105,7 +105,7 @@ def test_lend_limit_caps_what_a_neighbour_lends():
 
     from umctl.controller.base import make_controller
     from umctl.sim.engine import Simulator
-    from umctl.sources.scenario import load_scenario
+    from umctl.workload.scenario import load_scenario
 
     w = load_scenario("huvm-case1", {"iterations": 1, "neighbour_iterations": 1})
     sim = Simulator(w, make_controller("harvest", lend_limit=True))
@@ -135,7 +135,7 @@ def test_pages_on_a_gpu_always_have_a_chunk_there():
 
     from umctl.controller.base import make_controller
     from umctl.sim.engine import Simulator
-    from umctl.sources.scenario import load_scenario
+    from umctl.workload.scenario import load_scenario
     from umctl.units import PAGES_PER_BLOCK
 
     w = load_scenario("huvm-case2", {"iterations": 1, "neighbour_iterations": 1})

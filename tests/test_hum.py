@@ -13,8 +13,8 @@ from umctl.sim.calibration import DEFAULT
 from umctl.sim.engine import simulate
 from umctl.sim.replay import run_modes
 from umctl.sim.umcopy import ChunkedCopies, chunk_sizes
-from umctl.sources.scenario import load_scenario
-from umctl.sources.workload import OpType, WorkloadBuilder
+from umctl.workload.scenario import load_scenario
+from umctl.workload.workload import OpType, WorkloadBuilder
 from umctl.units import MiB
 
 

@@ -111,7 +111,7 @@ def test_huvm_rows_are_the_texts_numbers():
 
 
 def test_case_studies_exist_at_paper_scale():
-    from umctl.sources.scenario import load_scenario
+    from umctl.workload.scenario import load_scenario
 
     # the scripts' overrides resolve (no replay: the 16 GiB cases take minutes)
     for case in (1, 2, 3, 4):
@@ -121,7 +121,7 @@ def test_case_studies_exist_at_paper_scale():
 
 def test_tenants_job_rate_override():
     from umctl import UmctlError
-    from umctl.sources.scenario import load_scenario
+    from umctl.workload.scenario import load_scenario
 
     base = load_scenario("huvm-pair", {"gpu_mem": "64MiB"})
     slow = load_scenario("huvm-pair", {"gpu_mem": "64MiB", "job_hbm_gbps": "150"})

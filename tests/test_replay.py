@@ -3,7 +3,7 @@
 import pytest
 
 from umctl.sim.replay import parse_modes, result_rows, run_modes
-from umctl.sources.scenario import list_scenarios, load_scenario
+from umctl.workload.scenario import list_scenarios, load_scenario
 
 SMALL = {"gpu_mem": "128MiB", "iterations": "2"}
 

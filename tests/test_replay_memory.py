@@ -15,8 +15,8 @@ from umctl.cli.main import main
 from umctl.controller.base import make_controller
 from umctl.sim.engine import Simulator
 from umctl.sim.replay import check_memory, estimate_bytes, run_modes
-from umctl.sources.target import resolve_target
-from umctl.sources.workload import AccessRuns
+from umctl.workload.target import resolve_target
+from umctl.workload.workload import AccessRuns
 
 DATA = os.path.join(os.path.dirname(__file__), "data", "real")
 

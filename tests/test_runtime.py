@@ -18,7 +18,7 @@ from umctl.actuators.uvm import UvmActuator
 from umctl.events.schema import KIND_CODES, AllocOp, CopyKind, Kind, Op, commands
 from umctl.runtime import child_env
 from umctl.sources.runtime import HEADER_DTYPE, MAGIC, RuntimeDecoder, RuntimeSource
-from umctl.sources.uvmtools import abi
+from umctl.driver import abi
 
 ROOT = Path(__file__).resolve().parent.parent
 SRC = ROOT / "tests" / "rtprog"
@@ -412,7 +412,7 @@ def test_safe_discard_drops_only_idle_cached_blocks(built):
     stream has finished, a ragged range is rounded inward to whole pages, a range outside the
     cache is kept, and blocks handed out again are never touched."""
     import json as _json
-    from umctl.sources.runtime import DISCARDED, KEPT_REASONS
+    from umctl.runtime import DISCARDED, KEPT_REASONS
 
     base = {k: v for k, v in os.environ.items() if not k.startswith(("UMCTL_RT_", "LD_PRELOAD"))}
     base["FAKE_LIBCUDA"] = str(built["libcuda"])

@@ -1,4 +1,4 @@
-"""Scenario registry, loader and generators (umctl.sources.scenario, umctl.sources.families)."""
+"""Scenario registry, loader and generators (umctl.workload.scenario, umctl.workload.families)."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ import pytest
 
 from umctl import UmctlError
 from umctl.events.schema import AllocOp, CopyKind
-from umctl.sources.families.dnn import NETS
-from umctl.sources.scenario import find_scenario, list_scenarios, load_scenario, parse_param, resolve_params
-from umctl.sources.workload import OpType, Workload
+from umctl.workload.families.dnn import NETS
+from umctl.workload.scenario import find_scenario, list_scenarios, load_scenario, parse_param, resolve_params
+from umctl.workload.workload import OpType, Workload
 
 SMALL = {"gpu_mem": "128MiB"}
 DNN = ["gpt2-xl", "gpt2-l", "bert-large", "resnet152"]

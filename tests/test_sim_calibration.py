@@ -43,7 +43,7 @@ def test_resident_data_runs_at_compute_speed():
     w = sweep(256 * MiB, compute_ns=1_000_000)
     addr = int(w.allocations["addr"][0])
     # prefetch, then a second identical kernel that finds everything resident
-    from umctl.sources.workload import Init, WorkloadBuilder
+    from umctl.workload.workload import Init, WorkloadBuilder
 
     b = WorkloadBuilder("twice", gpu_mem=GiB)
     x = b.alloc("x", 256 * MiB, init=Init.HOST)
@@ -56,7 +56,7 @@ def test_resident_data_runs_at_compute_speed():
 
 def test_eviction_write_back_rate():
     """Evicting written data runs at the GPU->host rate (11-15 GB/s)."""
-    from umctl.sources.workload import Init, WorkloadBuilder
+    from umctl.workload.workload import Init, WorkloadBuilder
 
     b = WorkloadBuilder("evict", gpu_mem=256 * MiB)
     x = b.alloc("x", 256 * MiB, init=Init.HOST)
@@ -76,7 +76,7 @@ def test_batches_spread_over_blocks_cost_block_ns_each_beyond_the_first():
     from umctl.controller import make_controller
     from umctl.sim.calibration import DEFAULT
     from umctl.sim.engine import simulate
-    from umctl.sources.workload import Init, WorkloadBuilder
+    from umctl.workload.workload import Init, WorkloadBuilder
     from umctl.units import GiB
 
     def run(block_ns: int, spread: bool):

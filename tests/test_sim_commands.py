@@ -5,7 +5,7 @@ import numpy as np
 from simkit import Scripted
 from umctl.events.schema import Advice, Op, commands
 from umctl.sim.engine import Simulator, simulate
-from umctl.sources.workload import Init, WorkloadBuilder
+from umctl.workload.workload import Init, WorkloadBuilder
 from umctl.units import BLOCK_SIZE, CPU, MiB
 
 

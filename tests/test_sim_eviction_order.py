@@ -12,7 +12,7 @@ from umctl import UmctlError
 from umctl.controller import make_controller
 from umctl.sim.calibration import DEFAULT, Calibration
 from umctl.sim.engine import simulate
-from umctl.sources.workload import Init, WorkloadBuilder
+from umctl.workload.workload import Init, WorkloadBuilder
 from umctl.units import BLOCK_SIZE, MiB
 
 TENSORS = 20

@@ -8,8 +8,8 @@ from hypothesis import strategies as st
 
 from umctl.controller import make_controller
 from umctl.sim.engine import Simulator
-from umctl.sources.scenario import load_scenario
-from umctl.sources.workload import AccessRuns, Workload
+from umctl.workload.scenario import load_scenario
+from umctl.workload.workload import AccessRuns, Workload
 
 
 @settings(max_examples=200, deadline=None)

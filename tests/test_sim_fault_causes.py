@@ -11,8 +11,8 @@ from umctl.events.schema import Op, commands
 from umctl.sim.core import FAULT_CAUSES
 from umctl.sim.engine import Simulator, simulate
 from umctl.sim.replay import result_rows, run_modes
-from umctl.sources.scenario import load_scenario
-from umctl.sources.workload import Init, WorkloadBuilder
+from umctl.workload.scenario import load_scenario
+from umctl.workload.workload import Init, WorkloadBuilder
 from umctl.units import BLOCK_SIZE, CPU, MiB
 
 

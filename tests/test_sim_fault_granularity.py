@@ -12,7 +12,7 @@ import pytest
 from umctl.controller import make_controller
 from umctl.sim.calibration import DEFAULT
 from umctl.sim.engine import simulate
-from umctl.sources.workload import Init, WorkloadBuilder
+from umctl.workload.workload import Init, WorkloadBuilder
 from umctl.units import BLOCK_SIZE, MiB, PAGE_SIZE
 
 

@@ -8,7 +8,7 @@ from simkit import Chaos, mini_dnn, sweep
 from umctl.controller import make_controller
 from umctl.events.schema import AllocOp
 from umctl.sim.engine import Simulator, simulate
-from umctl.sources.workload import Init, WorkloadBuilder
+from umctl.workload.workload import Init, WorkloadBuilder
 from umctl.units import BLOCK_SIZE, MiB, PAGE_SIZE
 
 

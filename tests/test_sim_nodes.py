@@ -15,7 +15,7 @@ from umctl.controller import make_controller
 from umctl.sim import core
 from umctl.sim.calibration import DEFAULT, Calibration
 from umctl.sim.engine import Simulator, simulate
-from umctl.sources.scenario import load_scenario
+from umctl.workload.scenario import load_scenario
 
 SMALL = {"gpu_mem": "64MiB", "tiles": "32"}
 
@@ -140,7 +140,7 @@ def test_a_prefetch_across_nodes_runs_at_the_network_rate():
     the PCIe rate. Every byte crosses the network once."""
     from simkit import Scripted
     from umctl.events.schema import Op, commands
-    from umctl.sources.workload import Init, WorkloadBuilder
+    from umctl.workload.workload import Init, WorkloadBuilder
     from umctl.units import MiB
 
     def run(nodes: int):

@@ -6,8 +6,8 @@ import pytest
 from umctl.controller import make_controller
 from umctl.sim.calibration import DEFAULT
 from umctl.sim.engine import simulate
-from umctl.sources.scenario import load_scenario
-from umctl.sources.workload import Init, WorkloadBuilder
+from umctl.workload.scenario import load_scenario
+from umctl.workload.workload import Init, WorkloadBuilder
 from umctl.units import MiB
 
 OFF = DEFAULT.with_overrides(thrashing_threshold=0)

@@ -7,7 +7,7 @@ import pytest
 from umctl.controller import make_controller
 from umctl.sim.engine import simulate
 from umctl.sim.replay import result_rows, run_modes
-from umctl.sources.scenario import load_scenario
+from umctl.workload.scenario import load_scenario
 
 VARIANTS = ["none", "snurhac", "snurhac-sp", "snurhac-sp-dp"]
 

@@ -10,9 +10,9 @@ from umctl.controller import make_controller
 from umctl.controller.snurhac import (BlockDescriptors, partition, partition_dim, write_overlap_ratio)
 from umctl.events.schema import Advice, Op
 from umctl.sim.replay import run_modes
-from umctl.sources.scenario import load_scenario
-from umctl.sources.threadblocks import AccessRange, KernelBlocks
-from umctl.sources.workload import OpType
+from umctl.workload.scenario import load_scenario
+from umctl.workload.threadblocks import AccessRange, KernelBlocks
+from umctl.workload.workload import OpType
 
 SMALL = {"gpu_mem": "64MiB", "tiles": "8"}
 
@@ -140,7 +140,7 @@ def test_unset_read_mostly_collapses_duplicates():
     from umctl.events.schema import commands as cmd
     from umctl.sim.engine import Simulator
     from umctl.controller.base import Controller
-    from umctl.sources.workload import Init, WorkloadBuilder
+    from umctl.workload.workload import Init, WorkloadBuilder
     b = WorkloadBuilder("rm", n_gpus=2, gpu_mem=64 << 20)
     x = b.alloc("x", 2 << 20, init=Init.HOST)
     b.kernel("r0", reads=[x], gpu=0, compute_ns=1000)

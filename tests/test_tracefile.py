@@ -11,8 +11,8 @@ import pytest
 from umctl import UmctlError
 from umctl.events.schema import Access, AllocOp, CopyKind, EventBatch, Kind, empty
 from umctl.events.trace import Trace, TraceError, TraceWriter, read_trace
-from umctl.sources.tracefile import BEFORE_FIRST_LAUNCH, MAX_INFERRED_COMPUTE_NS, NO_LAUNCH_RECORD, workload_from_trace
-from umctl.sources.workload import Init, OpType, exec_hash
+from umctl.workload.tracefile import BEFORE_FIRST_LAUNCH, MAX_INFERRED_COMPUTE_NS, NO_LAUNCH_RECORD, workload_from_trace
+from umctl.workload.workload import Init, OpType, exec_hash
 from umctl.units import BLOCK_SIZE, MiB, PAGE_SHIFT, PAGE_SIZE
 
 BASE = 0x7F00_0000_0000
@@ -225,7 +225,7 @@ def test_recorded_fault_stalls_are_taken_out_of_kernel_time(tmp_path):
 
     from umctl.events.schema import DTYPES, EventBatch, Kind
     from umctl.events.trace import TraceWriter, read_trace
-    from umctl.sources.tracefile import workload_from_trace
+    from umctl.workload.tracefile import workload_from_trace
 
     la = np.zeros(2, DTYPES[Kind.LAUNCH])
     la["t_ns"] = [1_000_000, 11_000_000]
@@ -262,7 +262,7 @@ def test_host_writes_between_launches_become_host_ops(tmp_path: Path) -> None:
     pages, then HOST until the next launch; the kernel before them ends at the burst."""
     from umctl.controller.none import NoneController
     from umctl.sim.engine import simulate
-    from umctl.sources.workload import OpType
+    from umctl.workload.workload import OpType
 
     ms = 1_000_000
     la = launches([0, 10 * ms, 20 * ms])
@@ -296,7 +296,7 @@ def test_cpu_fault_runs_cover_what_the_driver_moved():
     """The H100 pattern: a host sweeping a GPU-resident block faults at page offsets 0, 16, 32,
     64, 128, 256 and the driver moves the whole block; a scattered fault moves its 64 KiB region
     (a page inside a region already moved does not fault)."""
-    from umctl.sources.tracefile import _fill_host_runs
+    from umctl.workload.tracefile import _fill_host_runs
 
     blk = 7 << 9
     got = _fill_host_runs(np.array([blk + o for o in (0, 16, 32, 64, 128, 256)], np.int64))
@@ -345,7 +345,7 @@ def test_a_page_faulted_again_after_a_burst_is_not_reread_early(tmp_path: Path) 
 def test_peak_managed_bytes_counts_what_is_live_at_once():
     """A loop that frees and allocates again every step allocates many times its footprint in
     all; replay's header (and oversubscription) is about what is live at once."""
-    from umctl.sources.workload import ALLOCATION_DTYPE, OP_DTYPE, Workload
+    from umctl.workload.workload import ALLOCATION_DTYPE, OP_DTYPE, Workload
 
     allocs = np.zeros(4, ALLOCATION_DTYPE)
     allocs["alloc_id"] = [0, 1, 2, 3]

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from umctl.events.schema import DTYPES, KIND_CODES, Access, Cause, Kind
-from umctl.sources.uvmtools import abi
+from umctl.driver import abi
 from umctl.sources.uvmtools.decode import Decoder, default_processor_map
 from test_uvmtools_source import entries
 

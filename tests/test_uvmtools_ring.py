@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from umctl.sources.uvmtools import abi
+from umctl.driver import abi
 from umctl.sources.uvmtools.ring import Drainer, LagHistogram, Ring
 from test_uvmtools_source import produce
 

@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 
 from umctl.events.schema import EventBatch, Kind, empty
-from umctl.sources.uvmtools import LiveError, UvmToolsSource, abi
+from umctl.driver import abi
+from umctl.sources.uvmtools import LiveError, UvmToolsSource
 from umctl.sources.uvmtools.sampling import Sampler, parse_sample
 from umctl.live.stats import LiveStats
 

@@ -14,11 +14,11 @@ import pytest
 
 from umctl.events.schema import Kind
 from umctl.events.trace import read_trace
-from umctl.sources.uvmtools import abi, process
+from umctl.driver import abi, process
 from umctl.sources.uvmtools import (
     ALL_KINDS, DEFAULT_KINDS, LiveError, NoDriver, NoPermission, NoUvm, TargetExited, UvmToolsSource, parse_kinds,
 )
-from umctl.sources.uvmtools.process import NoSuchProcess
+from umctl.driver.process import NoSuchProcess
 
 GPU_UUID = bytes(range(16))
 CPU_UUID = bytes([0xA6] * 16)

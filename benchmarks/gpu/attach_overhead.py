@@ -128,8 +128,8 @@ class DupOnly:
     """Only the duplicated va_space fds (what every attachment holds first)."""
 
     def __init__(self, pid: int):
-        from umctl.sources.uvmtools import abi
-        from umctl.sources.uvmtools.process import uvm_fds
+        from umctl.driver import abi
+        from umctl.driver.process import uvm_fds
 
         self.io = abi.Ioctl()
         self.pidfd = self.io.pidfd_open(pid)

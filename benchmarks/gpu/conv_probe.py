@@ -12,7 +12,7 @@ mode ``none``:
 - ``recorded``: the faulted pages in recorded order, grouped into the recorded batches;
 - ``window``: the same order, batches formed by the calibrated fault window instead;
 - ``sorted``: each kernel's pages in address order with the calibrated window: what the
-  synthetic DNN scenarios (umctl/sources/families/dnn.py) assume, a kernel walking its tensors
+  synthetic DNN scenarios (umctl/workload/families/dnn.py) assume, a kernel walking its tensors
   page by page.
 
 A recording knows only the pages that faulted, not the ones the driver's density prefetcher
@@ -56,7 +56,7 @@ def record(out: Path, batch: int, blocks: str, kinds: str = "default", timeout: 
 
 def sorted_by_kernel(w):
     """The workload with each kernel's accesses in page order and no recorded batch groups."""
-    from umctl.sources.workload import OpType, Workload
+    from umctl.workload.workload import OpType, Workload
 
     pages, writes = w.acc_page.copy(), w.acc_write.copy()
     for op in w.ops[w.ops["type"] == OpType.KERNEL]:
@@ -75,7 +75,7 @@ def replay(trace: Path) -> tuple[list[dict], dict]:
     from umctl.events.schema import Kind
     from umctl.events.trace import read_trace
     from umctl.sim.engine import simulate
-    from umctl.sources.tracefile import workload_from_trace
+    from umctl.workload.tracefile import workload_from_trace
     from umctl.units import CPU
 
     rows = []
@@ -112,7 +112,7 @@ def replay(trace: Path) -> tuple[list[dict], dict]:
 
 
 def model(batch: int, blocks: str, calibration: str = "h100-r580", gpu_mem: int = 79 << 30) -> dict:
-    """What umctl's synthetic ResNet (umctl/sources/families/dnn.py, the model behind DeepUM's
+    """What umctl's synthetic ResNet (umctl/workload/families/dnn.py, the model behind DeepUM's
     ResNet rows) predicts for the probe's step: four iterations of the same net at full size,
     the host touching every managed page between the third and the fourth (as the probe's
     to_host does; the replay counts that host time into the third); ``warm`` is the second
@@ -121,10 +121,10 @@ def model(batch: int, blocks: str, calibration: str = "h100-r580", gpu_mem: int 
     from umctl.controller.base import make_controller
     from umctl.sim.calibration import Calibration
     from umctl.sim.engine import simulate
-    from umctl.sources.families import dnn
-    from umctl.sources.families.common import Params
-    from umctl.sources.scenario import find_scenario, resolve_params
-    from umctl.sources.workload import Buffer, WorkloadBuilder
+    from umctl.workload.families import dnn
+    from umctl.workload.families.common import Params
+    from umctl.workload.scenario import find_scenario, resolve_params
+    from umctl.workload.workload import Buffer, WorkloadBuilder
 
     params = resolve_params(find_scenario("resnet152"), {"batch": str(batch), "iterations": "4", "scale": "full"})
     params.update(blocks=[int(x) for x in blocks.split(",")], gpu_mem=gpu_mem)

@@ -9,7 +9,7 @@ the program measured itself (issue 23, item 5).
 ``record`` runs each workload (tests/gpu/wl_*.py) under ``umctl run --runtime --managed -o``,
 writes ``NAME.parquet`` with the span the program timed itself over in its metadata
 (``measured_span_ns``: what ``umctl replay NAME.parquet`` then replays, see
-umctl/sources/tracefile.py) and ``NAME.json`` beside it (the measured time, the command, the
+umctl/workload/tracefile.py) and ``NAME.json`` beside it (the measured time, the command, the
 device), and prints the table. ``replay`` prints the table of recordings already made (the
 shipped ones are tests/data/real/). ``probe`` records the access-pattern probes (``probe-run``,
 run under umctl by ``probe``): one process, one phase per pattern, each phase timed on its own
@@ -127,7 +127,7 @@ def replay(trace: Path, span: tuple[int, int] | None = None) -> dict:
     from umctl.events.schema import Kind
     from umctl.events.trace import read_trace
     from umctl.sim.engine import simulate
-    from umctl.sources.tracefile import workload_from_trace
+    from umctl.workload.tracefile import workload_from_trace
 
     with read_trace(trace) as tr:
         w = workload_from_trace(tr, span=span)
@@ -346,7 +346,7 @@ def fit(probe_dir: Path) -> dict:
     from umctl.events.trace import read_trace
     from umctl.sim.calibration import Calibration
     from umctl.sim.engine import simulate
-    from umctl.sources.tracefile import workload_from_trace
+    from umctl.workload.tracefile import workload_from_trace
 
     info = json.loads((probe_dir / "probe.json").read_text())
     phases = {ph["name"]: ph for ph in info["phases"]}

@@ -1,5 +1,5 @@
 """The footprint probe: how much memory do DeepUM's models really take (the paper's batch sizes
-for the transformers, smaller ones for ResNet), against umctl's model of them (umctl/sources/families/dnn.py, ``--param scale=full``)?
+for the transformers, smaller ones for ResNet), against umctl's model of them (umctl/workload/families/dnn.py, ``--param scale=full``)?
 
     python3 benchmarks/gpu/footprint_probe.py run [--only gpt2-l:3,bert-base:29] [--json OUT]   # GPU machine
     python3 benchmarks/gpu/footprint_probe.py compare OUT.json                                  # anywhere
@@ -106,7 +106,7 @@ def run(rows: list[str], out: Path | None) -> list[dict]:
 
 
 def compare(results: list[dict]) -> str:
-    from umctl.sources.scenario import load_scenario
+    from umctl.workload.scenario import load_scenario
 
     lines = ["| model, batch | params: real | umctl | live tensors peak (GiB) | allocator pool peak (GiB) | "
              "umctl footprint (GiB) | umctl / pool |", "| --- | ---: | ---: | ---: | ---: | ---: | ---: |"]

@@ -139,7 +139,7 @@ def predict(prog: str, params: dict[str, str], gpus: int, mode: str, calib) -> f
     from umctl import UmctlError
     from umctl.controller import make_controller
     from umctl.sim.engine import Simulator
-    from umctl.sources.scenario import load_scenario
+    from umctl.workload.scenario import load_scenario
 
     try:
         w = load_scenario(f"mgpu-{prog}", {**params, "gpus": str(gpus)})

@@ -101,7 +101,7 @@ def replay(model: str, batch: int, mode: str, iters: int, overrides: dict | None
     from umctl.sim.calibration import Calibration
     from umctl.sim.core import FAULT_CAUSES
     from umctl.sim.engine import simulate
-    from umctl.sources.scenario import load_scenario
+    from umctl.workload.scenario import load_scenario
 
     calib = Calibration.load(CALIBRATION)
     if overrides:
@@ -123,7 +123,7 @@ def cache_key(store: ResultCache, model: str, batch: int, mode: str, kw: dict) -
     calibration."""
     from umctl.controller.options import mode_options
     from umctl.sim.calibration import Calibration
-    from umctl.sources.scenario import find_scenario, resolve_params
+    from umctl.workload.scenario import find_scenario, resolve_params
 
     params = resolve_params(find_scenario(model), scenario_overrides(batch, kw["iters"], kw.get("params")))
     opts = {name: spec.default for name, spec in mode_options(mode).items()} | kw.get("mode_options", {})

@@ -96,7 +96,7 @@ def build(args) -> list[Row]:
     from umctl.controller import make_controller
     from umctl.sim.calibration import Calibration
     from umctl.sim.engine import simulate
-    from umctl.sources.scenario import load_scenario
+    from umctl.workload.scenario import load_scenario
 
     calib = Calibration.load(args.calibration)
     shapes = sorted({s for _, s, _ in APPS.values()})

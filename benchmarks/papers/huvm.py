@@ -85,7 +85,7 @@ def case_times(case: int, overrides: dict, calib, progress: Progress, cache: str
     over several processes or resumed."""
     from umctl.controller import make_controller
     from umctl.sim.engine import simulate
-    from umctl.sources.scenario import load_scenario
+    from umctl.workload.scenario import load_scenario
 
     store = ResultCache(cache)
     w = None

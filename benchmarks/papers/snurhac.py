@@ -75,7 +75,7 @@ def build(args) -> list[Row]:
     from umctl.controller import make_controller
     from umctl.sim.calibration import Calibration
     from umctl.sim.engine import simulate
-    from umctl.sources.scenario import load_scenario
+    from umctl.workload.scenario import load_scenario
 
     calib = Calibration.load(args.calibration)
     apps = [a for a in TABLE_7_11 if a in STAND_INS]

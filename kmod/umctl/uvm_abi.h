@@ -2,7 +2,7 @@
 /*
  * The subset of the nvidia-uvm ioctl ABI (driver 580, Linux) that umctl's backend issues on a
  * target's va_space file, and that the test bed's simulated driver (kmod/uvm_sim) answers.
- * Written from umctl/sources/uvmtools/abi.py (itself checked against the 580.159.04 driver on an
+ * Written from umctl/driver/abi.py (itself checked against the 580.159.04 driver on an
  * H100/H200): Linux UVM ioctl numbers are the raw command numbers (no _IOWR encoding), the
  * ioctl returns 0 once the parameters were copied, and the driver's verdict is the NV_STATUS in
  * the struct's last member (rmStatus). Sizes are checked with BUILD_BUG_ON by both users.

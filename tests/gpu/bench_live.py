@@ -91,7 +91,7 @@ def main():
     if capture_file:
         cap = []
         r = one(ALL_KINDS, capture=cap, thrash=True)
-        from umctl.sources.uvmtools.abi import concat_entries
+        from umctl.driver.abi import concat_entries
         raw = concat_entries(cap)
         keep = []
         for ty in np.unique(raw["type"]):

@@ -17,7 +17,7 @@ from typing import Callable
 
 import numpy as np
 
-from ..sources.runtime import DISCARDED, KEPT_REASONS
+from ..runtime import DISCARDED, KEPT_REASONS
 
 
 class RuntimeDiscard:

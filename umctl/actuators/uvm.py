@@ -33,7 +33,7 @@ import numpy as np
 
 from .base import ActuatorBase
 from ..events.schema import COMMAND_DTYPE, Advice, Op, Status
-from ..sources.uvmtools import abi
+from ..driver import abi
 from ..units import BLOCK_SHIFT, BLOCK_SIZE, CPU
 
 #: Execution order at equal priority: make room first, then fill it.

@@ -27,7 +27,7 @@ def overrides(oversub, gpu_mem, iters, seed, params) -> dict[str, str]:
     """Scenario overrides from ``--param`` and the flags that name a parameter. The same
     parameter given twice (``--param batch=2 --param batch=3``, ``--iters 2 --param
     iterations=nan``) is refused: one value would silently replace the other, bad or not."""
-    from ..sources.scenario import ALIASES, parse_param
+    from ..workload.scenario import ALIASES, parse_param
 
     ov: dict[str, str] = {}
     given: dict[str, str] = {}

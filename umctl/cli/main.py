@@ -122,7 +122,7 @@ def _run_replay(target: str, modes: str, overrides: dict[str, str], seed: int, p
     from ..sim.calibration import Calibration
     from ..controller.options import parse_mode_options
     from ..sim.replay import parse_modes, result_rows, run_modes
-    from ..sources.target import resolve_target
+    from ..workload.target import resolve_target
 
     check_output_path(png, "figure")
     check_output_path(timeline, "timeline")

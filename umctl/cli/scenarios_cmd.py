@@ -9,7 +9,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from ..sources.scenario import ScenarioInfo, list_scenarios
+from ..workload.scenario import ScenarioInfo, list_scenarios
 
 #: Parameters every scenario has: shown dimmed, above the scenario's own.
 _COMMON = ("oversub", "gpu_mem", "iterations", "seed")

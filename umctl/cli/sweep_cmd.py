@@ -37,7 +37,7 @@ def sweep_command(
     from ..report.png import sweep_png
 
     check_output_path(png, "figure")
-    from ..sources.target import resolve_target
+    from ..workload.target import resolve_target
     from ..sim.sweep import sweep
 
     from ..controller.options import mode_options

@@ -13,7 +13,7 @@ from ..live.attach import resolve_sample
 from ..live.session import merge_launches, start_launch_probe
 from ..live.stats import LiveStats
 from ..sources.uvmtools import LiveError, UvmToolsSource, list_uvm_processes, parse_kinds
-from ..sources.uvmtools.process import comm_of, process_alive
+from ..driver.process import comm_of, process_alive
 from ..tui.top import SORT_KEYS, KeyReader, render_top
 from .common import KINDS_HELP, SAMPLE_HELP, TOP_INTERVAL_S, check_number, err, out
 

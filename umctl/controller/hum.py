@@ -27,7 +27,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..events.schema import CopyKind
-from ..sources.workload import OpType, Workload
+from ..workload.workload import OpType, Workload
 from ..units import PAGE_SHIFT
 from .base import Controller, register
 

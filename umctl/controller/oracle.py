@@ -23,7 +23,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..events.schema import AllocOp, EventBatch, Kind, Op, commands
-from ..sources.workload import OpType
+from ..workload.workload import OpType
 from ..units import BLOCK_SIZE, CPU, PAGE_SIZE, PAGE_TO_BLOCK_SHIFT, PAGES_PER_BLOCK
 from .base import Controller, ControllerContext, register
 

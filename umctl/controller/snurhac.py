@@ -42,8 +42,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..events.schema import COMMAND_DTYPE, Advice, CopyKind, EventBatch, Kind, Op, commands
-from ..sources.threadblocks import KernelBlocks
-from ..sources.workload import OP_DTYPE, Init, OpType, Workload
+from ..workload.threadblocks import KernelBlocks
+from ..workload.workload import OP_DTYPE, Init, OpType, Workload
 from ..units import BLOCK_SHIFT, BLOCK_SIZE, PAGE_SHIFT, PAGE_SIZE, PAGES_PER_BLOCK, ranges
 from .base import Controller, register
 from .tables import PairCorrelationTable

@@ -38,8 +38,8 @@ from typing import Callable, Iterable
 
 from ..events.schema import Kind
 from ..sources.uvmtools import LiveError, UvmToolsSource, list_uvm_processes
-from ..sources.uvmtools import abi
-from ..sources.uvmtools.process import NoDriver, NoSuchProcess, TargetExited, nvidia_smi_gpus, process_alive
+from ..driver import abi
+from ..driver.process import NoDriver, NoSuchProcess, TargetExited, nvidia_smi_gpus, process_alive
 from .control_state import read_published
 from .metrics import ControlTotals, ExporterState, ProcessTotals
 

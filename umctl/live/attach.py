@@ -56,7 +56,7 @@ def attach_source(pid: int, kinds: str = "default", ring_entries: int = 2 ** 18,
 def wait_for_cuda(child: subprocess.Popen, timeout: float | None) -> None:
     """Poll the child's fd table until /dev/nvidia-uvm appears (its first CUDA use) or it exits."""
     from ..sources.uvmtools import LiveError, NoUvm
-    from ..sources.uvmtools.process import uvm_fds
+    from ..driver.process import uvm_fds
 
     t0 = time.monotonic()
     while True:

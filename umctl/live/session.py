@@ -120,7 +120,7 @@ class _StopOnSignal:
 def trace_meta(src: Source, command: str, extra: dict) -> dict:
     """The trace header of a live recording: the target, its GPUs and the host."""
     from ..events.trace import collect_host_meta
-    from ..sources.uvmtools.process import cmdline_of, comm_of
+    from ..driver.process import cmdline_of, comm_of
     from ..sources.uvmtools.source import kinds_label
 
     host = collect_host_meta()
@@ -179,7 +179,7 @@ class Session:
         self.warnings: list[str] = []
         self._warn_cb = on_warning
         if comm is None:
-            from ..sources.uvmtools.process import comm_of
+            from ..driver.process import comm_of
 
             comm = comm_of(source.pid)
         self.stats = LiveStats(pid=source.pid, comm=comm)

@@ -64,7 +64,7 @@ def actuator_for(src: Source, rate: float = 0.0) -> Actuator:
 def gpus_present() -> int:
     """GPUs this process could use, without touching CUDA: the driver's /proc entries (or
     nvidia-smi), limited by CUDA_VISIBLE_DEVICES."""
-    from ..sources.uvmtools.process import nvidia_smi_gpus
+    from ..driver.process import nvidia_smi_gpus
 
     d = Path("/proc/driver/nvidia/gpus")
     n = len(list(d.iterdir())) if d.is_dir() else 0
@@ -188,7 +188,7 @@ class ControlSpec:
     def _spread_gpus(self, gpus: list[dict]) -> list[dict]:
         """Every GPU the program is spread over, including those it has not registered with UVM
         yet (the controller keeps per-GPU tables for each)."""
-        from ..sources.uvmtools.process import nvidia_smi_gpus
+        from ..driver.process import nvidia_smi_gpus
 
         mem = next((g.get("memory_bytes") for g in gpus if g.get("memory_bytes")), None)
         if mem is None:

@@ -13,6 +13,13 @@ from .. import UmctlError
 
 LIBRARY = "libumctl_rt.so"
 
+#: DISCARD_DONE statuses (enum umrt_discard_status in runtime/umctl_rt.h): 0 = the range was
+#: dropped; the others say why bytes were kept (their data is intact and umctl evicts them
+#: normally). Here, with the library, because both the source that receives the answers and the
+#: actuator that asks need them, and neither should import the other.
+DISCARDED = 0
+KEPT_REASONS = {1: "in_use", 2: "busy", 3: "unsafe", 4: "small", 5: "failed"}
+
 
 def library_path() -> Path:
     """Path of the shipped runtime library; UmctlError when the package was built without gcc."""

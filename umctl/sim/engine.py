@@ -79,7 +79,7 @@ import numpy as np
 from .. import UmctlError
 from ..controller.base import Controller, ControllerContext
 from ..events.schema import Access, Advice, AllocOp, Cause, EventBatch, Kind, Op, empty
-from ..sources.workload import AccessRuns, Init, OpType, Workload
+from ..workload.workload import AccessRuns, Init, OpType, Workload
 from ..units import CPU, GiB, PAGE_SIZE, PAGE_TO_BLOCK_SHIFT, PAGES_PER_BLOCK
 from . import core
 from .calibration import DEFAULT, Calibration

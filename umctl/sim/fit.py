@@ -5,7 +5,7 @@ runs the simulator, which itself reads the calibration: the imports then run one
 from __future__ import annotations
 
 from ..controller import make_controller
-from ..sources.workload import Init, WorkloadBuilder
+from ..workload.workload import Init, WorkloadBuilder
 from ..units import GiB
 from .calibration import DEFAULT, Calibration
 from .engine import simulate

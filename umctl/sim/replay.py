@@ -12,8 +12,8 @@ from typing import Callable
 from .. import UmctlError
 from ..controller.base import available_modes, make_controller
 from ..controller.options import parse_mode_options  # noqa: F401 - benchmarks and notebooks import it here
-from ..sources.target import is_trace_path, resolve_target  # noqa: F401 - the same
-from ..sources.workload import Workload
+from ..workload.target import is_trace_path, resolve_target  # noqa: F401 - the same
+from ..workload.workload import Workload
 from .calibration import DEFAULT, Calibration
 from .engine import SimResult, Simulator
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Callable
 
-from ..sources.workload import Workload
+from ..workload.workload import Workload
 from .replay import run_modes
 
 #: DeepUM table 6: (name, Assoc, NumSuccs, NumRows)

@@ -38,10 +38,6 @@ DISCARD_DONE_KIND = 6   # runtime -> umctl: what it discarded, and what it kept 
 DISCARD_DTYPE = np.dtype([("id", "<i8"), ("addr", "<u8"), ("bytes", "<u8"), ("uvm_fd", "<i4"), ("pad", "<u4")])
 DISCARD_DONE_DTYPE = np.dtype([("id", "<i8"), ("addr", "<u8"), ("bytes", "<u8"), ("status", "<i4"), ("pad", "<u4")])
 assert DISCARD_DTYPE.itemsize == DISCARD_DONE_DTYPE.itemsize == 32
-#: DISCARD_DONE statuses (enum umrt_discard_status): 0 = the range was dropped; the others say
-#: why bytes were kept (their data is intact and umctl evicts them normally)
-DISCARDED = 0
-KEPT_REASONS = {1: "in_use", 2: "busy", 3: "unsafe", 4: "small", 5: "failed"}
 RECORD_SIZES = {Kind.LAUNCH: 82, Kind.ALLOC: 38, Kind.COPY: 56}   # _Static_assert-ed in umctl_rt.h
 for _k, _n in RECORD_SIZES.items():
     assert DTYPES[_k].itemsize == _n, (_k, DTYPES[_k].itemsize)
@@ -356,5 +352,4 @@ class RuntimeSource:
         self.close()
 
 
-__all__ = ["RuntimeSource", "RuntimeDecoder", "HEADER_DTYPE", "MAGIC", "DISCARD_DTYPE", "DISCARD_DONE_DTYPE",
-           "DISCARDED", "KEPT_REASONS"]
+__all__ = ["RuntimeSource", "RuntimeDecoder", "HEADER_DTYPE", "MAGIC", "DISCARD_DTYPE", "DISCARD_DONE_DTYPE"]

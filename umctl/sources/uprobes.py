@@ -38,7 +38,7 @@ import numpy as np
 from .. import UmctlError
 from ..bpf.reader import RingReader
 from ..events.schema import DTYPES, EventBatch, Kind, drops_record, empty
-from .workload import exec_hash as _exec_hash
+from ..workload.workload import exec_hash as _exec_hash
 
 # -- the record format of bpf/launch.bpf.c (struct event) -----------------------------------
 

@@ -1,7 +1,7 @@
 """Live source: the nvidia-uvm tools API (event tracker V2 + counters) on an unmodified
 process. See source.py for the entry point and docs/live.md for costs and permissions."""
 
-from .process import (  # noqa: F401
+from ...driver.process import (  # noqa: F401
     LiveError, NoDriver, NoPermission, NoSuchProcess, NoUvm, TargetExited, TrackerError, UvmProcess,
     list_uvm_processes,
 )

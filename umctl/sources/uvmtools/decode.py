@@ -34,7 +34,7 @@ import numpy as np
 
 from ...events.schema import KIND_CODES, Cause, EventBatch, Kind, empty
 from ...units import CPU
-from . import abi
+from ...driver import abi
 
 #: UVM event type -> our kind, for the types the decoder understands.
 TYPE_KIND: dict[int, Kind] = {

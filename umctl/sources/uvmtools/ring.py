@@ -23,7 +23,7 @@ from typing import Callable
 
 import numpy as np
 
-from . import abi
+from ...driver import abi
 
 
 class Ring:

@@ -28,7 +28,7 @@ import random
 import time
 from typing import Callable
 
-from .process import LiveError
+from ...driver.process import LiveError
 
 
 def parse_sample(text: str | float | None) -> float:

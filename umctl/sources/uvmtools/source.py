@@ -25,9 +25,9 @@ from typing import Callable, Iterable
 import numpy as np
 
 from ...events.schema import EventBatch, Kind
-from . import abi
+from ...driver import abi
 from .decode import KIND_TYPE, Decoder
-from .process import (
+from ...driver.process import (
     LiveError, NoDriver, NoPermission, TargetExited, TrackerError, borrow_va_space, list_uvm_processes,  # noqa: F401
     nvidia_smi_gpus, processor_map, processor_uuid_table, uvm_fds,
 )
@@ -121,7 +121,7 @@ class UvmToolsSource:
         self.sample_period_ms = float(sample_period_ms)
         self.sampler: Sampler | None = None
         self.io = io if io is not None else abi.Ioctl()
-        from . import process as _process
+        from ...driver import process as _process
 
         self.proc_root = proc_root if proc_root is not None else _process.PROC_ROOT
         self._smi = smi

@@ -1,6 +1,6 @@
 """Scenario generators, one module per workload family. A scenario file's ``[family]
 generator`` names one of :data:`GENERATORS`; each takes the resolved parameters and returns a
-validated :class:`~umctl.sources.workload.Workload`, deterministic for a given ``seed``."""
+validated :class:`~umctl.workload.workload.Workload`, deterministic for a given ``seed``."""
 
 from __future__ import annotations
 

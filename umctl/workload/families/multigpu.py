@@ -6,7 +6,7 @@ results back. It runs on GPU 0; ``gpus`` says how many (simulated) GPUs the mach
 is what a grid-partitioning mode (``snurhac``) may use. Under mode ``none`` the program runs as
 written: the thesis's baseline (the original CUDA runtime on one GPU, no UM).
 
-Every kernel carries its thread blocks (``umctl.sources.threadblocks``): its access stream in
+Every kernel carries its thread blocks (``umctl.workload.threadblocks``): its access stream in
 thread-block order and, per memory operation, the affine range per thread block MAPA would
 report (or "not analysable" for indirect accesses). Thread blocks are coarse tiles of the real
 grid: a matrix kernel has a ``(2, tiles, 1)`` grid, a vector kernel ``(tiles, 1, 1)``.

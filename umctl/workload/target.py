@@ -1,5 +1,5 @@
 """What ``umctl replay`` / ``umctl sweep`` replay: a scenario name, a scenario file or a trace
-file, turned into a :class:`~umctl.sources.workload.Workload`."""
+file, turned into a :class:`~umctl.workload.workload.Workload`."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """The access stream a replay runs: what a program does, in program order.
 
-A :class:`Workload` is produced by a scenario generator (``umctl.sources.scenario``) or derived
-from a trace file (``umctl.sources.tracefile``) and consumed by the simulator. It is columnar:
+A :class:`Workload` is produced by a scenario generator (``umctl.workload.scenario``) or derived
+from a trace file (``umctl.workload.tracefile``) and consumed by the simulator. It is columnar:
 one structured array of operations (kernels, host work, copies, syncs, allocator events) and
 one stream of page accesses that kernels index into by ``[acc_lo, acc_hi)``.
 

@@ -22,7 +22,7 @@ from .common import ParamError, Params, Tick, check, check_common
 
 
 #: name -> (the job generator of that scenario's family, its default parameters), ParamError if it
-#: cannot run as a tenant: set by umctl.sources.scenario, which owns the scenario files and the
+#: cannot run as a tenant: set by umctl.workload.scenario, which owns the scenario files and the
 #: generator registry, so the imports run one way (scenario -> families)
 find_job: Callable[[str], tuple[Callable[..., Iterator[Tick]], dict]] | None = None
 
@@ -30,7 +30,7 @@ find_job: Callable[[str], tuple[Callable[..., Iterator[Tick]], dict]] | None = N
 def generate(params: dict) -> Workload:
     """The ``tenants`` family: one harvester and ``tenants - 1`` neighbours, one GPU each."""
     if find_job is None:
-        raise ParamError("tenants scenarios are generated through umctl.sources.scenario (load_scenario)")
+        raise ParamError("tenants scenarios are generated through umctl.workload.scenario (load_scenario)")
     check_common(params)
     n = params["tenants"]
     check(2 <= n <= 8, f"tenants must be between 2 and 8 (got {n})")

@@ -3,7 +3,7 @@
 A scenario file holds one workload family::
 
     [family]
-    generator = "dnn"                  # a key of umctl.sources.families.GENERATORS
+    generator = "dnn"                  # a key of umctl.workload.families.GENERATORS
     description = "..."
     [family.defaults]                  # parameters every scenario of the file starts from
     gpu_mem = "512MiB"

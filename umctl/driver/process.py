@@ -22,8 +22,8 @@ from typing import Callable, Container
 
 import numpy as np
 
-from ... import UmctlError
-from ...units import CPU
+from .. import UmctlError
+from ..units import CPU
 from . import abi
 
 UVM_DEVICE = "/dev/nvidia-uvm"
