@@ -100,12 +100,6 @@ def describe(w) -> str:
             f"{len(w.kernels):,} kernels, {w.n_accesses:,} page accesses")
 
 
-def fmt_bytes(n: float) -> str:
-    from ..units import format_bytes
-
-    return format_bytes(int(n))
-
-
 KINDS_HELP = ("Event kinds: 'default' (faults,replays,cpu_faults,thrashing: cheap), 'all' (adds migrations: "
               "~1.8x slower fault service), a list such as faults,migrations, or +migrations.")
 

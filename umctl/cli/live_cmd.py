@@ -19,7 +19,8 @@ from ..live.spec import ControlSpec, runtime_copies
 from ..live.stats import LiveStats
 from ..sources.uvmtools import LiveError, NoUvm, TargetExited
 from ..tui.top import summary_line
-from .common import KINDS_HELP, SAMPLE_HELP, check_output_path, err, fmt_bytes, out
+from ..units import format_bytes
+from .common import KINDS_HELP, SAMPLE_HELP, check_output_path, err, out
 
 SOURCE_HELP = ("Where events come from: uvmtools (the UVM tools API; works everywhere the driver runs) or "
                "kprobe (BPF on nvidia_uvm's fault path: needs a kernel with kprobes and the module's BTF; "
@@ -87,13 +88,13 @@ def _print_summary(command: str, r: SessionResult) -> None:
                      "totals are estimates scaled by that, top kernels/blocks ranked from the sample")
     if stats.have_migrations:
         def causes(d: dict) -> str:
-            return ", ".join(f"{k} {fmt_bytes(v)}" for k, v in d.items() if v)
-        lines.append(f"  H2D          {est}{fmt_bytes(stats.h2d_total())} ({causes(stats.h2d) or '-'})")
-        lines.append(f"  D2H          {est}{fmt_bytes(stats.d2h_total())} ({causes(stats.d2h) or '-'})")
+            return ", ".join(f"{k} {format_bytes(v)}" for k, v in d.items() if v)
+        lines.append(f"  H2D          {est}{format_bytes(stats.h2d_total())} ({causes(stats.h2d) or '-'})")
+        lines.append(f"  D2H          {est}{format_bytes(stats.d2h_total())} ({causes(stats.d2h) or '-'})")
     elif stats.counters:
-        lines.append(f"  H2D          {est}{fmt_bytes(stats.h2d_total())} (prefetch {fmt_bytes(stats.counter('prefetch_bytes_htd'))};"
+        lines.append(f"  H2D          {est}{format_bytes(stats.h2d_total())} (prefetch {format_bytes(stats.counter('prefetch_bytes_htd'))};"
                      " --kinds +migrations splits by cause)")
-        lines.append(f"  D2H          {est}{fmt_bytes(stats.d2h_total())}")
+        lines.append(f"  D2H          {est}{format_bytes(stats.d2h_total())}")
     lines.append(f"  thrashing    {est}{stats.thrashing:,}")
     if stats.launches:
         ks = ", ".join(f"{n} {c:,}" for n, c in stats.top_kernels())
@@ -117,9 +118,9 @@ def _print_summary(command: str, r: SessionResult) -> None:
 def _control_line(ctl) -> str:
     s = ctl.act.stats()["counts"]
     res = ctl.res.resident_bytes(0)
-    bud = f"/{fmt_bytes(ctl.budget.nbytes)}" if ctl.budget is not None else ""
+    bud = f"/{format_bytes(ctl.budget.nbytes)}" if ctl.budget is not None else ""
     return (f"{ctl.ctl.name}: {ctl.commands:,} cmds, {s['ok']:,} ok, {s['failed'] + s['target_gone']:,} failed, "
-            f"resident~{fmt_bytes(res)}{bud}")
+            f"resident~{format_bytes(res)}{bud}")
 
 
 def _print_control(st: dict) -> None:
@@ -128,7 +129,7 @@ def _print_control(st: dict) -> None:
         return
     a = c["actuator"]
     n = a["counts"]
-    moved = ", ".join(f"{k} {fmt_bytes(v)}" for k, v in a["bytes"].items() if v) or "nothing"
+    moved = ", ".join(f"{k} {format_bytes(v)}" for k, v in a["bytes"].items() if v) or "nothing"
     out.print(f"  control      mode {c['mode']}: {c['commands']:,} commands -> {n['ioctls']:,} ioctls "
               f"({n['ok']:,} ok, {n['failed']:,} failed, {n['target_gone']:,} after exit, {n['superseded']:,} superseded, "
               f"{n['dropped']:,} dropped); moved {moved}; controller {c['controller_ms']:.0f} ms", highlight=False,
@@ -149,15 +150,15 @@ def _print_control(st: dict) -> None:
                   "allocator blocks were pre-evicted instead", highlight=False, soft_wrap=True)
     inv = a.get("invalidator")
     if inv and inv["requests"]:
-        kept = ", ".join(f"{k} {fmt_bytes(v)}" for k, v in inv["kept_bytes"].items() if v) or "nothing"
-        out.print(f"  invalidate   by the runtime: {inv['requests']:,} requests, {fmt_bytes(inv['discarded_bytes'])} "
+        kept = ", ".join(f"{k} {format_bytes(v)}" for k, v in inv["kept_bytes"].items() if v) or "nothing"
+        out.print(f"  invalidate   by the runtime: {inv['requests']:,} requests, {format_bytes(inv['discarded_bytes'])} "
                   f"dropped; kept and pre-evicted: {kept}"
                   + (f"; {inv['unanswered']:,} unanswered" if inv["unanswered"] else ""), highlight=False,
                   soft_wrap=True)
     b = c.get("budget")
     if b:
-        out.print(f"  budget       {fmt_bytes(b['bytes'])}: peak estimate {fmt_bytes(b['peak_estimate_bytes'])} "
-                  f"({fmt_bytes(b['peak_before_enforcement_bytes'])} within a control period), "
+        out.print(f"  budget       {format_bytes(b['bytes'])}: peak estimate {format_bytes(b['peak_estimate_bytes'])} "
+                  f"({format_bytes(b['peak_before_enforcement_bytes'])} within a control period), "
                   f"{b['overflow_blocks_evicted']:,} blocks evicted on overflow to "
                   f"{', '.join('CPU' if d < 0 else f'GPU {d}' for d in b['dst'])}"
                   + (f"; swept {b['swept_blocks']:,} blocks (every {b['sweep_ms']:g} ms)" if b.get("sweep_ms") else ""),
@@ -170,17 +171,17 @@ def _print_control(st: dict) -> None:
 def budget_check_line(v: dict) -> str:
     """The budget check's verdict (umctl/live/budget_check.py): true residency from the driver's
     migration events beside the keeper's estimate; 'budget NOT held' stands out."""
-    lim = fmt_bytes(v["budget_bytes"] + v["slack_bytes"])
+    lim = format_bytes(v["budget_bytes"] + v["slack_bytes"])
     head = "  budget check "
     if v["held"] is None:
-        return (f"{head}on: budget unverified ({v['why']}); true peak {fmt_bytes(v['true_peak_bytes'])} "
+        return (f"{head}on: budget unverified ({v['why']}); true peak {format_bytes(v['true_peak_bytes'])} "
                 f"from what was seen")
-    true = (f"true peak {fmt_bytes(v['true_peak_bytes'])} in 2 MiB blocks ({fmt_bytes(v['true_peak_page_bytes'])} "
-            f"in pages) vs estimate {fmt_bytes(v['estimate_peak_bytes'] or 0)}; above {lim} (budget + slack) "
+    true = (f"true peak {format_bytes(v['true_peak_bytes'])} in 2 MiB blocks ({format_bytes(v['true_peak_page_bytes'])} "
+            f"in pages) vs estimate {format_bytes(v['estimate_peak_bytes'] or 0)}; above {lim} (budget + slack) "
             f"{100 * v['time_over_frac']:.1f} % of {v['observed_s']:.1f} s")
     if v["held"]:
         return f"{head}on: budget held; {true} ({v['migrations_seen']:,} migration events)"
-    return (f"{head}on: [bold red]budget NOT held[/bold red]: {true}, by up to {fmt_bytes(v['over_peak_bytes'])} "
+    return (f"{head}on: [bold red]budget NOT held[/bold red]: {true}, by up to {format_bytes(v['over_peak_bytes'])} "
             f"({v['over_gib_s']:.2f} GiB·s over)")
 
 
