@@ -8,7 +8,7 @@ summary after. The loop, its stop handling and the trace are the session's.
 from __future__ import annotations
 
 import subprocess
-from typing import List, Optional
+from typing import Annotated, List, Optional
 
 import typer
 
@@ -65,6 +65,21 @@ def _observe(src, *, command: str, live: bool, **kw) -> SessionResult:
     finally:
         if display is not None:
             display.stop()
+
+
+# The options that attach, record and run share, declared once (typer reads them from the
+# annotation; each command gives its own default).
+KindsOpt = Annotated[str, typer.Option("--kinds", "-k", help=KINDS_HELP)]
+LaunchesOpt = Annotated[bool, typer.Option("--launches/--no-launches", help="Kernel launches through the BPF probe.")]
+ModeOpt = Annotated[Optional[str], typer.Option("--mode", "-m", help=CONTROL_HELP)]
+BudgetOpt = Annotated[Optional[str], typer.Option("--budget", "-b", help=BUDGET_HELP)]
+SweepOpt = Annotated[float, typer.Option("--budget-sweep", help=SWEEP_HELP)]
+ModeOptionOpt = Annotated[Optional[List[str]], typer.Option("--option", "-O", help="Mode option KEY=VALUE (e.g. degree=8).")]
+DegreeOpt = Annotated[Optional[int], typer.Option("--degree", help="DeepUM's prefetch degree N (kernels ahead).")]
+SpareOpt = Annotated[int, typer.Option("--spare-gpus", help="Evict over the budget into this many neighbour GPUs' "
+                                       "memory instead of the host.")]
+RateOpt = Annotated[Optional[str], typer.Option("--rate", help="Cap on the data umctl itself moves, per second "
+                                                "(e.g. 20GB).")]
 
 
 def _control_spec(mode, budget, option, degree, spare_gpus, rate, gpus=None, *, live_run=False,
@@ -191,19 +206,19 @@ def attach_command(
     pid: int = typer.Option(..., "--pid", "-p", help="Process to observe (needs ptrace rights: sudo)."),
     duration: Optional[float] = typer.Option(None, "--duration", "-d", help="Stop after this many seconds."),
     output: Optional[str] = typer.Option(None, "--output", "-o", help="Also record the events to this trace file."),
-    kinds: str = typer.Option("default", "--kinds", "-k", help=KINDS_HELP),
+    kinds: KindsOpt = "default",
     interval: float = typer.Option(1.0, "--interval", "-i", help="Seconds between live updates."),
     ring_entries: int = typer.Option(2 ** 18, "--ring-entries", help="Event ring size (a power of two)."),
     flush_ms: Optional[float] = typer.Option(None, "--flush-ms", help="Force the driver to deliver pending events this often (0: never; default: 5 ms with migrations or --mode, else never)."),
-    launches: bool = typer.Option(True, "--launches/--no-launches", help="Kernel launches through the BPF probe."),
+    launches: LaunchesOpt = True,
     as_json: bool = typer.Option(False, "--json", help="Print the final summary as JSON."),
-    mode: Optional[str] = typer.Option(None, "--mode", "-m", help=CONTROL_HELP),
-    budget: Optional[str] = typer.Option(None, "--budget", "-b", help=BUDGET_HELP),
-    budget_sweep: float = typer.Option(0.0, "--budget-sweep", help=SWEEP_HELP),
-    option: Optional[List[str]] = typer.Option(None, "--option", "-O", help="Mode option KEY=VALUE (e.g. degree=8)."),
-    degree: Optional[int] = typer.Option(None, "--degree", help="DeepUM's prefetch degree N (kernels ahead)."),
-    spare_gpus: int = typer.Option(0, "--spare-gpus", help="Evict over the budget into this many neighbour GPUs' memory instead of the host."),
-    rate: Optional[str] = typer.Option(None, "--rate", help="Cap on the data umctl itself moves, per second (e.g. 20GB)."),
+    mode: ModeOpt = None,
+    budget: BudgetOpt = None,
+    budget_sweep: SweepOpt = 0.0,
+    option: ModeOptionOpt = None,
+    degree: DegreeOpt = None,
+    spare_gpus: SpareOpt = 0,
+    rate: RateOpt = None,
     source: str = typer.Option("uvmtools", "--source", help=SOURCE_HELP),
     sample: Optional[str] = typer.Option(None, "--sample", help=SAMPLE_HELP),
 ) -> None:
@@ -252,10 +267,10 @@ def record_command(
     pid: int = typer.Option(..., "--pid", "-p", help="Process to record (needs ptrace rights: sudo)."),
     output: str = typer.Option(..., "--output", "-o", help="Trace file to write (.parquet)."),
     duration: Optional[float] = typer.Option(None, "--duration", "-d", help="Stop after this many seconds."),
-    kinds: str = typer.Option("default", "--kinds", "-k", help=KINDS_HELP),
+    kinds: KindsOpt = "default",
     ring_entries: int = typer.Option(2 ** 18, "--ring-entries", help="Event ring size (a power of two)."),
     flush_ms: Optional[float] = typer.Option(None, "--flush-ms", help="Force event delivery this often (0: never; default: 5 ms with migrations, else never)."),
-    launches: bool = typer.Option(True, "--launches/--no-launches", help="Kernel launches through the BPF probe."),
+    launches: LaunchesOpt = True,
 ) -> None:
     """Record a running process's UVM events to a trace file that [bold]umctl replay[/bold] can replay.
 
@@ -330,18 +345,18 @@ def _wait_program(child: subprocess.Popen, signum: int | None) -> int:
 def run_command(
     cmd: List[str] = typer.Argument(..., help="The program and its arguments (after --)."),
     output: Optional[str] = typer.Option(None, "--output", "-o", help="Trace file to write (.parquet)."),
-    kinds: str = typer.Option("default", "--kinds", "-k", help=KINDS_HELP),
+    kinds: KindsOpt = "default",
     duration: Optional[float] = typer.Option(None, "--duration", "-d", help="Stop recording after this many seconds (the program keeps running)."),
     wait_cuda: Optional[float] = typer.Option(None, "--wait-cuda", help="Give up if the program has not used CUDA after this many seconds."),
-    launches: bool = typer.Option(True, "--launches/--no-launches", help="Kernel launches through the BPF probe."),
+    launches: LaunchesOpt = True,
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No live status line."),
-    mode: Optional[str] = typer.Option(None, "--mode", "-m", help=CONTROL_HELP),
-    budget: Optional[str] = typer.Option(None, "--budget", "-b", help=BUDGET_HELP),
-    budget_sweep: float = typer.Option(0.0, "--budget-sweep", help=SWEEP_HELP),
-    option: Optional[List[str]] = typer.Option(None, "--option", "-O", help="Mode option KEY=VALUE (e.g. degree=8)."),
-    degree: Optional[int] = typer.Option(None, "--degree", help="DeepUM's prefetch degree N (kernels ahead)."),
-    spare_gpus: int = typer.Option(0, "--spare-gpus", help="Evict over the budget into this many neighbour GPUs' memory."),
-    rate: Optional[str] = typer.Option(None, "--rate", help="Cap on the data umctl itself moves, per second."),
+    mode: ModeOpt = None,
+    budget: BudgetOpt = None,
+    budget_sweep: SweepOpt = 0.0,
+    option: ModeOptionOpt = None,
+    degree: DegreeOpt = None,
+    spare_gpus: SpareOpt = 0,
+    rate: RateOpt = None,
     runtime: bool = typer.Option(False, "--runtime", help="Preload umctl's in-process runtime: exact kernel names and "
                                  "argument hashes, allocator events (replaces the BPF launch probe)."),
     managed: bool = typer.Option(False, "--managed", help="Runtime: cudaMalloc becomes cudaMallocManaged (DeepUM's runtime), "
