@@ -47,3 +47,19 @@ def test_parse_modes_puts_none_first():
     assert parse_modes("oracle,none") == ["none", "oracle"]
     assert parse_modes("oracle") == ["none", "oracle"]
     assert "oracle" in parse_modes("all")
+
+
+@pytest.mark.parametrize("target, modes", [("gpt2-l", ["none", "deepum", "oracle"]), ("hum-mixed", ["none", "hum"]),
+                                           ("mgpu-gemm", ["none", "snurhac"]), ("huvm-pair", ["none", "harvest"])])
+def test_every_json_field_is_a_result_field(target, modes):
+    """`umctl replay --json` prints JSON_FIELDS; each must be a key the results really have (a
+    renamed one would print null for every mode)."""
+    from umctl.sim.replay import JSON_FIELDS, json_rows, result_rows, run_modes
+    from umctl.workload.target import resolve_target
+
+    w = resolve_target(target, {"iterations": "1"})
+    rows = result_rows(run_modes(w, modes, seed=0))
+    for r in rows:
+        assert [k for k in JSON_FIELDS if k not in r] == [], r["mode"]
+    out = json_rows(rows, "c")
+    assert [list(o)[:-1] for o in out] == [list(JSON_FIELDS)] * len(rows) and out[0]["calibration"] == "c"

@@ -121,7 +121,7 @@ def _run_replay(target: str, modes: str, overrides: dict[str, str], seed: int, p
     from ..sim.calibration import DEFAULT as DEFAULT_CALIBRATION
     from ..sim.calibration import Calibration
     from ..controller.options import parse_mode_options
-    from ..sim.replay import parse_modes, result_rows, run_modes
+    from ..sim.replay import json_rows, parse_modes, result_rows, run_modes
     from ..workload.target import resolve_target
 
     check_output_path(png, "figure")
@@ -177,14 +177,7 @@ def _run_replay(target: str, modes: str, overrides: dict[str, str], seed: int, p
                             calib=calib, timeline=bool(timeline), max_rss=parse_max_rss(max_rss))
     rows = result_rows(results)
     if as_json:
-        keys = ("mode", "time_s", "speedup", "faults", "fault_batches", "bytes_h2d", "bytes_d2h",
-                "evictions", "prefetch_accuracy", "prefetch_coverage")
-        extra = ("time_ns", "steady_time_ns", "steady_speedup", "steady_faults_per_iter", "iteration_faults",
-                 "workload", "demand_bytes", "driver_prefetch_bytes", "user_prefetch_bytes",
-                 "bytes_p2p", "preevictions", "invalidated_bytes", "prefetch_pages", "stall_ns",
-                 "compute_ns", "kernels", "accesses", "commands", "wall_s", "fault_causes",
-                 "steady_fault_causes_per_iter", "nodes", "bytes_internode", "internode_messages", "controller")
-        print(json.dumps([{**{k: r.get(k) for k in keys + extra}, "calibration": calib.name} for r in rows], indent=2))
+        print(json.dumps(json_rows(rows, calib.name), indent=2))
     else:
         out.print(replay_table(rows, _describe(workload)))
         causes = fault_cause_table(rows)
