@@ -24,7 +24,7 @@ import numpy as np
 
 from ..events.schema import AllocOp, EventBatch, Kind, Op, commands
 from ..workload.workload import OpType
-from ..units import BLOCK_SIZE, CPU, PAGE_SIZE, PAGE_TO_BLOCK_SHIFT, PAGES_PER_BLOCK
+from ..units import BLOCK_SIZE, CPU, PAGE_SIZE, PAGE_TO_BLOCK_SHIFT, PAGES_PER_BLOCK, ranges
 from .base import Controller, ControllerContext, register
 
 _NEVER = np.iinfo(np.int64).max
@@ -93,7 +93,7 @@ class OracleController(Controller):
         empty = ops["acc_hi"][kidx] <= ops["acc_lo"][kidx]
         n = np.where(empty, 0, hi - lo)
         rk = np.repeat(np.arange(len(kidx), dtype=np.int64), n)
-        rr = np.arange(len(rk), dtype=np.int64) - np.repeat(np.cumsum(n) - n, n) + np.repeat(lo, n)
+        rr = ranges(lo, n)
         return rk, rr
 
     def _plan_uses(self, runs, ops, kidx) -> None:

@@ -55,7 +55,7 @@ from dataclasses import asdict, dataclass
 import numpy as np
 
 from ..events.schema import KIND_CODES, AllocOp, EventBatch, Kind, Op, Status
-from ..units import BLOCK_SHIFT, BLOCK_SIZE
+from ..units import BLOCK_SHIFT, BLOCK_SIZE, ranges
 
 PAGE_SHIFT = 12
 PAGES = BLOCK_SIZE >> PAGE_SHIFT          # 512 pages of 4 KiB in a block
@@ -273,8 +273,7 @@ class BudgetCheck:
         b0, b1 = lo >> BLOCK_SHIFT, (hi - 1) >> BLOCK_SHIFT
         reps = (b1 - b0 + 1).astype(np.int64)
         idx = np.repeat(np.arange(len(t)), reps)
-        off = np.arange(int(reps.sum())) - np.repeat(np.cumsum(reps) - reps, reps)
-        blk = b0[idx] + off
+        blk = ranges(b0, reps)
         s = np.maximum(blk << BLOCK_SHIFT, lo[idx]) - (blk << BLOCK_SHIFT)
         e = np.minimum((blk + 1) << BLOCK_SHIFT, hi[idx]) - (blk << BLOCK_SHIFT)
         masks = _masks(s >> PAGE_SHIFT, (e + 4095) >> PAGE_SHIFT)

@@ -30,7 +30,7 @@ import numpy as np
 from .. import UmctlError
 from ..controller.base import Controller, ControllerContext
 from ..events.schema import AllocOp, EventBatch, Kind, Op, Status, commands, empty
-from ..units import BLOCK_SHIFT, BLOCK_SIZE, CPU
+from ..units import BLOCK_SHIFT, BLOCK_SIZE, CPU, ranges
 from .budget_check import BudgetCheck
 
 
@@ -93,6 +93,12 @@ class Residency:
             for b in blocks:
                 d.pop(b, None)
 
+    def reported_since(self, g: int, block: int, t: int) -> bool:
+        """Whether the driver reported ``block`` arriving on GPU g (a fault or a migration) at
+        ``t`` or later."""
+        self._gpu(g)
+        return self.reported_at[g].get(block, -1) >= t
+
     def _reported(self, g: int, blocks, t: int) -> list[int]:
         """The driver reported ``blocks`` arriving on g at ``t``: all but those umctl sent away
         after ``t`` (a late record of an arrival that the queued eviction undoes)."""
@@ -135,7 +141,7 @@ class Residency:
             b0, b1 = lo >> BLOCK_SHIFT, (lo + np.maximum(m["bytes"].astype(np.int64), 1) - 1) >> BLOCK_SHIFT
             reps = b1 - b0 + 1
             idx = np.repeat(np.arange(len(m)), reps)
-            blk = b0[idx] + (np.arange(len(idx)) - np.repeat(np.cumsum(reps) - reps, reps))
+            blk = ranges(b0, reps)
             dst, t = m["dst"][idx].astype(np.int64), m["t_ns"][idx]
             last_in: dict[tuple[int, int], int] = {}
             into = dst >= 0
@@ -449,8 +455,7 @@ class LiveControl:
             if op == Op.PREFETCH and st in (Status.FAILED, Status.RANGE_INVALID) and dst >= 0:
                 # only what the prefetch itself put in the estimate: a block the program faulted
                 # in (DeepUM's fault queue completes such blocks) holds GPU memory all the same
-                self.res._gpu(dst)
-                if fresh and self.res.reported_at[dst].get(b, -1) < t:
+                if fresh and not self.res.reported_since(dst, b, t):
                     self.res.leave(dst, [b])
             elif op == Op.PREEVICT and st == Status.FAILED:
                 # the block did not leave: count it again where umctl had taken it out
