@@ -17,7 +17,7 @@ LINE = re.compile(r"^umctl: replay gpt2-xl: (none|oracle) \d+% \([\d,]+/[\d,]+ o
 
 
 def test_replay_prints_plain_progress_lines(monkeypatch, capsys):
-    monkeypatch.setenv("UMCTL_PROGRESS_INTERVAL", "0.05")
+    monkeypatch.setenv("UMCTL_PROGRESS_INTERVAL", "0.01")   # many intervals even in a short, loaded run
     rc = main(["replay", "gpt2-xl", "--iters", "1", "-m", "none,oracle", "--json"])
     cap = capsys.readouterr()
     assert rc == 0
