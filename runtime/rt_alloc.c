@@ -61,12 +61,53 @@ static int untrack(const void *p, struct alloc *out)
 
 /* 1: [p, p+n) lies inside one allocation of ours (managed ones only when `managed`);
    -1: it overlaps one; 0: it touches none. */
+/* UMCTL_RT_PREFER_HOST (umctl's budget admission, umctl/live/control.py): every managed
+ * allocation gets the host as its preferred location before the program can touch it, so a GPU
+ * fault maps the host page instead of migrating it and only umctl's own migrations bring memory
+ * onto a GPU. Set here, synchronously, because advice given later from outside would race the
+ * program's first touch. Success is reported (op 4, HOST_PREFERRED): umctl's budget check counts
+ * GPU faults in such a range as remote mappings, not arrivals, only on that evidence. */
+static _Atomic u64 st_prefer_host, st_prefer_host_failed;
+static int prefer_host_on(void)
+{
+    static _Atomic int on = -1;
+    int v = atomic_load(&on);
+    if (v < 0) {
+        v = env_on("UMCTL_RT_PREFER_HOST");
+        atomic_store(&on, v);
+    }
+    return v;
+}
+
+static void prefer_host(const void *p, size_t n, int64_t id)
+{
+    pthread_once(&driver_once, load_driver);
+    int rc = -1;
+    tl_internal++;
+    if (cu_advise_v2) {
+        cu_mem_location_t host = {2 /* CU_MEM_LOCATION_TYPE_HOST */, 0};
+        rc = cu_advise_v2((u64)(uintptr_t)p, n, 3 /* SET_PREFERRED_LOCATION */, host);
+    } else if (cu_advise) {
+        rc = cu_advise((u64)(uintptr_t)p, n, 3 /* SET_PREFERRED_LOCATION */, -1 /* CU_DEVICE_CPU */);
+    }
+    tl_internal--;
+    if (rc == 0) {
+        atomic_fetch_add(&st_prefer_host, 1);
+        report_alloc(4, p, n, id, 1);
+    } else {
+        atomic_fetch_add(&st_prefer_host_failed, 1);
+    }
+}
+
 /* A new allocation of the program's: tracked, counted against the managed cap, reported. */
 static void remember_alloc(const void *p, size_t n, int managed)
 {
     if (managed)
         atomic_fetch_add(&managed_bytes, n);
-    report_alloc(0, p, n, track(p, n, managed), managed);
+    int64_t id = track(p, n, managed);
+    report_alloc(0, p, n, id, managed);
+    if (managed && prefer_host_on())
+        prefer_host(p, n, id);
 }
 
 /* An allocation going away, if it is one we track: untracked, uncounted, reported. */

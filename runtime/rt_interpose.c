@@ -48,7 +48,8 @@ __attribute__((destructor)) static void rt_fini(void)
                 "umctl_rt: pid=%d hum_copies=%llu fallbacks=%llu barrier_waits=%llu segv_waits=%llu launches=%llu driver_launches=%llu "
                 "managed_allocs=%llu driver_wrapped=%llu chunks=%llu pinned_chunks=%llu stage_ms=%.1f dma_wait_ms=%.1f populated=%llu "
                 "dma_chunks=%llu prefetches=%llu drops=%llu,%llu,%llu partitioned=%llu part_fallbacks=%llu "
-                "read_mostly=%llu,%llu discards=%llu,%llu,%llu discard_lock_ms=%.1f,%.2f call_ms=%.1f protect_ms=%.1f unprotect_ms=%.1f copy_ms=%.1f copy_max_ms=%.1f\n",
+                "read_mostly=%llu,%llu discards=%llu,%llu,%llu discard_lock_ms=%.1f,%.2f call_ms=%.1f protect_ms=%.1f unprotect_ms=%.1f copy_ms=%.1f copy_max_ms=%.1f "
+                "prefer_host=%llu,%llu\n",
                 (int)getpid(), (unsigned long long)st_hum, (unsigned long long)st_fallback,
                 (unsigned long long)st_waits, (unsigned long long)st_segv, (unsigned long long)st_launch,
                 (unsigned long long)st_drv_launch,
@@ -59,7 +60,8 @@ __attribute__((destructor)) static void rt_fini(void)
                 (unsigned long long)st_ro_set, (unsigned long long)st_ro_unset, (unsigned long long)st_disc_req,
                 (unsigned long long)st_disc_bytes, (unsigned long long)st_disc_kept, st_disc_ns / 1e6, st_disc_max_ns / 1e6,
                 st_call_ns / 1e6, st_protect_ns / 1e6, st_unprot_ns / 1e6,
-                st_copy_ns / 1e6, st_copy_max_ns / 1e6);
+                st_copy_ns / 1e6, st_copy_max_ns / 1e6, (unsigned long long)st_prefer_host,
+                (unsigned long long)st_prefer_host_failed);
 }
 
 /* ---------------------------------------------------------------- the runtime API we interpose */

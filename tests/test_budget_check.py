@@ -104,10 +104,26 @@ def test_records_are_applied_in_time_order_across_drains():
     chk.observe(batch(14 * MS, migration=mig(5 * MS, [7])))                   # ... in at 5 ms, told later
     chk.finish(50 * MS)
     assert chk.resident_bytes(0) == 0 and chk.late == 0
-    naive = BudgetCheck(BLOCK_SIZE, slack_bytes=0, reorder_ms=0)   # no window: applied as told
-    naive.observe(batch(12 * MS, migration=mig(10 * MS, [7], src=0, dst=CPU)))
-    naive.observe(batch(14 * MS, migration=mig(5 * MS, [7])))
-    assert naive.late == 1 and naive.resident_bytes(0) == BLOCK_SIZE   # counted late, and wrong
+    late = BudgetCheck(BLOCK_SIZE, slack_bytes=0, reorder_ms=0)   # no window: the arrival comes late
+    late.observe(batch(12 * MS, migration=mig(10 * MS, [7], src=0, dst=CPU)))
+    late.observe(batch(14 * MS, migration=mig(5 * MS, [7])))
+    # counted late, and not resurrected: the departure at 10 ms is newer than the arrival at 5 ms
+    assert late.late == 1 and late.resident_bytes(0) == 0
+
+
+def test_a_late_departure_does_not_remove_a_newer_arrival():
+    """The other direction, where a late record would err towards 'held': block 7 left at 5 ms
+    (told late) and came back at 10 ms (told at once): it is resident."""
+    chk = BudgetCheck(BLOCK_SIZE, slack_bytes=0, reorder_ms=0)
+    chk.observe(batch(1 * MS, migration=mig(1 * MS, [7])))
+    chk.observe(batch(12 * MS, migration=mig(10 * MS, [7])))
+    chk.observe(batch(14 * MS, migration=mig(5 * MS, [7], src=0, dst=CPU)))
+    assert chk.late == 1 and chk.resident_bytes(0) == BLOCK_SIZE
+    # a late departure newer than every arrival still removes the block
+    chk.observe(batch(20 * MS, migration=mig(15 * MS, [8])))
+    chk.observe(batch(30 * MS, migration=mig(25 * MS, [7], src=0, dst=CPU)))
+    chk.observe(batch(31 * MS, migration=mig(12 * MS, [8], src=0, dst=CPU)))   # older than 8's arrival: kept
+    assert chk.resident_bytes(0) == 2 * BLOCK_SIZE - BLOCK_SIZE
 
 
 def test_no_migrations_is_unverified_never_held():

@@ -68,6 +68,10 @@ class AllocOp(enum.IntEnum):
     FREE = 1
     BLOCK_INACTIVE = 2  # caching allocator keeps the memory but no tensor lives there
     BLOCK_ACTIVE = 3    # the block is handed out again
+    #: the runtime set the range's preferred location to the host (a budget's admission control):
+    #: the driver serves a GPU fault there by mapping the host page, and only explicit
+    #: migrations (umctl's) bring it onto a GPU
+    HOST_PREFERRED = 4
 
 
 class CopyKind(enum.IntEnum):

@@ -16,7 +16,10 @@ Contract (what counts, and why):
   beside it.
 * **Evidence.** Arrivals on a GPU: MIGRATION records with that GPU as ``dst`` (any cause: demand,
   the driver's density prefetcher, umctl's own prefetches), GPU FAULT records (the faulted 4 KiB
-  page: a first touch is populated on the GPU without any migration event), and umctl's own
+  page: a first touch is populated on the GPU without any migration event) except in ranges the
+  runtime reported host-preferred (ALLOC records with op HOST_PREFERRED: the driver serves a GPU
+  fault there by mapping the host page, populating and migrating nothing; see *Admission* in
+  ``umctl/live/control.py``), and umctl's own
   PREFETCH/STAGE commands whose RESULT is OK (a migrate of never-populated pages moves nothing
   and reports nothing). Departures: MIGRATION records with the GPU as ``src`` (our
   pre-evictions, the driver's evictions), EVICTION records (a replay's driver evictions: the
@@ -26,7 +29,11 @@ Contract (what counts, and why):
 * **Time.** Every record is placed at its own ``t_ns`` (arrivals at the copy's begin, departures
   at its end: both err towards more residency). The driver defers migration records, so records
   are held back ``reorder_ms`` and applied in time order; a record later than that is applied at
-  the oldest time still open (counted in ``late_records``). Residency is a step function whose
+  the oldest time still open (counted in ``late_records``), except for the pages a newer record of
+  the other direction has already settled: a late arrival does not resurrect pages that the
+  block's latest applied departure (newer than it) removed, and a late departure does not remove
+  pages that an arrival newer than it brought (the union of the block's arrivals: when in doubt,
+  residency stays). Residency is a step function whose
   value changes once per application (one per :meth:`observe`, i.e. per drain: the records
   applied together take effect at the earliest of their times); the peak, the share of time
   above ``budget + slack`` and the excess integrated over time (GiB·s) are taken from it over the
@@ -95,6 +102,55 @@ def _masks(lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
     return out.astype(np.uint64)
 
 
+class RangeSet:
+    """Disjoint byte ranges [lo, hi) with vectorised membership: the target's host-preferred
+    managed memory, where a GPU fault maps the host page instead of bringing it in."""
+
+    def __init__(self) -> None:
+        self.lo = np.zeros(0, np.int64)
+        self.hi = np.zeros(0, np.int64)
+
+    def __len__(self) -> int:
+        return len(self.lo)
+
+    def add(self, lo: int, hi: int) -> None:
+        if hi <= lo:
+            return
+        keep = (self.hi < lo) | (self.lo > hi)          # neither overlapping nor touching
+        if not keep.all():
+            lo = min(lo, int(self.lo[~keep].min()))
+            hi = max(hi, int(self.hi[~keep].max()))
+        los, his = np.append(self.lo[keep], lo), np.append(self.hi[keep], hi)
+        order = np.argsort(los)
+        self.lo, self.hi = los[order], his[order]
+
+    def remove(self, lo: int, hi: int) -> None:
+        if hi <= lo or not len(self.lo):
+            return
+        left = (self.lo < lo) & (self.hi > lo)            # a range sticking out on the left
+        right = (self.lo < hi) & (self.hi > hi)           # ... on the right
+        los = np.concatenate([self.lo[(self.hi <= lo) | (self.lo >= hi)], self.lo[left], np.full(int(right.sum()), hi)])
+        his = np.concatenate([self.hi[(self.hi <= lo) | (self.lo >= hi)], np.full(int(left.sum()), lo), self.hi[right]])
+        order = np.argsort(los)
+        self.lo, self.hi = los[order], his[order]
+
+    def contains(self, addr: np.ndarray) -> np.ndarray:
+        """Per address: whether it lies in one of the ranges."""
+        addr = np.asarray(addr, np.int64)
+        if not len(self.lo):
+            return np.zeros(len(addr), bool)
+        i = np.searchsorted(self.lo, addr, side="right") - 1
+        return (i >= 0) & (addr < self.hi[np.maximum(i, 0)])
+
+    def observe(self, allocs: np.ndarray) -> None:
+        """Fold a batch's ALLOC records: HOST_PREFERRED adds its range, FREE removes it."""
+        for op, addr, n in zip(allocs["op"].tolist(), allocs["addr"].tolist(), allocs["bytes"].tolist()):
+            if op == AllocOp.HOST_PREFERRED:
+                self.add(addr, addr + n)
+            elif op == AllocOp.FREE:
+                self.remove(addr, addr + n)
+
+
 @dataclass
 class BudgetVerdict:
     """What :class:`BudgetCheck` found (bytes; times in seconds). ``held``: True, False, or
@@ -113,6 +169,8 @@ class BudgetVerdict:
     migrations_seen: int
     late_records: int = 0
     dropped_migrations: int = 0
+    #: GPU faults on host-preferred pages: served remotely, so not counted as arrivals
+    faults_mapped_remote: int = 0
     why: str = ""
 
     def as_dict(self) -> dict:
@@ -125,7 +183,7 @@ class BudgetCheck:
     ``slack_bytes`` defaults to :func:`default_slack`."""
 
     def __init__(self, budget_bytes: int, gpus=(0,), *, slack_bytes: int | None = None,
-                 reorder_ms: float = 50.0, migrations_on: bool | None = None):
+                 reorder_ms: float = 100.0, migrations_on: bool | None = None):
         self.budget = int(budget_bytes)
         #: whether the source delivers migration events (True / False; None: judge by whether any
         #: came). With them on, a run that moved nothing reports none and is judged from its
@@ -139,7 +197,16 @@ class BudgetCheck:
         self._bits = np.zeros((64, WORDS), np.uint64)
         self._slot_gpu = np.zeros(64, np.int64)
         self._slot_block = np.zeros(64, np.int64)
-        self._pending: list[tuple[np.ndarray, ...]] = []   # (t, gpu, addr, end, set?) arrays
+        # per slot: the newest arrival time and the union of arrived pages; the newest departure
+        # time and its pages (module doc, *Time*: what a late record may not undo)
+        self._set_t = np.full(64, np.iinfo(np.int64).min, np.int64)
+        self._set_mask = np.zeros((64, WORDS), np.uint64)
+        self._clr_t = np.full(64, np.iinfo(np.int64).min, np.int64)
+        self._clr_mask = np.zeros((64, WORDS), np.uint64)
+        self._pending: list[tuple[np.ndarray, ...]] = []   # (t, gpu, addr, end, set?, fault?) arrays
+        #: host-preferred ranges (module doc, *Evidence*): faults there bring nothing in
+        self.host_preferred = RangeSet()
+        self.fault_records_mapped = 0   # GPU faults on host-preferred pages (not arrivals)
         self._cmds: dict[int, tuple[int, int, int]] = {}   # PREFETCH cmd_id -> (addr, bytes, dst)
         self.blocks: dict[int, int] = {}                  # gpu -> resident blocks
         self.pages: dict[int, int] = {}                   # gpu -> resident pages
@@ -167,21 +234,23 @@ class BudgetCheck:
             into = m["dst"] >= 0
             if into.any():
                 parts.append((m["t_ns"][into], m["dst"][into].astype(np.int64), m["addr"][into].astype(np.int64),
-                              end[into], np.ones(int(into.sum()), bool)))
+                              end[into], np.ones(int(into.sum()), bool), np.zeros(int(into.sum()), bool)))
             out = m["src"] >= 0
             if out.any():
                 t_end = np.where(m["t_end_ns"] > m["t_ns"], m["t_end_ns"], m["t_ns"])
                 parts.append((t_end[out], m["src"][out].astype(np.int64), m["addr"][out].astype(np.int64),
-                              end[out], np.zeros(int(out.sum()), bool)))
+                              end[out], np.zeros(int(out.sum()), bool), np.zeros(int(out.sum()), bool)))
         f = batch[Kind.FAULT]
         if len(f):
             f = f[f["gpu"] >= 0]
             a = f["addr"].astype(np.int64) & ~np.int64(4095)
-            parts.append((f["t_ns"], f["gpu"].astype(np.int64), a, a + 4096, np.ones(len(f), bool)))
+            parts.append((f["t_ns"], f["gpu"].astype(np.int64), a, a + 4096, np.ones(len(f), bool),
+                          np.ones(len(f), bool)))
         e = batch[Kind.EVICTION]
         if len(e):
             a = (e["addr"].astype(np.int64) >> BLOCK_SHIFT) << BLOCK_SHIFT
-            parts.append((e["t_ns"], e["gpu"].astype(np.int64), a, a + BLOCK_SIZE, np.zeros(len(e), bool)))
+            parts.append((e["t_ns"], e["gpu"].astype(np.int64), a, a + BLOCK_SIZE, np.zeros(len(e), bool),
+                          np.zeros(len(e), bool)))
         c = batch[Kind.COMMAND]
         for cid, op, addr, n, dst in zip(c["cmd_id"].tolist(), c["op"].tolist(), c["addr"].tolist(),
                                          c["bytes"].tolist(), c["dst"].tolist()):
@@ -196,9 +265,10 @@ class BudgetCheck:
                     rows.append((t, cmd[2], cmd[0], cmd[0] + cmd[1]))
             if rows:
                 x = np.array(rows, np.int64)
-                parts.append((x[:, 0], x[:, 1], x[:, 2], x[:, 3], np.ones(len(x), bool)))
+                parts.append((x[:, 0], x[:, 1], x[:, 2], x[:, 3], np.ones(len(x), bool), np.zeros(len(x), bool)))
         a = batch[Kind.ALLOC]
         if len(a):
+            self.host_preferred.observe(a)
             for t, op, addr, n in zip(a["t_ns"].tolist(), a["op"].tolist(), a["addr"].tolist(), a["bytes"].tolist()):
                 if op == AllocOp.FREE and n > 0:
                     parts += self._free_ops(t, addr, addr + n)
@@ -209,7 +279,7 @@ class BudgetCheck:
             t_min = min(int(p[0].min()) for p in parts if len(p[0]))
             if self.t_applied is None and (self.t0 is None or t_min < self.t0):
                 self.t0 = t_min        # observed time starts at the first record
-            self._pending.append(tuple(np.concatenate([p[i] for p in parts]) for i in range(5)))
+            self._pending.append(tuple(np.concatenate([p[i] for p in parts]) for i in range(6)))
         if self.t0 is None:
             return
         t_max = max([int(p[0].max()) for p in self._pending if len(p[0])] + [int(batch.now_ns)])
@@ -227,7 +297,8 @@ class BudgetCheck:
         b = blk[sel]
         s = np.maximum(b << BLOCK_SHIFT, lo)
         e = np.minimum((b + 1) << BLOCK_SHIFT, hi)
-        return [(np.full(len(sel), t, np.int64), self._slot_gpu[sel], s, e, np.zeros(len(sel), bool))]
+        return [(np.full(len(sel), t, np.int64), self._slot_gpu[sel], s, e, np.zeros(len(sel), bool),
+                 np.zeros(len(sel), bool))]
 
     def finish(self, now_ns: int | None = None) -> None:
         """Apply everything still held back (the end of the session)."""
@@ -247,6 +318,11 @@ class BudgetCheck:
                     self._bits = np.concatenate([self._bits, np.zeros((grow, WORDS), np.uint64)])
                     self._slot_gpu = np.concatenate([self._slot_gpu, np.zeros(grow, np.int64)])
                     self._slot_block = np.concatenate([self._slot_block, np.zeros(grow, np.int64)])
+                    lo_t = np.full(grow, np.iinfo(np.int64).min, np.int64)
+                    self._set_t = np.concatenate([self._set_t, lo_t])
+                    self._clr_t = np.concatenate([self._clr_t, lo_t])
+                    self._set_mask = np.concatenate([self._set_mask, np.zeros((grow, WORDS), np.uint64)])
+                    self._clr_mask = np.concatenate([self._clr_mask, np.zeros((grow, WORDS), np.uint64)])
                 self._slot_gpu[r], self._slot_block[r] = k & 0xFF, k >> 8
             rows[i] = r
         return rows[inv.reshape(-1)]
@@ -257,18 +333,32 @@ class BudgetCheck:
         if not self._pending:
             self._account(horizon)
             return
-        t, g, lo, hi, up = (np.concatenate([p[i] for p in self._pending]) for i in range(5))
+        t, g, lo, hi, up, fault = (np.concatenate([p[i] for p in self._pending]) for i in range(6))
+        if fault.any() and len(self.host_preferred):
+            # judged at apply time, after the reorder window: the runtime's HOST_PREFERRED record
+            # is stamped before any fault on its range and has had time to arrive
+            mapped = fault & self.host_preferred.contains(lo)
+            if mapped.any():
+                self.fault_records_mapped += int(mapped.sum())
+                keep = ~mapped
+                t, g, lo, hi, up, fault = t[keep], g[keep], lo[keep], hi[keep], up[keep], fault[keep]
+                if not len(t):
+                    self._pending = []
+                    self._account(horizon)
+                    return
+        torig = t
         if self.t_applied is not None:
             late = t < self.t_applied
             if late.any():
                 self.late += int(late.sum())
                 t = np.where(late, self.t_applied, t)
         now = t <= horizon
-        self._pending = [tuple(x[~now] for x in (t, g, lo, hi, up))] if (~now).any() else []
+        # records held back keep their own time (a clamped one is due now, never held back)
+        self._pending = [tuple(x[~now] for x in (t, g, lo, hi, up, fault))] if (~now).any() else []
         if not now.any():
             self._account(horizon)
             return
-        t, g, lo, hi, up = t[now], g[now], lo[now], hi[now], up[now]
+        t, g, lo, hi, up, torig = t[now], g[now], lo[now], hi[now], up[now], torig[now]
         # split every range at block boundaries
         b0, b1 = lo >> BLOCK_SHIFT, (hi - 1) >> BLOCK_SHIFT
         reps = (b1 - b0 + 1).astype(np.int64)
@@ -278,7 +368,15 @@ class BudgetCheck:
         e = np.minimum((blk + 1) << BLOCK_SHIFT, hi[idx]) - (blk << BLOCK_SHIFT)
         masks = _masks(s >> PAGE_SHIFT, (e + 4095) >> PAGE_SHIFT)
         rows = self._rows((blk << 8) | g[idx])
-        tt, upp = t[idx], up[idx]
+        tt, upp, to = t[idx], up[idx], torig[idx]
+        late_piece = np.flatnonzero(to < tt)
+        for k in late_piece.tolist():      # rare: records later than the reorder window
+            r = rows[k]
+            if upp[k] and to[k] < self._clr_t[r]:
+                masks[k] &= ~self._clr_mask[r]      # a newer departure removed these already
+            elif not upp[k] and to[k] < self._set_t[r]:
+                masks[k] &= ~self._set_mask[r]      # a newer arrival brought these back
+        self._remember(rows, to, upp, masks)
         order = np.lexsort((np.arange(len(rows)), tt, rows))
         rows, tt, upp, masks = rows[order], tt[order], upp[order], masks[order]
         start = np.flatnonzero(np.r_[True, rows[1:] != rows[:-1]])
@@ -304,6 +402,19 @@ class BudgetCheck:
             self.pages[gpu] = self.pages.get(gpu, 0) + int(dp[sel].sum())
             self.blocks[gpu] = self.blocks.get(gpu, 0) + int(db[sel].sum())
         self._account(horizon, changed=True)
+
+    def _remember(self, rows: np.ndarray, t: np.ndarray, up: np.ndarray, masks: np.ndarray) -> None:
+        """Per slot: newest arrival time and all arrived pages; newest departure and its pages."""
+        if up.any():
+            np.maximum.at(self._set_t, rows[up], t[up])
+            np.bitwise_or.at(self._set_mask, rows[up], masks[up])
+        down = np.flatnonzero(~up)
+        for k in down[np.argsort(t[down], kind="stable")].tolist():
+            r = rows[k]
+            if t[k] > self._clr_t[r]:
+                self._clr_t[r], self._clr_mask[r] = t[k], masks[k]
+            elif t[k] == self._clr_t[r]:
+                self._clr_mask[r] |= masks[k]
 
     def _account(self, horizon: int, changed: bool = False) -> None:
         """The residency now holds from the last application to ``horizon``."""
@@ -358,7 +469,7 @@ class BudgetCheck:
             time_over_frac=round(frac, 6), over_peak_bytes=self.over_peak,
             over_gib_s=round(self.over_byte_ns / 1e9 / (1 << 30), 6), held=held, observed_s=round(observed / 1e9, 6),
             migrations_seen=self.migrations, late_records=self.late, dropped_migrations=self.dropped_migrations,
-            why=why)
+            faults_mapped_remote=self.fault_records_mapped, why=why)
 
 
-__all__ = ["BudgetCheck", "BudgetVerdict", "default_slack", "MAX_OVER_FRAC", "IN_FLIGHT_BYTES"]
+__all__ = ["BudgetCheck", "BudgetVerdict", "RangeSet", "default_slack", "MAX_OVER_FRAC", "IN_FLIGHT_BYTES"]

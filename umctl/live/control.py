@@ -18,6 +18,20 @@ The estimate is what the keeper acts on, and it is optimistic about umctl's own 
 block leaves it when the eviction is queued); whether the budget was *held* is judged apart from
 it, from the driver's own events, by :class:`~umctl.live.budget_check.BudgetCheck`, which every
 budgeted session runs (the budget turns migration events on for it).
+
+**Admission** (``umctl run --runtime``, the default there: ``--budget-hold admit``). Evicting
+after the fact cannot hold a budget against a program that faults faster than umctl can evict:
+the GPU has room, so the driver serves every fault at once. Under the runtime, every managed
+allocation prefers the host (``UMCTL_RT_PREFER_HOST``): the driver then serves a GPU fault by
+mapping the host page remotely, and nothing reaches the GPU but umctl's own migrations. The
+keeper turns faults into *demand* (the blocks the program wants), and every PREFETCH onto a
+budgeted GPU -- demand first, then the controller's -- is admitted only while the blocks already
+there, plus the blocks whose eviction is still being copied out, leave room. What does not fit
+waits (demand) or is dropped (a controller's prediction), and the keeper evicts to make room.
+So the budget holds by construction. The price, and why it is not a smaller GPU: until a block
+is admitted, the program reads it over the link, and re-touching an evicted block costs a
+remote-mapping fault per page (measured: 2.7 s per 2 GiB, against 0.27 s for migrating
+faults; ``benchmarks/gpu/prefer_host_probe.py``).
 """
 
 from __future__ import annotations
@@ -31,7 +45,7 @@ from .. import UmctlError
 from ..controller.base import Controller, ControllerContext
 from ..events.schema import AllocOp, EventBatch, Kind, Op, Status, commands, empty
 from ..units import BLOCK_SHIFT, BLOCK_SIZE, CPU, ranges
-from .budget_check import BudgetCheck
+from .budget_check import BudgetCheck, RangeSet
 
 
 #: Command priority of the budget's sweep (below the budget keeper's 0 and the controller's 1);
@@ -57,6 +71,15 @@ class Residency:
         self.gone_at: list[dict[int, int]] = [{} for _ in self.blocks]
         #: per GPU: block -> when the driver last reported it arriving (a fault or a migration)
         self.reported_at: list[dict[int, int]] = [{} for _ in self.blocks]
+        #: ranges the runtime made host-preferred: a GPU fault there maps the host page and
+        #: brings nothing in (module doc, *Admission*)
+        self.host_preferred = RangeSet()
+        #: per GPU: blocks the program faulted on in host-preferred ranges while not resident,
+        #: first fault first, since the last :meth:`observe` (what admission serves)
+        self.demand: dict[int, list[int]] = {}
+        #: (GPU, block) -> umctl's prefetches of it with no RESULT yet (kept by LiveControl): a
+        #: departure reported meanwhile is an older eviction's, which that prefetch undoes
+        self.pending_in: dict[tuple[int, int], int] = {}
 
     def _gpu(self, g: int) -> OrderedDict[int, int]:
         while g >= len(self.blocks):
@@ -79,14 +102,19 @@ class Residency:
                 new.append(b)
         return new
 
-    def leave(self, g: int, blocks, t: int | None = None) -> None:
+    def leave(self, g: int, blocks, t: int | None = None) -> list[int]:
         """Blocks no longer count on GPU g; ``t``: umctl sent them away then (its eviction was
-        queued), so a migration into g that began before ``t`` is not news (below)."""
+        queued), so a migration into g that began before ``t`` is not news (below). Returns
+        those that did count."""
         d = self._gpu(g)
         gone = self.gone_at[g]
+        out = []
         for b in blocks:
-            if d.pop(b, None) is not None and t is not None:
-                gone[b] = t
+            if d.pop(b, None) is not None:
+                out.append(b)
+                if t is not None:
+                    gone[b] = t
+        return out
 
     def leave_all(self, blocks) -> None:
         for d in self.blocks:
@@ -119,7 +147,16 @@ class Residency:
         blocks out; freed ranges leave every GPU (returned). Migration records come late (the
         driver defers them), so an arrival that began before umctl queued the block's eviction
         is dropped: the eviction, executed after it, undoes it."""
+        a = batch[Kind.ALLOC]
+        if len(a):
+            self.host_preferred.observe(a)
+        self.demand = {}
         f = batch[Kind.FAULT]
+        if len(f) and len(self.host_preferred):
+            remote = self.host_preferred.contains(f["addr"].astype(np.int64))
+            if remote.any():
+                self._demand(f[remote])
+                f = f[~remote]
         if len(f):
             for g in np.unique(f["gpu"]).tolist():
                 if g < 0:
@@ -159,11 +196,16 @@ class Residency:
                     if self._reported(g, [b], t1):
                         self.arrive(g, [b], t0)
             whole = np.flatnonzero((m["src"] >= 0) & (m["bytes"] >= BLOCK_SIZE))
+            pending = self.pending_in
             for i in whole.tolist():
                 g, t_end = int(m["src"][i]), int(max(m["t_end_ns"][i], m["t_ns"][i]))
                 b_lo, b_hi = int(b0[i]), int(b1[i])
-                self.leave(g, [b for b in range(b_lo, b_hi + 1) if last_in.get((g, b), -1) <= t_end])
-        a = batch[Kind.ALLOC]
+                rep = self.reported_at[g] if g < len(self.reported_at) else {}
+                # not gone: a block that arrived again after this departure, in this batch or an
+                # earlier one (records come late), or that umctl is bringing back right now
+                self.leave(g, [b for b in range(b_lo, b_hi + 1)
+                               if last_in.get((g, b), -1) <= t_end and rep.get(b, -1) <= t_end
+                               and not pending.get((g, b))])
         freed: list[int] = []
         if len(a):
             for rec in a[a["op"] == AllocOp.FREE]:
@@ -174,6 +216,16 @@ class Residency:
                 self.leave_all(whole)
                 freed += whole
         return freed
+
+    def _demand(self, f: np.ndarray) -> None:
+        """Faults served remotely: their blocks, where not resident, are the program's demand."""
+        for g in np.unique(f["gpu"]).tolist():
+            if g < 0:
+                continue
+            sel = f[f["gpu"] == g]
+            blocks, first = np.unique((sel["addr"] >> np.uint64(BLOCK_SHIFT)).astype(np.int64), return_index=True)
+            here = self._gpu(g)
+            self.demand[g] = [b for b in blocks[np.argsort(first)].tolist() if b not in here]
 
     def resident_bytes(self, g: int) -> int:
         return len(self._gpu(g)) * BLOCK_SIZE
@@ -219,6 +271,17 @@ class Budget:
         #: control period; the evictions that undo it are queued ahead of any prefetch)
         self.peak_bytes = 0
         self.peak_before = 0
+        #: admission control (module doc, *Admission*): set by LiveControl under the runtime
+        self.admission = False
+        #: per GPU: blocks whose eviction umctl issued and that have no RESULT yet -> when: they
+        #: still hold GPU memory, so admission counts them
+        self.evicting: dict[int, dict[int, int]] = {}
+        #: per GPU: the program's demand not admitted yet (block -> first fault), oldest first
+        self.wanted: dict[int, OrderedDict[int, int]] = {}
+        self.admitted_blocks = 0        # demand blocks admitted
+        self.deferred_prefetches = 0    # controller prefetches dropped for want of room
+        self.room_evictions = 0         # blocks evicted to make room for demand
+        self.wanted_peak = 0
 
     #: Round-robin unit over several destinations, in 2 MiB blocks: per block, every command
     #: would be its own 2 MiB ioctl (14,683 ioctls for 14,858 blocks over 3 spare H200s, where
@@ -228,8 +291,8 @@ class Budget:
     def _spread(self, victims: list[int], dsts: list[int]) -> tuple[list[int], np.ndarray]:
         """Destinations for the victims: runs of up to SPREAD_RUN address-contiguous blocks
         go round-robin to ``dsts`` so the actuator can still coalesce each run."""
-        if len(dsts) == 1:
-            return victims, np.full(len(victims), dsts[0], np.int16)
+        if len(dsts) == 1:   # ascending, so that the actuator coalesces runs (it extends forwards)
+            return sorted(victims), np.full(len(victims), dsts[0], np.int16)
         v = np.sort(np.asarray(victims, np.int64))
         new_run = np.ones(len(v), bool)
         new_run[1:] = np.diff(v) != 1
@@ -263,6 +326,7 @@ class Budget:
                 continue
             self.res.leave(g, victims, now)
             self.sent_away(g, victims, now)
+            self.evicting_now(g, victims, now)
             self.peak_bytes = max(self.peak_bytes, self.res.resident_bytes(g))
             self.enforced_blocks += len(victims)
             cmds = self._preevict(g, victims, now, priority=0)
@@ -272,6 +336,109 @@ class Budget:
                     self.res.arrive(d, blocks[cmds["dst"] == d].tolist(), now)
             out.append(cmds)
         return np.concatenate(out) if out else None
+
+    #: an eviction whose RESULT never came (dropped by the actuator's queue) stops counting
+    #: against admission after this long
+    EVICTING_TTL_NS = 2_000_000_000
+    #: blocks of demand admission makes room for per control step (256 MiB: large enough for the
+    #: actuator to coalesce runs of blocks into 64 MiB ioctls, small enough that the eviction
+    #: queue stays short; demand beyond it waits for the next steps)
+    ROOM_STEP_BLOCKS = 128
+
+    def room(self, g: int, now: int) -> int:
+        """Blocks that may still be admitted onto GPU g: the cap less what is resident and what
+        is still being copied out."""
+        ev = self.evicting.setdefault(g, {})
+        stale = [b for b, t in ev.items() if now - t > self.EVICTING_TTL_NS]
+        for b in stale:
+            del ev[b]
+        return self.nbytes // BLOCK_SIZE - len(self.res.blocks[g] if g < len(self.res.blocks) else ()) - len(ev)
+
+    def evicting_now(self, g: int, blocks, now: int) -> None:
+        if self.admission:
+            ev = self.evicting.setdefault(g, {})
+            for b in blocks:
+                ev[b] = now
+
+    def evicted(self, block: int) -> None:
+        """An eviction's RESULT came (whatever its status: a failed one is counted resident
+        again by LiveControl): the block no longer holds room as 'being copied out'."""
+        for ev in self.evicting.values():
+            ev.pop(block, None)
+
+    def want(self, g: int, blocks: list[int], now: int) -> None:
+        w = self.wanted.setdefault(g, OrderedDict())
+        for b in blocks:
+            w[b] = now
+            w.move_to_end(b)         # demanded again: the most recent use
+        cap = self.nbytes // BLOCK_SIZE
+        while len(w) > cap:          # older demand than a whole budget's worth is stale
+            w.popitem(last=False)
+        self.wanted_peak = max(self.wanted_peak, len(w))
+
+    def admit(self, cmds: np.ndarray | None, gpus: list[int], now: int, order=None
+              ) -> tuple[np.ndarray | None, np.ndarray | None, np.ndarray | None]:
+        """Admission (module doc): returns (the controller's commands with the prefetches that do
+        not fit removed, PREFETCH commands admitting demand, PREEVICT commands making room for the
+        demand still waiting). The demand prefetches count in the estimate once issued (the
+        caller accounts them like the controller's); the room evictions are accounted here.
+
+        Newest demand first: a fault served remotely has already completed, so a block's demand
+        says only that the program was using it then; the most recent is the likeliest to be
+        used again (and a program's demand from an earlier kernel, served first, would evict the
+        current kernel's blocks)."""
+        keep = np.ones(len(cmds), bool) if cmds is not None else None
+        demand_parts, evict_parts = [], []
+        for g in gpus:
+            here = self.res._gpu(g)
+            room = self.room(g, now)
+            w = self.wanted.setdefault(g, OrderedDict())
+            admit: list[int] = []
+            for b in reversed(list(w)):
+                if b in here:
+                    del w[b]
+                elif room > 0:
+                    del w[b]
+                    admit.append(b)
+                    room -= 1
+                else:
+                    break
+            taken = set(admit)
+            if cmds is not None and len(cmds):
+                sel = np.flatnonzero((cmds["op"] == Op.PREFETCH) & (cmds["dst"] == g))
+                for i, a in zip(sel.tolist(), cmds["addr"][sel].tolist()):
+                    b = int(a) >> BLOCK_SHIFT
+                    if b in here:
+                        continue                 # already there: a no-op, harmless
+                    if b in taken:
+                        keep[i] = False          # the demand admits it already
+                    elif room > 0:
+                        taken.add(b)
+                        w.pop(b, None)
+                        room -= 1
+                    else:
+                        keep[i] = False
+                        self.deferred_prefetches += 1
+            if admit:
+                self.admitted_blocks += len(admit)
+                # ascending: the actuator coalesces a run of blocks into one ioctl only forwards
+                demand_parts.append(commands(Op.PREFETCH, np.sort(np.array(admit, np.int64)) << BLOCK_SHIFT, BLOCK_SIZE,
+                                             dst=g, priority=0, t_ns=now))
+            # room for what still waits, less what the evictions under way will free
+            need = min(len(w), self.ROOM_STEP_BLOCKS) - max(0, room) - len(self.evicting.get(g, {}))
+            if need > 0:
+                cand = self.res.oldest(g, len(here), skip=taken)
+                victims = (order(g, cand) if order is not None else cand)[:need]
+                if victims:
+                    self.res.leave(g, victims, now)
+                    self.sent_away(g, victims, now)
+                    self.evicting_now(g, victims, now)
+                    self.room_evictions += len(victims)
+                    self.enforced_blocks += len(victims)
+                    evict_parts.append(self._preevict(g, victims, now, priority=0))
+        return (cmds[keep] if cmds is not None else None,
+                np.concatenate(demand_parts) if demand_parts else None,
+                np.concatenate(evict_parts) if evict_parts else None)
 
     def _preevict(self, g: int, blocks: list[int], now: int, *, priority: int) -> np.ndarray:
         """PREEVICT commands moving ``blocks`` off GPU g to the budget's destinations."""
@@ -285,8 +452,8 @@ class Budget:
             d[b] = now
 
     def forget(self, blocks) -> None:
-        """Freed blocks: nothing to send away any more."""
-        for d in self.away.values():
+        """Freed blocks: nothing to send away, or to admit, any more."""
+        for d in [*self.away.values(), *self.wanted.values()]:
             for b in blocks:
                 d.pop(b, None)
 
@@ -332,7 +499,7 @@ class LiveControl:
 
     def __init__(self, controller: Controller, actuator, *, pid: int, gpus: list[dict],
                  budget_bytes: int | None = None, spare_gpus: int = 0, budget_sweep_ms: float = 0.0,
-                 safe_invalidate: bool = False, migrations_on: bool | None = None):
+                 safe_invalidate: bool = False, migrations_on: bool | None = None, admission: bool = False):
         if controller.replay_only:
             raise UmctlError(f"mode {controller.name} needs the future (replay only); live modes: "
                              "none, deepum, deepum-prefetch, deepum-preevict, ...")
@@ -348,6 +515,9 @@ class LiveControl:
         spare = list(range(1, 1 + spare_gpus))
         self.budget = (Budget(budget_bytes, self.res, dst=spare or None, sweep_ms=budget_sweep_ms)
                        if budget_bytes else None)
+        if self.budget is not None:
+            # the runtime makes managed memory host-preferred (module doc, *Admission*)
+            self.budget.admission = bool(admission)
         mem = [int(g.get("memory_bytes") or 0) for g in gpus] or [0]
         if self.budget is not None:
             mem = [self.budget.nbytes if i in self.target_gpus else m for i, m in enumerate(mem)]
@@ -390,15 +560,30 @@ class LiveControl:
         self._evictions = None
         parts = []
         cmds = self.ctl.on_events(view) if any(k in view for k in sub) else None
+        room_ev = None
+        if self.budget is not None and self.budget.admission:
+            for g, blocks in self.res.demand.items():
+                if g in self.target_gpus:
+                    self.budget.want(g, blocks, batch.now_ns)
+            cmds, demand, room_ev = self.budget.admit(cmds, self.target_gpus, batch.now_ns,
+                                                      order=self.ctl.eviction_order)
+            if demand is not None:
+                self._account(demand, batch.now_ns)
+                parts.append(demand)
         if cmds is not None and len(cmds):
             self._account(cmds, batch.now_ns)
             parts.append(cmds)
+        if room_ev is not None:
+            room_ev = self.ctl.eviction_commands(room_ev)
+            parts.append(room_ev)
+            self._evictions = keeper_evictions(room_ev, self.pid)
         if self.budget is not None:
             ev = self.budget.enforce(self.target_gpus, batch.now_ns, order=self.ctl.eviction_order)
             if ev is not None:
                 ev = self.ctl.eviction_commands(ev)
                 parts.append(ev)
-                self._evictions = keeper_evictions(ev, self.pid)
+                kept = keeper_evictions(ev, self.pid)
+                self._evictions = kept if self._evictions is None else np.concatenate([self._evictions, kept])
             sw = self.budget.sweep(self.target_gpus, batch.now_ns)
             if sw is not None:
                 parts.append(sw)
@@ -409,10 +594,12 @@ class LiveControl:
             cmds["t_ns"] = batch.now_ns
             ids = self.act.submit(cmds)
             cmds["cmd_id"] = ids
-            now, fresh = batch.now_ns, self._fresh
+            now, fresh, pending = batch.now_ns, self._fresh, self.res.pending_in
             for op, a, d, i in zip(cmds["op"].tolist(), cmds["addr"].tolist(), cmds["dst"].tolist(), ids.tolist()):
                 b = a >> BLOCK_SHIFT
                 self._issued[i] = (op, b, d, now, (d, b) in fresh)
+                if op == Op.PREFETCH and d >= 0:
+                    pending[(d, b)] = pending.get((d, b), 0) + 1
             self.commands += len(cmds)
             out.add(Kind.COMMAND, cmds)
         self._fresh = set()
@@ -435,9 +622,10 @@ class LiveControl:
             elif op == Op.PREEVICT:
                 for g in range(len(self.res.blocks)):
                     if g != dst:
-                        self.res.leave(g, blocks, now)
+                        left = self.res.leave(g, blocks, now)
                         if self.budget is not None and g in self.target_gpus:
                             self.budget.sent_away(g, blocks, now)
+                            self.budget.evicting_now(g, left, now)
                 if dst >= 0:
                     self.res.arrive(dst, blocks, now)
             elif op == Op.INVALIDATE:
@@ -450,14 +638,23 @@ class LiveControl:
         r = self.act.results()
         if len(r) == 0:
             return
+        pending = self.res.pending_in
         for cid, st in zip(r["cmd_id"].tolist(), r["status"].tolist()):
             op, b, dst, t, fresh = self._issued.pop(cid, (None, 0, 0, 0, False))
+            if op == Op.PREFETCH and dst >= 0:
+                n = pending.get((dst, b), 0) - 1
+                if n > 0:
+                    pending[(dst, b)] = n
+                else:
+                    pending.pop((dst, b), None)
             if op == Op.PREFETCH and st in (Status.FAILED, Status.RANGE_INVALID) and dst >= 0:
                 # only what the prefetch itself put in the estimate: a block the program faulted
                 # in (DeepUM's fault queue completes such blocks) holds GPU memory all the same
                 if fresh and not self.res.reported_since(dst, b, t):
                     self.res.leave(dst, [b])
-            elif op == Op.PREEVICT and st == Status.FAILED:
+            if op in (Op.PREEVICT, Op.INVALIDATE) and self.budget is not None:
+                self.budget.evicted(b)   # a keeper eviction may have become an INVALIDATE
+            if op == Op.PREEVICT and st == Status.FAILED:
                 # the block did not leave: count it again where umctl had taken it out
                 for g, gone in enumerate(self.res.gone_at):
                     if g != dst and gone.get(b, None) is not None and gone[b] <= t:
@@ -486,7 +683,13 @@ class LiveControl:
             s["budget"] = {"bytes": self.budget.nbytes, "peak_estimate_bytes": self.budget.peak_bytes,
                            "peak_before_enforcement_bytes": self.budget.peak_before,
                            "overflow_blocks_evicted": self.budget.enforced_blocks, "dst": self.budget.dst,
-                           "swept_blocks": self.budget.swept_blocks, "sweep_ms": self.budget.sweep_ns / 1e6}
+                           "swept_blocks": self.budget.swept_blocks, "sweep_ms": self.budget.sweep_ns / 1e6,
+                           "hold": "admit" if self.budget.admission else "evict"}
+            if self.budget.admission:
+                s["budget"].update(admitted_blocks=self.budget.admitted_blocks,
+                                   deferred_prefetches=self.budget.deferred_prefetches,
+                                   room_evictions=self.budget.room_evictions,
+                                   wanted_peak_blocks=self.budget.wanted_peak)
             s.update(self.budget_verdict())
         return s
 

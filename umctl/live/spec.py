@@ -101,7 +101,7 @@ class ControlSpec:
 
     def __init__(self, mode: str | None, budget: str | None, options: list[str] | None, degree: int | None,
                  spare_gpus: int, rate: str | None, gpus: int | None = None, live_run: bool = False,
-                 budget_sweep: float = 0.0):
+                 budget_sweep: float = 0.0, hold: str | None = None):
         from ..units import parse_size
 
         self.label = mode or "none"
@@ -142,6 +142,33 @@ class ControlSpec:
         if budget_sweep < 0:
             raise UmctlError("--budget-sweep must be 0 (off) or more milliseconds")
         self.budget_sweep = float(budget_sweep)
+        if hold not in (None, "admit", "evict"):
+            raise UmctlError(f"--budget-hold must be admit or evict (got {hold!r})")
+        if hold is not None and self.budget is None:
+            raise UmctlError("--budget-hold needs --budget")
+        if hold == "admit" and not live_run:
+            raise UmctlError("--budget-hold admit needs the program to start under umctl's runtime: "
+                             "umctl run --runtime --budget B -- CMD (attach holds a budget by evicting only)")
+        if hold == "admit" and spare_gpus:
+            raise UmctlError("--budget-hold admit does not take --spare-gpus (blocks evicted into a neighbour GPU "
+                             "come back without umctl); use --budget-hold evict")
+        self.hold = hold
+        #: whether the budget is held by admission (decided when the program starts: it needs
+        #: the runtime, which makes managed memory host-preferred; control.py, *Admission*)
+        self.admission = False
+
+    def use_runtime_admission(self, runtime: bool) -> bool:
+        """Decide, as the program starts (``runtime``: under umctl's runtime), whether the budget
+        is held by admission: by default whenever it can be (a budget, the runtime, no spare
+        GPUs); ``--budget-hold admit`` without the runtime is an error before anything starts."""
+        if self.budget is None or self.hold == "evict":
+            return False
+        if not runtime:
+            if self.hold == "admit":
+                raise UmctlError("--budget-hold admit needs umctl's runtime: add --runtime (or --managed)")
+            return False
+        self.admission = not self.spare_gpus
+        return self.admission
 
     def source_kinds(self) -> frozenset[Kind]:
         """The event kinds the controller needs from a tools-API source, plus MIGRATION under a
@@ -180,7 +207,8 @@ class ControlSpec:
             return LiveControl(self.controller, act, pid=src.pid, gpus=gpus, budget_bytes=self.budget,
                                spare_gpus=self.spare_gpus, budget_sweep_ms=self.budget_sweep,
                                safe_invalidate=safe,
-                               migrations_on=Kind.MIGRATION in getattr(src, "kinds", frozenset()))
+                               migrations_on=Kind.MIGRATION in getattr(src, "kinds", frozenset()),
+                               admission=self.admission)
         except BaseException:
             act.close()
             raise
