@@ -5,7 +5,7 @@
 // name and an execution identity.
 //
 // Why uprobes: they are the one BPF attach type that works both on the CI kernel and on the GPU
-// machine (fentry is refused, kprobes are absent; docs/measurements.md). Why libcuda and not
+// machine (fentry is refused, kprobes are absent; docs/evaluation/measurements.md). Why libcuda and not
 // libcudart: every runtime launch ends in cuLaunchKernel(Ex), and driver-API users (cupy,
 // cuBLAS, Triton) never touch libcudart; libcudart's cudaLaunchKernel is attached only as a
 // counter, so that a gap between the two counts shows launches that bypassed the driver probes.

@@ -219,3 +219,18 @@ def test_budget_hold_options_are_checked():
                            hold="evict").use_runtime_admission(True)
     with pytest.raises(UmctlError, match="--runtime"):
         ControlSpec("none", "1GiB", None, None, 0, None, live_run=True, hold="admit").use_runtime_admission(False)
+
+
+def test_the_summary_says_how_the_budget_was_held():
+    """`umctl run`'s summary names admission and its counts (report/live.py)."""
+    from umctl.report.live import control_lines
+    from umctl.results import ControlStats, _from_json
+
+    _, lc, _, _ = drive("none", budget_blocks=12, steps=60, seed=0, delay=2, fit_steps=10)
+    st = lc.stats()
+    assert st["budget"]["hold"] == "admit"
+    st["actuator"] = {"counts": dict.fromkeys(("ioctls", "ok", "failed", "target_gone", "superseded", "dropped"), 0),
+                      "bytes": {}, "latency_ms": {}, "errors": {}}   # the stand-in driver keeps none
+    text = "\n".join(t for t, _ in control_lines(_from_json(ControlStats, st)))
+    assert f"admission    {st['budget']['admitted_blocks']:,} demanded blocks admitted" in text
+    assert "budget check on: budget held" in text

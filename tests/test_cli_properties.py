@@ -8,7 +8,7 @@ Calls run in-process (``umctl.cli.main.main``) under an alarm: a subprocess each
 (outside its declared range, of the wrong type, non-finite, a path that cannot be written),
 so that any acceptance is a bug, not a lucky valid value. Also here: the declarative ranges
 cover every numeric option (so a new option cannot skip validation), and every example file in
-docs/scenarios.md loads and replays.
+docs/reference/scenarios.md loads and replays.
 """
 
 from __future__ import annotations
@@ -307,9 +307,9 @@ def test_every_numeric_scenario_parameter_has_a_range():
             check_value(p.name, p.kind, p.resolve(p.default))   # the defaults lie within their ranges
 
 
-# -- docs/scenarios.md ------------------------------------------------------------------------
+# -- docs/reference/scenarios.md ---------------------------------------------------------------
 def _doc_examples() -> list[str]:
-    text = (ROOT / "docs" / "scenarios.md").read_text()
+    text = (ROOT / "docs" / "reference" / "scenarios.md").read_text()
     blocks = re.findall(r"```toml\n(.*?)```", text, re.S)
     return [b for b in blocks if "[scenarios." in b and "[scenarios.NAME]" not in b]
 

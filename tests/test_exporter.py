@@ -20,7 +20,9 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from umctl.events.schema import EventBatch, Kind, Op, Status, commands, empty
 from umctl.exporter import agent as agent_mod
-from umctl.exporter.agent import Agent, is_umctl
+from umctl.exporter.agent import Agent
+from umctl.live import fleet as fleet_mod
+from umctl.live.fleet import is_umctl
 from umctl.exporter.control_state import ensure_state_dir, publisher_for, read_published
 from umctl.exporter.metrics import ExporterCollector, ExporterState, ProcessTotals
 from umctl.driver import abi, process
@@ -179,7 +181,7 @@ def test_every_uvm_process_is_attached_and_counted_per_process_and_gpu(node):
     spawn(tmp, 103, fds={0: "/dev/null"})                       # no UVM: not a target
     agent, state, logs = make_agent(drv, root)
     agent.step()
-    assert sorted(agent.sessions) == [101, 102]
+    assert sorted(agent.fleet.attached()) == [101, 102]
     drv.emit(101, faults_for(101, 30, batch=1))
     drv.emit(101, faults_for(101, 20, batch=2))
     drv.emit(101, entries({"type": abi.EV_GPU_FAULT_REPLAY, "r_gpu": 1, "r_batch": 1, "r_ts": 2_000_000},
@@ -259,7 +261,7 @@ def test_ended_process_keeps_its_final_values_for_the_grace_then_its_series_end(
     drv.emit(301, faults_for(301, 40, batch=1))
     kill(tmp, 301)                      # events still in its ring are drained on the way out
     agent.step()
-    assert 301 not in agent.sessions and drv.fds == {}
+    assert 301 not in agent.fleet.attached() and drv.fds == {}
     m = scrape(state)
     assert value(m, "umctl_gpu_faults_total", pid=301) == 40
     assert value(m, "umctl_process_attached", pid=301) == 0
@@ -306,12 +308,12 @@ def test_sampled_counters_are_scaled_by_the_measured_on_time(node, monkeypatch, 
     duty (x2) would not: the windows' measured on-time is not exactly half of the run."""
     drv, root, tmp = node
     clock = Clock()
-    monkeypatch.setattr(agent_mod, "UvmToolsSource", type("S", (SteppedSource,), {"clock": clock,
+    monkeypatch.setattr(fleet_mod, "UvmToolsSource", type("S", (SteppedSource,), {"clock": clock,
                                                                                   "rng": random.Random(seed)}))
     spawn(tmp, 401)
     agent, state, _ = make_agent(drv, root, sample=0.5, ring_entries=8192, clock=clock)   # one interval's events
     agent.step()
-    src = agent.sessions[401].src
+    src = agent.fleet.members[401].source
     assert src.sampler is not None and src.sampler.clock is clock
     truth = collected = 0
     slots = 600                          # 5 ms slots: 3 s, 30 sampling periods, 10 agent intervals
@@ -367,17 +369,17 @@ def test_refused_attach_is_retried_with_backoff_and_forgotten_when_gone(node):
     spawn(tmp, 501, fds={10: "/dev/nvidia-uvm"})       # only an mm fd: the driver refuses a tracker
     agent, state, logs = make_agent(drv, root, clock=clock)
     agent.step()
-    assert 501 in agent.refused and agent.refused[501].reason == "no_uvm"
+    assert 501 in agent.fleet.waiting() and agent.fleet.members[501].reason == "no_uvm"
     agent.step()
     assert state.attach_failures == {"no_uvm": 1}      # not retried before the back-off
     clock.t += 2.5
     agent.step()
-    assert state.attach_failures == {"no_uvm": 2} and agent.refused[501].backoff == 4.0
+    assert state.attach_failures == {"no_uvm": 2} and agent.fleet.members[501].backoff == 4.0
     assert sum("501" in ln for ln in logs) == 1        # logged once per reason, not per retry
     assert value(scrape(state), "umctl_exporter_processes", state="unattachable") == 1
     kill(tmp, 501)
     agent.step()
-    assert agent.refused == {} and drv.fds == {}
+    assert agent.fleet.waiting() == {} and drv.fds == {}
 
 
 def test_driver_presence_and_drain_period_defaults(tmp_path, monkeypatch):
@@ -407,7 +409,7 @@ def test_umctl_process_with_borrowed_fds_is_skipped(node):
     spawn(tmp, 602, comm="umctl", cmdline=b"/usr/bin/python3\0/usr/local/bin/umctl\0attach\0--pid\0601\0")
     agent, _, _ = make_agent(drv, root)
     agent.step()
-    assert sorted(agent.sessions) == [601]
+    assert sorted(agent.fleet.attached()) == [601]
     agent.close()
 
 
@@ -421,13 +423,13 @@ def test_a_child_forked_after_cuda_is_not_attached_twice(node):
     drv.forked_from[902] = 901
     agent, state, logs = make_agent(drv, root)
     agent.step()
-    assert sorted(agent.sessions) == [901, 903] and agent.skipped == {902: 901}
+    assert sorted(agent.fleet.attached()) == [901, 903] and agent.fleet.skipped == {902: 901}
     assert any("pid 902 (pt_data_worker): shares the va_space of pid 901" in ln for ln in logs)
     agent.step()
     assert sum("902" in ln for ln in logs) == 1        # not looked at again
     kill(tmp, 902)
     agent.step()
-    assert agent.skipped == {}
+    assert agent.fleet.skipped == {}
     agent.close()
 
 
@@ -435,7 +437,7 @@ def test_kcmp_tells_one_open_file_from_another_on_this_kernel(tmp_path):
     import subprocess
     import sys
 
-    from umctl.exporter.agent import kcmp_same_file
+    from umctl.live.fleet import kcmp_same_file
 
     me = os.getpid()
     fd = os.open(tmp_path / "f", os.O_CREAT | os.O_RDWR)
@@ -471,9 +473,9 @@ def test_a_failing_source_or_a_missing_driver_never_stops_the_agent(node):
     def broken():
         raise OSError(5, "Input/output error")
 
-    agent.sessions[701].src.drain = broken             # e.g. the GPU fell off the bus
+    agent.fleet.members[701].source.drain = broken             # e.g. the GPU fell off the bus
     agent.step()
-    assert 701 not in agent.sessions and 702 in agent.sessions
+    assert 701 not in agent.fleet.attached() and 702 in agent.fleet.attached()
     assert state.errors == 1 and any("OSError" in ln for ln in logs)
     drv.no_driver = True                               # the module is gone: no new attaches
     spawn(tmp, 703)
@@ -483,9 +485,9 @@ def test_a_failing_source_or_a_missing_driver_never_stops_the_agent(node):
     assert value(m, "umctl_exporter_attach_failures_total", reason="no_driver") == 1
     assert value(m, "umctl_gpu_faults_total", pid=702) == 3
     drv.no_driver = False                              # back: attached on a later scan
-    agent.refused[703].retry_at = 0
+    agent.fleet.members[703].retry_at = 0
     agent.step()
-    assert 703 in agent.sessions
+    assert 703 in agent.fleet.attached()
     agent.close()
     assert drv.fds == {}
 
@@ -571,6 +573,89 @@ def test_a_live_controller_publishes_while_it_runs_and_withdraws_on_finish(tmp_p
     assert read_published(sdir) == [] and os.listdir(sdir) == []
 
 
+def test_observers_are_registered_factories_and_several_hear_each_step(monkeypatch):
+    """The hook a control loop goes through (live/observers.py): what each registered factory
+    gives for a loop, one observer or several as one; nothing when no factory wants the loop."""
+    from umctl.live import observers
+
+    assert publisher_for in observers._FACTORIES           # importing control_state registered it
+    monkeypatch.setattr(observers, "_FACTORIES", [])
+    assert observers.control_observer(7, "none", None) is None
+    heard: list[tuple] = []
+
+    class Obs:
+        def __init__(self, name):
+            self.name = name
+
+        def record(self, ctl, out):
+            heard.append((self.name, "record", ctl))
+
+        def close(self):
+            heard.append((self.name, "close"))
+
+    def first(pid, mode, budget):
+        return Obs(f"first {pid} {mode} {budget}")
+
+    observers.register_control_observer(first)
+    observers.register_control_observer(first)             # a second import: still once
+    only = observers.control_observer(7, "deepum", 1 << 20)
+    assert isinstance(only, Obs) and only.name == "first 7 deepum 1048576"
+    observers.register_control_observer(lambda pid, mode, budget: None)   # not wanted here
+    observers.register_control_observer(lambda pid, mode, budget: Obs("second"))
+    both = observers.control_observer(7, "deepum", None)
+    both.record("ctl", EventBatch())
+    both.close()
+    assert heard == [("first 7 deepum None", "record", "ctl"), ("second", "record", "ctl"),
+                     ("first 7 deepum None", "close"), ("second", "close")]
+
+
+_PUBLISHING_ATTACH = """
+import json, os, sys
+sys.path[:0] = [{root!r}, {tests!r}]
+from umctl.driver import abi, process
+import umctl.sources.uvmtools.source as source_mod
+from test_uvmtools_source import FakeDriver, fake_proc, gpu_faults
+assert "umctl.exporter.control_state" not in sys.modules
+root = fake_proc(__import__("pathlib").Path({tmp!r}), 4242, {{10: "/dev/nvidia-uvm", 11: "/dev/nvidia-uvm"}})
+drv = FakeDriver(4242)
+process.PROC_ROOT = root
+abi.Ioctl = lambda: drv
+process.nvidia_smi_gpus = source_mod.nvidia_smi_gpus = lambda: []
+drv.ioctl = lambda fd, cmd, params, plain=drv.ioctl: abi.NV_OK if cmd == abi.UVM_MIGRATE else plain(fd, cmd, params)
+drv.pending.append(gpu_faults(40, batch=1))
+published = []
+replace = os.replace
+def spy(src, dst):
+    if "control-" in str(dst):
+        published.append(json.load(open(src)))
+    return replace(src, dst)
+os.replace = spy
+from umctl.cli.main import main
+rc = main(["attach", "--pid", "4242", "--mode", "none", "--budget", "8MiB", "--duration", "0.5", "--no-launches"])
+print(json.dumps({{"rc": rc, "published": published, "left": os.listdir({sdir!r})}}))
+"""
+
+
+def test_a_controlling_command_publishes_to_the_exporter_from_a_fresh_process(tmp_path):
+    """``umctl attach --mode`` in a process of its own (where nothing imported the exporter
+    beforehand) writes the controller's state file while it runs and removes it when it
+    detaches: the command brings the exporter's observer in, the control loop never names it."""
+    import json
+    import subprocess
+    import sys
+
+    sdir = ensure_state_dir(str(tmp_path / "run"))
+    here = os.path.dirname(os.path.abspath(__file__))
+    code = _PUBLISHING_ATTACH.format(root=os.path.dirname(here), tests=here, tmp=str(tmp_path), sdir=sdir)
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                       env=dict(os.environ, UMCTL_STATE_DIR=sdir))
+    assert p.returncode == 0, p.stderr[-2000:]
+    doc = json.loads(p.stdout.strip().splitlines()[-1])
+    assert doc["rc"] == 0 and doc["left"] == []
+    assert doc["published"] and doc["published"][0]["target_pid"] == 4242 and doc["published"][0]["mode"] == "none"
+    assert doc["published"][0]["budget_bytes"] == 8 << 20
+
+
 def _rss() -> int:
     with open("/proc/self/statm") as f:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
@@ -605,7 +690,7 @@ def test_churn_of_1000_processes_keeps_memory_bounded(node):
         for p, slot in zip(pids, slots):
             os.rename(slot, f"{root}/{p}")
         agent.step()
-        assert sorted(agent.sessions) == pids
+        assert sorted(agent.fleet.attached()) == pids
         assert drain_threads() == 50                             # one drain thread each
         for p in pids:
             produced += drv.emit(p, faults_for(p, 20, batch=wave))
@@ -613,7 +698,7 @@ def test_churn_of_1000_processes_keeps_memory_bounded(node):
             os.rename(f"{root}/{p}", slot)
         agent.step()
         clock.t += 1.0
-        assert agent.sessions == {} and drv.fds == {} and drv.ring_of == {}
+        assert agent.fleet.attached() == {} and drv.fds == {} and drv.ring_of == {}
         assert drain_threads() == 0
         assert len(state.processes) <= 150          # the last three waves, inside the grace
         if wave in (3, 19):

@@ -27,7 +27,7 @@ SPEC = importlib.util.spec_from_file_location("fidelity_real", ROOT / "benchmark
 fidelity = importlib.util.module_from_spec(SPEC)
 SPEC.loader.exec_module(fidelity)
 
-#: issue 23's bound, which every shipped recording replays within (docs/fidelity-h100.md)
+#: the bound every shipped recording replays within (docs/evaluation/fidelity-h100.md)
 BOUND_PCT = 20.0
 
 
@@ -143,7 +143,7 @@ def test_allocations_first_touched_by_a_gpu_start_untouched(tmp_path: Path) -> N
 def test_a_span_after_the_gpu_first_wrote_an_allocation_fetches_it_back(tmp_path: Path) -> None:
     """A replayed span starts with nothing on the GPU: an allocation the GPU zero-filled before
     the span (a warm-up step) holds data in it, so its faults in the span move bytes; one the GPU
-    first touches inside the span still zero-fills (tests/gpu/wl_convnet.py's cold steps)."""
+    first touches inside the span still zero-fills (benchmarks/gpu/workloads/wl_convnet.py's cold steps)."""
     from umctl.controller.base import make_controller
     from umctl.sim.engine import simulate
     from umctl.workload.workload import Init

@@ -51,15 +51,22 @@ def test_parse_modes_puts_none_first():
 
 @pytest.mark.parametrize("target, modes", [("gpt2-l", ["none", "deepum", "oracle"]), ("hum-mixed", ["none", "hum"]),
                                            ("mgpu-gemm", ["none", "snurhac"]), ("huvm-pair", ["none", "harvest"])])
-def test_every_json_field_is_a_result_field(target, modes):
-    """`umctl replay --json` prints JSON_FIELDS; each must be a key the results really have (a
-    renamed one would print null for every mode)."""
-    from umctl.sim.replay import JSON_FIELDS, json_rows, result_rows, run_modes
+def test_every_replay_result_field_is_a_result_key(target, modes):
+    """`umctl replay --json` prints ReplayResult's fields; each must be a key the results really
+    have (a renamed one would print null for every mode): ReplayResult.from_row refuses a row
+    without one, and the JSON keeps the fields' order after the schema key."""
+    import dataclasses
+
+    from umctl.results import ReplayResult
+    from umctl.sim.replay import replay_results, result_rows, run_modes
     from umctl.workload.target import resolve_target
 
     w = resolve_target(target, {"iterations": "1"})
     rows = result_rows(run_modes(w, modes, seed=0))
+    fields = [f.name for f in dataclasses.fields(ReplayResult)]
     for r in rows:
-        assert [k for k in JSON_FIELDS if k not in r] == [], r["mode"]
-    out = json_rows(rows, "c")
-    assert [list(o)[:-1] for o in out] == [list(JSON_FIELDS)] * len(rows) and out[0]["calibration"] == "c"
+        assert [k for k in fields if k not in r and k != "calibration"] == [], r["mode"]
+    out = [r.to_json() for r in replay_results(rows, "c")]
+    assert [list(o) for o in out] == [["schema", *fields]] * len(rows) and out[0]["calibration"] == "c"
+    with pytest.raises(KeyError, match="lacks"):
+        ReplayResult.from_row({k: v for k, v in rows[0].items() if k != "faults"}, "c")

@@ -367,7 +367,7 @@ def test_pluggable_allocator_bookkeeping(built):
 
 def test_driver_api_managed_allocations_are_reported(built):
     """A pluggable allocator over the driver API (cuMemAllocManaged / cuMemFree_v2 through dlsym
-    or cuGetProcAddress, as tests/gpu/managed_alloc.c and cudart reach them): when the runtime
+    or cuGetProcAddress, as benchmarks/gpu/workloads/managed_alloc.c and cudart reach them): when the runtime
     reports to umctl, each allocation and free is an ALLOC event, so a recorded trace knows the
     freed range's pages start over. Without a socket nothing is wrapped."""
     with RuntimeSource() as src:
@@ -475,3 +475,36 @@ def test_safe_discard_drops_only_idle_cached_blocks(built):
                 p.kill()
     assert res == {"discards": [[b, mb4, 1], [a + 4096, mb4 - 8192, 1]], "reused": 1}
     assert stats(err)["discards"] == f"6,{2 * mb4 - 8192},{4 * mb4 + 8192 - 200}"
+
+
+@pytest.mark.parametrize("prefer", [True, False])
+def test_prefer_host_advises_every_managed_allocation_and_reports_it(built, prefer):
+    """UMCTL_RT_PREFER_HOST (the budget's admission control): every managed allocation gets the
+    host as preferred location before the program can touch it, and each success is reported
+    as a HOST_PREFERRED record over exactly the allocation's range; without it, no advice."""
+    extra = {"prefer_host": "1"} if prefer else {}
+    with RuntimeSource() as src:
+        res, err = run(built, "basic", socket=src.path, managed=True, **extra)
+    al = src.drain()[Kind.ALLOC]
+    allocs = al[al["op"] == AllocOp.ALLOC]
+    pref = al[al["op"] == AllocOp.HOST_PREFERRED]
+    assert len(allocs) == 3
+    st = stats(err)["prefer_host"].split(",")
+    if prefer:
+        assert sorted(zip(pref["addr"].tolist(), pref["bytes"].tolist())) == \
+            sorted(zip(allocs["addr"].tolist(), allocs["bytes"].tolist()))
+        assert set(pref["alloc_id"]) == set(allocs["alloc_id"])
+        assert st == ["3", "0"]
+    else:
+        assert len(pref) == 0 and st == ["0", "0"]
+
+
+def test_prefer_host_failure_is_counted_not_reported(built, tmp_path):
+    """A driver without the advice entry point: the allocation still works, no HOST_PREFERRED
+    record claims what did not happen (the budget check then counts faults as arrivals)."""
+    with RuntimeSource() as src:
+        res, err = run(built, "basic", socket=src.path, managed=True, prefer_host="1",
+                       libcuda=str(tmp_path / "missing-libcuda.so"))
+    al = src.drain()[Kind.ALLOC]
+    assert (al["op"] == AllocOp.ALLOC).sum() == 3 and not (al["op"] == AllocOp.HOST_PREFERRED).any()
+    assert stats(err)["prefer_host"] == "0,3"

@@ -1,4 +1,4 @@
-"""The simulator reproduces the figures measured on the H100/H200 (docs/measurements.md)."""
+"""The simulator reproduces the figures measured on the H100/H200 (docs/evaluation/measurements.md)."""
 
 import numpy as np
 import pytest
@@ -13,7 +13,7 @@ from umctl.units import GiB, MiB
 
 def test_cold_sweep_matches_on_demand_measurements():
     """1 GiB managed, host-written, read by one kernel: 6.2-8.1 GB/s, ~2 K fault batches,
-    most bytes brought by the density prefetcher (d_result.json, ab.log phase A)."""
+    most bytes brought by the density prefetcher (docs/evaluation/measurements.md, Calibration)."""
     r = simulate(sweep(GiB), make_controller("none"))
     gbps = GiB / r.time_ns
     assert 6.2 <= gbps <= 8.1
@@ -25,7 +25,7 @@ def test_cold_sweep_matches_on_demand_measurements():
 
 
 def test_prefetch_then_run_matches_measured_prefetch_rate():
-    """cuMemPrefetchAsync / UVM_MIGRATE of 1 GiB: 21.4-21.9 ms (d_result prefetch_H2D)."""
+    """cuMemPrefetchAsync / UVM_MIGRATE of 1 GiB: 21.4-21.9 ms (docs/evaluation/measurements.md)."""
     w = sweep(GiB, compute_ns=1_400_000)
     addr = int(w.allocations["addr"][0])
     ctl = Scripted({0: commands(Op.PREFETCH, addr, GiB, dst=0)})

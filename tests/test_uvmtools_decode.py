@@ -1,6 +1,6 @@
 """Decoder: ring entries -> our event batches. Checked two ways: on synthetic entries built
 field by field, and on real ring bytes captured once from driver 580.159.04 on an H200
-(tests/data/uvm_ring_580.bin, see tests/gpu/bench_live.py --capture), decoded independently
+(tests/data/uvm_ring_580.bin, see benchmarks/gpu/bench_live.py --capture), decoded independently
 here with struct.unpack as the oracle."""
 
 from __future__ import annotations

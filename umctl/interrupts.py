@@ -151,7 +151,7 @@ def run_cli(load_main: Callable[[], Callable[[], int]]) -> NoReturn:
     umctl.cli.main`` can run it before importing typer, rich or numpy: a Ctrl-C during those
     imports (the first second, on a loaded machine) is then ``umctl: interrupted`` and 130,
     not an import traceback. ``umctl version`` / ``--version`` is answered without importing
-    the CLI at all (issue 35 asks for <= 0.3 s)."""
+    the CLI at all (it must answer within 0.3 s)."""
     install()
     try:
         if sys.argv[1:] in (["version"], ["--version"], ["-V"]):

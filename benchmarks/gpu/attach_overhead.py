@@ -4,7 +4,7 @@ inside ONE process of the loop.
 Why this design: separate processes of the same loop differ by up to 40 % in step time (one
 process ran 67 ms steps, the next 96 ms: allocation placement, clocks), which buried a 2 %
 effect under noise in the per-process benchmark this one replaces. Here one
-long-lived ``tests/gpu/wl_torch.py`` runs throughout, and umctl attaches and detaches in
+long-lived ``benchmarks/gpu/workloads/wl_torch.py`` runs throughout, and umctl attaches and detaches in
 windows: off, config A, off, config B, off, ... in a shuffled order each round. Each attached
 window is compared with the mean of the unattached windows on either side of it, so slow drift
 cancels; steps that straddle a window edge, and the first ``--settle`` seconds of each window,
@@ -216,9 +216,9 @@ def run_window(config: str, pid: int, seconds: float) -> Window:
 
 
 def start_loop(seconds: float, extra: list[str]) -> tuple[subprocess.Popen, int, list[str]]:
-    """tests/gpu/wl_torch.py running for ``seconds``: started, its READY pid read, its STEP
+    """benchmarks/gpu/workloads/wl_torch.py running for ``seconds``: started, its READY pid read, its STEP
     lines gathered in the background into the returned list, and let go."""
-    cmd = [sys.executable, os.path.join(ROOT, "tests", "gpu", "wl_torch.py"), "--wait", "--seconds", str(seconds)]
+    cmd = [sys.executable, os.path.join(ROOT, "benchmarks", "gpu", "workloads", "wl_torch.py"), "--wait", "--seconds", str(seconds)]
     p = subprocess.Popen(cmd + list(extra), stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, bufsize=1)
     pid = int(p.stdout.readline().split()[1])
     lines: list[str] = []
@@ -249,6 +249,31 @@ def unattached_medians(steps: list[Step], windows: list[Window], settle_s: float
     """Median step (ms) of each unattached window: the baseline the tables print."""
     return [statistics.median(v) for v in (window_steps(steps, w, int(settle_s * 1e9)) for w in windows
                                            if w.config == OFF) if v]
+
+
+def format_table(rows: list[dict], fault_rate: float | None, min_fault_rate: float = 100e3) -> str:
+    """The table this benchmark prints: one line per configuration (``rows`` as in ``--json``),
+    then the fault rate the counters saw while attached (``faults_per_s`` in ``--json``).
+    tools/gen_doc_tables.py prints committed results with it."""
+    lines = [f"{'configuration':24} {'n':>3} {'median %':>9} {'mean %':>8} {'95% interval':>17} {'events/s':>10} "
+             f"{'CPU flt/step':>12} {'GPU flt/step':>12}"]
+    for r in rows:
+        if not r["n"]:
+            lines.append(f"{r['config']:24} {0:>3}  (no complete windows)")
+            continue
+        ci = r["ci95"]
+        cpu = r.get("cpu_page_faults_per_step")
+        gpu = r.get("gpu_page_faults_per_step")
+        lines.append(f"{r['config']:24} {r['n']:>3} {r['median']:>+9.2f} {r['mean']:>+8.2f} "
+                     f"{f'{ci[0]:+.2f} .. {ci[1]:+.2f}':>17} {r['events_per_s'] or 0:>10.0f} "
+                     f"{'' if cpu is None else f'{cpu:.0f}':>12} {'' if gpu is None else f'{gpu:.0f}':>12}")
+    if fault_rate:
+        lines.append(f"fault rate while attached (counters, CPU + GPU, unsampled windows): {fault_rate:,.0f}/s"
+                     + ("" if fault_rate >= min_fault_rate
+                        else f"  -- BELOW {min_fault_rate:,.0f}/s: raise --batch-mib"))
+    else:
+        lines.append("fault rate: no unsampled window with counters (add 'default kinds' or 'counters only')")
+    return "\n".join(lines)
 
 
 def main() -> None:
@@ -309,24 +334,7 @@ def main() -> None:
     kind = "no host writes (GPU faults only)" if a.no_touch else "host writes the batch every step (CPU + GPU faults)"
     print(f"\nAttach overhead on one running PyTorch loop ({kind}); {a.rounds} rounds x {a.window:g} s windows; "
           f"unattached step {statistics.median(off_ms):.2f} ms median (windows {min(off_ms):.2f}-{max(off_ms):.2f})")
-    print(f"{'configuration':24} {'n':>3} {'median %':>9} {'mean %':>8} {'95% interval':>17} {'events/s':>10} "
-          f"{'CPU flt/step':>12} {'GPU flt/step':>12}")
-    for r in rows:
-        if not r["n"]:
-            print(f"{r['config']:24} {0:>3}  (no complete windows)")
-            continue
-        ci = r["ci95"]
-        cpu = r.get("cpu_page_faults_per_step")
-        gpu = r.get("gpu_page_faults_per_step")
-        print(f"{r['config']:24} {r['n']:>3} {r['median']:>+9.2f} {r['mean']:>+8.2f} "
-              f"{f'{ci[0]:+.2f} .. {ci[1]:+.2f}':>17} {r['events_per_s'] or 0:>10.0f} "
-              f"{'' if cpu is None else f'{cpu:.0f}':>12} {'' if gpu is None else f'{gpu:.0f}':>12}")
-    if rates:
-        rate = max(rates)
-        print(f"fault rate while attached (counters, CPU + GPU, unsampled windows): {rate:,.0f}/s"
-              + ("" if rate >= a.min_fault_rate else f"  -- BELOW {a.min_fault_rate:,.0f}/s: raise --batch-mib"))
-    else:
-        print("fault rate: no unsampled window with counters (add 'default kinds' or 'counters only')")
+    print(format_table(rows, max(rates) if rates else None, a.min_fault_rate))
     if a.json:
         with open(a.json, "w") as f:
             json.dump({"rows": rows, "unattached_ms": off_ms, "no_touch": a.no_touch, "batch_mib": a.batch_mib,

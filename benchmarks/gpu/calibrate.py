@@ -4,7 +4,7 @@ fault counts (the UVM tools API). Prints the measurements; asserts nothing.
 
     python3 benchmarks/gpu/calibrate.py -o h200.json [--mib 1024] [--reps 3]
 
-Measured, on a managed buffer (docs/measurements.md gives the figures): a cold GPU pass over
+Measured, on a managed buffer (docs/evaluation/measurements.md gives the figures): a cold GPU pass over
 host-written memory (read-only and read-write kernels), cuMemPrefetchAsync host->GPU and
 GPU->host, pinned and pageable cudaMemcpy host->GPU, and — with the tools API attached to
 this process — fault batches and distinct faulted pages per pass. Link rates are taken as

@@ -3,7 +3,7 @@
     python3 benchmarks/gpu/conv_probe.py record --out DIR [--batch 32] [--blocks 2,2,2,2]   # GPU machine, root
     python3 benchmarks/gpu/conv_probe.py replay DIR/convnet.parquet                           # anywhere
 
-``record`` runs tests/gpu/wl_convnet.py (a torchvision-style bottleneck ResNet step) under
+``record`` runs benchmarks/gpu/workloads/wl_convnet.py (a torchvision-style bottleneck ResNet step) under
 ``umctl run --runtime --managed -o``: one warm step, then cold steps that start with every page
 on the host. ``replay`` takes each phase of the recording and prints what the driver recorded
 (fault entries, distinct pages, batches, 2 MiB blocks per batch) beside three replays of it with
@@ -35,7 +35,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from fidelity_real import _PHASE, annotate, calibration_for, umctl_run  # noqa: E402
 
-SCRIPT = "tests/gpu/wl_convnet.py"
+SCRIPT = "benchmarks/gpu/workloads/wl_convnet.py"
 
 
 def record(out: Path, batch: int, blocks: str, kinds: str = "default", timeout: float = 400) -> Path:

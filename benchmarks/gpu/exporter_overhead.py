@@ -1,7 +1,7 @@
 """GPU benchmark: what ``umctl exporter`` costs a running PyTorch loop, and whether its fault
 totals agree with ``umctl attach --sample 1`` on the same loop.
 
-Two parts, one long-running ``tests/gpu/wl_torch.py`` (managed memory, the host rewrites the
+Two parts, one long-running ``benchmarks/gpu/workloads/wl_torch.py`` (managed memory, the host rewrites the
 batch every step: ~18 K GPU faults a step) throughout:
 
 1. **Overhead**, measured the way benchmarks/gpu/attach_overhead.py measures attaching (and

@@ -6,7 +6,7 @@ the program measured itself (issue 23, item 5).
     python3 benchmarks/gpu/fidelity_real.py probe --out DIR                         # GPU machine, root
     python3 benchmarks/gpu/fidelity_real.py replay DIR [DIR ...]                    # anywhere
 
-``record`` runs each workload (tests/gpu/wl_*.py) under ``umctl run --runtime --managed -o``,
+``record`` runs each workload (benchmarks/gpu/workloads/wl_*.py) under ``umctl run --runtime --managed -o``,
 writes ``NAME.parquet`` with the span the program timed itself over in its metadata
 (``measured_span_ns``: what ``umctl replay NAME.parquet`` then replays, see
 umctl/workload/tracefile.py) and ``NAME.json`` beside it (the measured time, the command, the
@@ -35,10 +35,10 @@ ROOT = Path(__file__).resolve().parents[2]
 
 #: name -> (script, arguments): sized so each trace stays under 2 MB (faults are what it holds)
 WORKLOADS: dict[str, tuple[str, list[str]]] = {
-    "transformer": ("tests/gpu/wl_transformer.py", ["--steps", "8"]),
-    "gemm": ("tests/gpu/wl_gemm_sweep.py", ["--sizes", "1024,2048,4096", "--reps", "3", "--passes", "2"]),
-    "gather": ("tests/gpu/wl_gather.py", ["--mib", "256", "--rows", "8192", "--steps", "12"]),
-    "stencil": ("tests/gpu/wl_stencil.py", ["--n2", "4096", "--n3", "256", "--sweeps", "12"]),
+    "transformer": ("benchmarks/gpu/workloads/wl_transformer.py", ["--steps", "8"]),
+    "gemm": ("benchmarks/gpu/workloads/wl_gemm_sweep.py", ["--sizes", "1024,2048,4096", "--reps", "3", "--passes", "2"]),
+    "gather": ("benchmarks/gpu/workloads/wl_gather.py", ["--mib", "256", "--rows", "8192", "--steps", "12"]),
+    "stencil": ("benchmarks/gpu/workloads/wl_stencil.py", ["--n2", "4096", "--n3", "256", "--sweeps", "12"]),
 }
 
 _DONE = re.compile(r"^DONE (\S+) t0=(\d+) t1=(\d+)", re.M)
@@ -335,7 +335,7 @@ def _bisect(f, lo: float, hi: float, want: float, increasing: bool, steps: int =
 
 def fit(probe_dir: Path) -> dict:
     """The recorded fault path from the probe recording alone (never the validation runs), to
-    see whether the calibration's constants explain the probes (docs/fidelity-h100.md: they do
+    see whether the calibration's constants explain the probes (docs/evaluation/fidelity-h100.md: they do
     not transfer between phases, so the shipped calibration keeps its values):
     ``batch_ns`` so the simulated stall of ``gpu-first-write`` (zero-fill, nothing moves)
     equals the batch service the driver recorded, then ``fault_h2d_Bps`` so that of

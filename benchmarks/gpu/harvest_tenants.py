@@ -1,8 +1,8 @@
 """GPU benchmark: memHarvester's multi-tenant case on a real multi-GPU machine (HUVM case 1).
 
-One harvester process on GPU 0 runs ``tests/gpu/wl_layers.py`` (managed memory, iterated)
+One harvester process on GPU 0 runs ``benchmarks/gpu/workloads/wl_layers.py`` (managed memory, iterated)
 under a soft residency budget; the other GPUs each run their own job
-(``tests/gpu/wl_lender.py``, ordinary device memory) the whole time. The harvester runs:
+(``benchmarks/gpu/workloads/wl_lender.py``, ordinary device memory) the whole time. The harvester runs:
 
   plain                          no umctl (its footprint fits: the lower bound)
   none --budget B                over-budget blocks evicted to the host (host-only pre-eviction)
@@ -72,7 +72,7 @@ def main() -> None:
     lenders = []
     for g, kind in enumerate(kinds, start=1):
         log = os.path.join(tmp, f"lender{g}.log")
-        p = subprocess.Popen([sys.executable, "tests/gpu/wl_lender.py", "--gpu", str(g), "--kind", kind,
+        p = subprocess.Popen([sys.executable, "benchmarks/gpu/workloads/wl_lender.py", "--gpu", str(g), "--kind", kind,
                               "--gib", str(a.lender_gib), "--duration", "400", "--stop-file", stop],
                              stdout=open(log, "w"), stderr=subprocess.STDOUT)
         lenders.append((g, kind, log, p))
@@ -88,7 +88,7 @@ def main() -> None:
     time.sleep(a.alone_s)
     windows = {"alone": (t_alone, time.monotonic_ns())}
 
-    wl = [sys.executable, "tests/gpu/wl_layers.py", "--layers", str(a.layers), "--mib", str(a.mib),
+    wl = [sys.executable, "benchmarks/gpu/workloads/wl_layers.py", "--layers", str(a.layers), "--mib", str(a.mib),
           "--iters", str(a.iters), "--sync-each", "--register-gpus", str(n)]
     configs = [("plain", wl),
                ("none --budget", ["umctl", "run", "-q", "--mode", "none", "--budget", a.budget, "--"] + wl),

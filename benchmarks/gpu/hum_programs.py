@@ -1,4 +1,4 @@
-"""HUM on ordinary CUDA programs (issue 6, 5b): builds tests/gpu/hum/{vadd,stencil,gesummv}.cu
+"""HUM on ordinary CUDA programs (issue 6, 5b): builds benchmarks/gpu/workloads/hum/{vadd,stencil,gesummv}.cu
 with nvcc (shared libcudart, so the runtime can interpose it), runs each plainly and under
 `umctl run --mode hum`, alternating, and prints the median times, the speedups and whether the
 result hashes match. Needs nvcc, an NVIDIA GPU and root (umctl run attaches the tools API).

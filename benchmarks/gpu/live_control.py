@@ -16,7 +16,13 @@ whether every result is identical to the plain run's (``DONE … checksum``), ``
 both runs held the budget -- and deepum's share of THE BOUND:
 
     bound = plain step time (the program fits: pure compute)
-          + forced / H2D rate + forced / D2H rate,   forced = max(0, touched per step - budget)
+          + forced / H2D rate,   forced = max(0, touched per step - budget)
+
+A lower bound on any mechanism: what lies beyond the budget must cross the link into the GPU at
+least once a step, whether it is migrated in or read remotely; writing it back is not forced
+(clean data needs none, and a run under ``--budget-hold admit`` reads over the link instead of
+migrating). ``--with-d2h`` adds forced / D2H rate: the bound of a mechanism that must migrate
+everything in and out (evict-after), which a remote-reading run may beat.
 
 (``TOUCHED`` is the program's own estimate of the bytes one steady step reads or writes; H2D
 50 GB/s and D2H 17 GB/s by default, or ``--calibration`` umctl/sim/calibrations/h100-r580.json).
@@ -202,13 +208,14 @@ def rotation(conditions: list[str], rep: int) -> list[str]:
 
 
 def bound_ms(plain_ms: float, touched: int, budget: int, h2d_bps: float = H2D_BPS, d2h_bps: float = D2H_BPS,
-             overlap: bool = False) -> dict:
-    """Compute time plus the link time of the bytes the budget forces to move per step (each way).
-    ``overlap``: the two directions overlap (max instead of sum)."""
+             with_d2h: bool = False) -> dict:
+    """Compute time plus the link time of the bytes the budget forces into the GPU per step (the
+    module doc's lower bound); ``with_d2h``: and out again (a migrate-everything mechanism)."""
     forced = max(0, touched - budget)
     h2d, d2h = 1e3 * forced / h2d_bps, 1e3 * forced / d2h_bps
-    link = max(h2d, d2h) if overlap else h2d + d2h
-    return {"forced_bytes": forced, "h2d_ms": h2d, "d2h_ms": d2h, "compute_ms": plain_ms, "bound_ms": plain_ms + link}
+    link = h2d + (d2h if with_d2h else 0.0)
+    return {"forced_bytes": forced, "h2d_ms": h2d, "d2h_ms": d2h if with_d2h else 0.0, "compute_ms": plain_ms,
+            "bound_ms": plain_ms + link}
 
 
 @dataclass
@@ -241,7 +248,7 @@ def _held_all(runs: list[Run]) -> bool | None:
 
 
 def summarize(runs: list[Run], conditions: list[str], *, h2d_bps: float = H2D_BPS, d2h_bps: float = D2H_BPS,
-              overlap: bool = False) -> dict:
+              with_d2h: bool = False) -> dict:
     """Per program: reference checksum and footprint, budget, bound; per condition: n, median
     and min–max of run medians, faults, identical, budget held, speedup over none (held only),
     share of the bound."""
@@ -273,7 +280,7 @@ def summarize(runs: list[Run], conditions: list[str], *, h2d_bps: float = H2D_BP
             }
         cs = ps["conditions"]
         plain_ms = cs.get("plain", {}).get("median_ms")
-        ps["bound"] = (bound_ms(plain_ms, touched, budget, h2d_bps, d2h_bps, overlap)
+        ps["bound"] = (bound_ms(plain_ms, touched, budget, h2d_bps, d2h_bps, with_d2h)
                        if plain_ms and touched and budget else None)
         none = cs.get("none", {})
         for cond, c in cs.items():
@@ -579,8 +586,9 @@ def format_report(summary: dict, goals: list[dict], conditions: list[str]) -> st
         b = ps.get("bound")
         lines.append(f"\n{prog}: footprint {_gib(ps['footprint'])}, touched/step {_gib(ps['touched'])}, budget "
                      f"{_gib(ps['budget'])}; " + (f"bound {b['bound_ms']:.1f} ms = compute {b['compute_ms']:.1f} + "
-                                                  f"{_gib(b['forced_bytes'])} each way ({b['h2d_ms']:.1f} H2D + "
-                                                  f"{b['d2h_ms']:.1f} D2H ms)" if b else "bound n/a")
+                                                  f"{_gib(b['forced_bytes'])} in ({b['h2d_ms']:.1f} ms H2D"
+                                                  + (f" + {b['d2h_ms']:.1f} ms D2H" if b['d2h_ms'] else "") + ")"
+                                                  if b else "bound n/a")
                      + ("" if ps.get("plain_deterministic") in (True, None) else "; PLAIN RUNS DISAGREE"))
         lines.append(f"  {'condition':16}{'n':>3} {'step ms median (min-max)':>27} {'GPU faults':>11} "
                      f"{'identical':>9} {'budget':>9} {'speedup vs none':>24} {'bound/time':>10}")
@@ -615,7 +623,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--d2h-gbps", type=float, default=D2H_BPS / 1e9)
     ap.add_argument("--calibration", help="take H2D/D2H rates from a umctl calibration file "
                     "(e.g. umctl/sim/calibrations/h100-r580.json)")
-    ap.add_argument("--overlap", action="store_true", help="the bound overlaps H2D and D2H (max, not sum)")
+    ap.add_argument("--with-d2h", action="store_true", help="the bound also moves the forced bytes out (D2H): "
+                    "a migrate-everything mechanism's bound, not a lower bound")
     ap.add_argument("--max-seconds", type=float, default=500.0)
     ap.add_argument("--run-timeout", type=float, default=120.0, help="seconds one run may take")
     ap.add_argument("--first-run-s", type=float, default=20.0, help="expected seconds of a program's first run")
@@ -650,17 +659,24 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def merge(files: list[str], a: argparse.Namespace) -> int:
-    """Summarize the runs of several --json files (split invocations) as one benchmark."""
+    """Summarize the runs of several --json files (split invocations) as one benchmark.
+    ``FILE:prog,prog`` takes only those programs' runs from FILE (a later call re-measured the
+    others)."""
     runs, programs, conditions, replay, skipped = [], [], [], [], []
-    for fn in files:
+    for spec in files:
+        fn, _, only = spec.partition(":")
+        keep = set(only.split(",")) if only else None
         with open(fn) as f:
             d = json.load(f)
-        runs += [Run(**r) for r in d["runs"]]
-        programs += [p for p in d["programs"] if p not in programs]
+        runs += [Run(**r) for r in d["runs"] if keep is None or r["program"] in keep]
+        programs += [p for p in d["programs"] if p not in programs and (keep is None or p in keep)]
+        if keep is not None:
+            d["replay"] = [r for r in d.get("replay", []) if r.get("program") in keep]
+            d["skipped"] = [s_ for s_ in d.get("skipped", []) if s_.split("/")[0].split(":")[0] in keep]
         conditions += [c for c in d["conditions"] if c not in conditions]
         replay += d.get("replay", [])
         skipped += d.get("skipped", [])
-    summary = summarize(runs, conditions, h2d_bps=a.h2d_gbps * 1e9, d2h_bps=a.d2h_gbps * 1e9, overlap=a.overlap)
+    summary = summarize(runs, conditions, h2d_bps=a.h2d_gbps * 1e9, d2h_bps=a.d2h_gbps * 1e9, with_d2h=a.with_d2h)
     goals = evaluate_goals(summary, [p for p in programs if p in summary])
     print(format_report(summary, goals, conditions))
     for r in replay:
@@ -695,7 +711,7 @@ def main(argv: list[str] | None = None) -> int:
           f"{a.summary_option or '(none: parsing the summary text)'}", flush=True)
     b = Bench(a)
     b.run_all(programs, conditions)
-    kw = dict(h2d_bps=a.h2d_gbps * 1e9, d2h_bps=a.d2h_gbps * 1e9, overlap=a.overlap)
+    kw = dict(h2d_bps=a.h2d_gbps * 1e9, d2h_bps=a.d2h_gbps * 1e9, with_d2h=a.with_d2h)
     summary = summarize(b.runs, conditions, **kw)
     replay = b.replay(programs, summary) if a.replay else []
     goals = evaluate_goals(summary, [p for p in programs if p in summary])

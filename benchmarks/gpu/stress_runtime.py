@@ -41,6 +41,21 @@ def crash_reason(rc: int | None, stderr: str) -> str | None:
     return None
 
 
+def run_line(r: dict) -> str:
+    """One run as this benchmark prints it (``r`` as in ``--json``'s ``runs``)."""
+    return (f"run {r['i']:2}: rc={r['rc']} {r['wall_s']:5.1f} s step {r['step_ms']} ms faults {r['gpu_faults']} "
+            f"held {r['budget_held']} checksum {r['checksum']}" + (f"  CRASH: {r['crash']}" if r["crash"] else ""))
+
+
+def summary_line(program: str, mode: str, budget: str, runs: list[dict], planned: int, same: bool | None,
+                 ref: str | None) -> str:
+    """The verdict line: runs made of ``planned``, crashes (goal 0), identical checksums."""
+    crashes = sum(1 for r in runs if r["crash"])
+    sums = {r["checksum"] for r in runs}
+    return (f"STRESS {program} {mode} --budget {budget}: {len(runs)}/{planned} runs, crashes {crashes} "
+            f"(goal 0), checksums identical {'yes' if same else 'NO'} ({len(sums)} distinct; plain {ref})")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--runs", type=int, default=20)
@@ -88,8 +103,7 @@ def main() -> int:
         runs.append({"i": i, "rc": rc, "wall_s": wall, "checksum": o.checksum, "crash": why,
                      "step_ms": lc.steady_ms(o.steps), "gpu_faults": s["gpu_faults"],
                      "budget_held": s["budget_held"], "stderr_tail": se[-1500:] if why else ""})
-        print(f"run {i:2}: rc={rc} {wall:5.1f} s step {runs[-1]['step_ms']} ms faults {s['gpu_faults']} "
-              f"held {s['budget_held']} checksum {o.checksum}" + (f"  CRASH: {why}" if why else ""), flush=True)
+        print(run_line(runs[-1]), flush=True)
         if why:
             print("    " + se[-1200:].replace("\n", "\n    "), flush=True)
     crashes = sum(1 for r in runs if r["crash"])
@@ -98,8 +112,7 @@ def main() -> int:
         same = bool(runs) and sums == {ref}
     else:
         same = len(sums) == 1 and None not in sums
-    print(f"\nSTRESS {a.program} {a.mode} --budget {budget}: {len(runs)}/{a.runs} runs, crashes {crashes} "
-          f"(goal 0), checksums identical {'yes' if same else 'NO'} ({len(sums)} distinct; plain {ref})")
+    print("\n" + summary_line(a.program, a.mode, budget, runs, a.runs, same, ref))
     if a.json:
         with open(a.json, "w") as f:
             json.dump({"command": cmd, "budget": budget, "plain_checksum": ref, "runs": runs,

@@ -23,7 +23,7 @@
  *     them in and back as from any caller, and rmStatus says what it did. A file answering
  *     NV_ERR_ILLEGAL_ACTION is not a va_space (the real driver's per-process mm fd): the next
  *     matching file is tried. The driver works on the va_space's own mm (va_space_mm), not on
- *     the borrowed one, see docs/kernel.md. PREFETCH = UVM_MIGRATE to the destination GPU's UUID,
+ *     the borrowed one, see docs/guide/kernel.md. PREFETCH = UVM_MIGRATE to the destination GPU's UUID,
  *     PREEVICT = UVM_MIGRATE to the CPU (all-zero UUID; or to the DST GPU), INVALIDATE =
  *     UVM_DISCARD (flags UNMAP). A DST index becomes a UUID through the request's DST_UUID or
  *     the module's gpu_uuids table (the only way for kfunc commands).

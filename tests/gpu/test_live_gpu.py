@@ -14,11 +14,13 @@ from umctl.events.trace import read_trace
 from umctl.sources.uvmtools import ALL_KINDS, NoUvm, UvmToolsSource
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+#: the workload programs the GPU tests run (benchmarks/gpu/workloads/)
+WORKLOADS = os.path.join(os.path.dirname(os.path.dirname(HERE)), "benchmarks", "gpu", "workloads")
 pytestmark = pytest.mark.gpu
 
 
 def _start(script, *args):
-    p = subprocess.Popen([sys.executable, os.path.join(HERE, script), "--wait", *args], stdin=subprocess.PIPE,
+    p = subprocess.Popen([sys.executable, os.path.join(WORKLOADS, script), "--wait", *args], stdin=subprocess.PIPE,
                          stdout=subprocess.PIPE, text=True, bufsize=1)
     line = p.stdout.readline()
     assert line.startswith("READY"), line
@@ -91,7 +93,7 @@ def test_attaching_to_a_process_without_cuda_says_so():
 
 def test_record_torch_training_loop_and_replay(tmp_path, capsys):
     trace = tmp_path / "torch.parquet"
-    code = umctl_main(["run", "-o", str(trace), "--quiet", "--", sys.executable, os.path.join(HERE, "wl_torch.py"),
+    code = umctl_main(["run", "-o", str(trace), "--quiet", "--", sys.executable, os.path.join(WORKLOADS, "wl_torch.py"),
                        "--steps", "8"])
     out, err = capsys.readouterr()
     assert code == 0, err
@@ -105,7 +107,7 @@ def test_record_torch_training_loop_and_replay(tmp_path, capsys):
 
 def test_record_sweep_replays(tmp_path, capsys):
     trace = tmp_path / "sweep.parquet"
-    code = umctl_main(["run", "-o", str(trace), "--quiet", "--", sys.executable, os.path.join(HERE, "wl_sweep.py"),
+    code = umctl_main(["run", "-o", str(trace), "--quiet", "--", sys.executable, os.path.join(WORKLOADS, "wl_sweep.py"),
                        "--mib", "256", "--passes", "2"])
     out, err = capsys.readouterr()
     assert code == 0, err

@@ -78,9 +78,9 @@ def test_results_identical_and_launches_named():
 
 
 def _train(*umctl_args: str) -> tuple[str, str]:
-    """The torch loop (tests/gpu/wl_torch_train.py) through the runtime's pluggable allocator
+    """The torch loop (benchmarks/gpu/workloads/wl_torch_train.py) through the runtime's pluggable allocator
     under ``umctl run``: (checksum of the trained parameters, umctl's summary)."""
-    cmd = ["umctl", "run", "--runtime", *umctl_args, "--", sys.executable, "tests/gpu/wl_torch_train.py",
+    cmd = ["umctl", "run", "--runtime", *umctl_args, "--", sys.executable, "benchmarks/gpu/workloads/wl_torch_train.py",
            "--steps", "6", "--allocator", "umctl"]
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=300,
                        cwd=os.path.join(os.path.dirname(__file__), "..", ".."))
@@ -92,7 +92,7 @@ def _train(*umctl_args: str) -> tuple[str, str]:
 @pytest.mark.skipif(not _have_torch_cuda(), reason="needs torch with a CUDA device")
 def test_deepum_under_a_budget_keeps_a_pluggable_allocator_loop_exact():
     """Freed tensors are reported inactive; a discard of one from umctl's side changed the
-    trained parameters (docs/control.md). Under umctl run the program's runtime carries the
+    trained parameters (docs/evaluation/live-control.md). Under umctl run the program's runtime carries the
     discards out, only where safe: DeepUM invalidates, and the results stay bit-identical."""
     import re
 

@@ -362,7 +362,7 @@ static int discard(void)
     return 0;
 }
 
-/* A pluggable allocator over the driver API (tests/gpu/managed_alloc.c): cuMemAllocManaged and
+/* A pluggable allocator over the driver API (benchmarks/gpu/workloads/managed_alloc.c): cuMemAllocManaged and
    cuMemFree_v2 reached with dlsym, and once through cuGetProcAddress as cudart does. */
 static int driver_alloc(void)
 {

@@ -1,8 +1,8 @@
 """The VM test bed as a pytest test (marker ``vm``): tests/vm/run.sh boots the stock Debian kernel
 under QEMU and runs tests/vm/guest.py inside; every check it prints must pass.
 
-Run with ``python3 -m pytest -m vm tests/vm -s`` (root, packages of tests/vm/README.md; ~3-6
-minutes on 2 cores). .ci/run runs tests/vm/run.sh directly."""
+Run with ``python3 -m pytest -m vm tests/vm -s`` (root, the packages listed in docs/guide/kernel.md,
+"The VM test bed"; ~3-6 minutes on 2 cores). .ci/run runs tests/vm/run.sh directly."""
 
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ def test_vm_test_bed():
     if os.geteuid() != 0:
         pytest.skip("the VM test bed builds and loads kernel modules: run as root")
     if not shutil.which("vng"):
-        pytest.skip("virtme-ng (vng) not installed; see tests/vm/README.md")
+        pytest.skip("virtme-ng (vng) not installed; see docs/guide/kernel.md (The VM test bed)")
     r = subprocess.run(["bash", str(HERE / "run.sh")], capture_output=True, text=True, timeout=1500)
     print(r.stdout[-6000:])
     lines = [ln for ln in r.stdout.splitlines() if ln.startswith("VMRESULT ")]

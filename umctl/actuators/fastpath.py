@@ -9,7 +9,7 @@ driver's fault-servicing thread, where each predicted block is queued through th
 kfunc ``bpf_umctl_enqueue`` while the faulting batch is being serviced. The learning stays in
 Python; no controller policy changes — this module only reads the controller's tables.
 
-What runs where (docs/kernel.md has the whole table):
+What runs where (docs/guide/kernel.md has the whole table):
   * :meth:`FastPath.sync` — Python, the live loop's thread: a merged view (current kernel's table
     first, then the predicted kernels'; each kernel's end block linked to the next one's start
     block) written to the ``successors`` map, only the entries that changed;

@@ -3,7 +3,7 @@
 The commands go through the target's own va_space, duplicated into umctl (the tools-API
 source already holds that fd): UVM_MIGRATE to a GPU's UUID prefetches, to the CPU's (or a
 neighbour GPU's) pre-evicts, UVM_DISCARD invalidates, SET/UNSET_PREFERRED_LOCATION and
-ENABLE/DISABLE_READ_DUPLICATION advise (each measured on driver 580: docs/measurements.md).
+ENABLE/DISABLE_READ_DUPLICATION advise (each measured on driver 580: docs/evaluation/measurements.md).
 
 Why a worker thread and a queue rather than calling ioctls from the controller:
   * a 64 MiB UVM_MIGRATE takes ~1.5 ms and the controller must keep draining the ring;
@@ -117,7 +117,7 @@ class UvmActuator(ActuatorBase):
         self.invalidator: Callable[..., bool] | None = None
         # Two workers by default: a pre-eviction (GPU->host) and a prefetch (host->GPU) use
         # opposite directions of the link and run together; one worker would serialise them
-        # (measured on the H100: evictions then delayed the prefetches they made room for).
+        # (evictions then delayed the prefetches they made room for).
         self._threads = [threading.Thread(target=self._run, name=f"umctl-actuator-{i}", daemon=True)
                          for i in range(max(1, int(workers)))]
         if start:
@@ -236,8 +236,8 @@ class UvmActuator(ActuatorBase):
 
     def _run(self) -> None:
         # Idle workers only wait: waking each other on every pass (notify_all from an idle
-        # worker) made two idle workers ping-pong ~300 K times in 7 s on the H100 and starved
-        # the control loop of the GIL (events reached the controller p50 35 ms late).
+        # worker) made two idle workers ping-pong and starved the control loop of the GIL
+        # (docs/evaluation/live-control.md, the layer loop).
         while True:
             with self._cv:
                 while True:
@@ -317,7 +317,7 @@ class UvmActuator(ActuatorBase):
         lost -- unless a newer command for a block is queued by then (the newer intent wins, as
         in :meth:`submit`). Why evict what was dropped: left unmapped and resident nowhere, a
         dropped block's next use is populated by the GPU fault by fault, which cost more than the
-        invalidation saved (docs/control.md has the H100 figures). No request possible:
+        invalidation saved (docs/evaluation/live-control.md has the H100 figures). No request possible:
         everything is pre-evicted at once. Returns (status, bytes pre-evicted now)."""
 
         def answered(done: list[tuple[int, int]]) -> None:

@@ -106,5 +106,5 @@ KINDS_HELP = ("Event kinds: 'default' (faults,replays,cpu_faults,thrashing: chea
 SAMPLE_HELP = ("Collect events and counters only this fraction of the time (e.g. 0.1 or 10%; 1 = every event). "
                "Default: 10% for a view (what attaching costs the target is per event in the driver: every event "
                "made a fault-heavy PyTorch loop ~16% slower on the H100, a 10% sample left it within noise; "
-               "docs/live.md); every event with -o or --mode, which refuse less: a trace must replay and a "
+               "docs/evaluation/measurements.md); every event with -o or --mode, which refuse less: a trace must replay and a "
                "controller must see every fault. Sampled totals are estimates, rankings are of the sample.")

@@ -1,5 +1,5 @@
 """``umctl exporter``: serve every UVM process's faults and migrations on /metrics for
-Prometheus (umctl.exporter; docs/exporter.md)."""
+Prometheus (umctl.exporter; docs/guide/exporter.md)."""
 
 from __future__ import annotations
 
@@ -70,7 +70,7 @@ def exporter_command(
     migrations, evictions and thrashing, umctl controllers' commands, on /metrics.
 
     Needs the rights of [bold]umctl attach[/bold] (root or CAP_SYS_PTRACE) to see other users'
-    processes. Metrics and deployment (systemd, Kubernetes): docs/exporter.md.
+    processes. Metrics and deployment (systemd, Kubernetes): docs/guide/exporter.md.
 
     Examples:
 

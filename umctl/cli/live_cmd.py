@@ -13,10 +13,12 @@ from typing import Annotated, List, Optional
 import typer
 
 from .. import UmctlError
+from ..exporter import control_state  # noqa: F401 - registers the exporter's observer of control loops
 from ..live.attach import attach_child, attach_source, resolve_sample, start_program
 from ..live.session import Session, SessionResult
 from ..live.spec import ControlSpec, runtime_copies
-from ..live.stats import LiveStats
+from ..report.base import get_reporter
+from ..report.live import budget_check_line  # noqa: F401 - the budget verdict's line, as the summary prints it
 from ..sources.uvmtools import LiveError, NoUvm, TargetExited
 from ..tui.top import summary_line
 from ..units import format_bytes
@@ -31,11 +33,17 @@ BUDGET_HELP = ("Soft cap on the target's GPU-resident managed memory (e.g. 8GiB)
                "under it, so oversubscription policies run without asking the driver for more than the card has. "
                "It turns the driver's migration events on (slower fault service) so that the summary can check it: "
                "'budget NOT held' when the true residency (2 MiB blocks holding any page) was above the budget plus "
-               "slack -- max(2 %, 4 MiB) + 64 MiB in flight -- for more than 1 % of the run (docs/control.md).")
+               "slack -- max(2 %, 4 MiB) + 64 MiB in flight -- for more than 1 % of the run (docs/guide/control.md).")
+
+HOLD_HELP = ("How --budget is held. admit (the default under umctl run's runtime): managed memory prefers the "
+             "host, so the driver maps pages remotely on a GPU fault and only umctl moves blocks onto the GPU, "
+             "admitting them while the budget has room: it holds by construction, but a miss is served over the "
+             "link until umctl admits the block. evict (attach's only way): the driver migrates on every fault and "
+             "umctl evicts afterwards; it does not hold against a program that faults faster than umctl evicts.")
 
 SWEEP_HELP = ("With --budget: every this many ms, move out again the blocks umctl evicted (100 ms or more ago) "
               "and has not seen fault back -- a safeguard for a control loop that falls behind its events. "
-              "Off (0) by default: on a loop that keeps up it evicts blocks in use (docs/live.md).")
+              "Off (0) by default: on a loop that keeps up it evicts blocks in use (docs/evaluation/live-control.md).")
 
 
 def _observe(src, *, command: str, live: bool, **kw) -> SessionResult:
@@ -74,6 +82,7 @@ LaunchesOpt = Annotated[bool, typer.Option("--launches/--no-launches", help="Ker
 ModeOpt = Annotated[Optional[str], typer.Option("--mode", "-m", help=CONTROL_HELP)]
 BudgetOpt = Annotated[Optional[str], typer.Option("--budget", "-b", help=BUDGET_HELP)]
 SweepOpt = Annotated[float, typer.Option("--budget-sweep", help=SWEEP_HELP)]
+HoldOpt = Annotated[Optional[str], typer.Option("--budget-hold", help=HOLD_HELP, metavar="admit|evict")]
 ModeOptionOpt = Annotated[Optional[List[str]], typer.Option("--option", "-O", help="Mode option KEY=VALUE (e.g. degree=8).")]
 DegreeOpt = Annotated[Optional[int], typer.Option("--degree", help="DeepUM's prefetch degree N (kernels ahead).")]
 SpareOpt = Annotated[int, typer.Option("--spare-gpus", help="Evict over the budget into this many neighbour GPUs' "
@@ -83,51 +92,19 @@ RateOpt = Annotated[Optional[str], typer.Option("--rate", help="Cap on the data 
 
 
 def _control_spec(mode, budget, option, degree, spare_gpus, rate, gpus=None, *, live_run=False,
-                  budget_sweep=0.0) -> ControlSpec | None:
+                  budget_sweep=0.0, hold=None) -> ControlSpec | None:
     """A control spec when any control flag is given, else None (observe only)."""
-    if not (mode or budget or option or degree is not None or spare_gpus or rate or gpus is not None):
+    if not (mode or budget or option or degree is not None or spare_gpus or rate or gpus is not None
+            or hold is not None):
         return None
     return ControlSpec(mode, budget, option, degree, spare_gpus, rate, gpus, live_run=live_run,
-                       budget_sweep=budget_sweep)
+                       budget_sweep=budget_sweep, hold=hold)
 
 
-def _print_summary(command: str, r: SessionResult) -> None:
-    stats, st, reason = r.stats, r.source, r.reason
-    el = max(st.get("elapsed_s", 0.0), 1e-9)
-    est = "~" if stats.sample < 1 else ""   # sampled: every total is an estimate
-    lines = [f"umctl {command}: pid {stats.pid} ({stats.comm}) observed {el:.1f} s, detached ({reason})",
-             f"  GPU faults   {est}{stats.faults:,} in {est}{stats.batches:,} batches "
-             f"({est}{stats.faults / el:,.0f}/s)", f"  CPU faults   {est}{stats.cpu_faults:,}"]
-    if stats.sample < 1:
-        lines.append(f"  sampling     events and counters collected {100 * stats.sample:.1f}% of the time (--sample): "
-                     "totals are estimates scaled by that, top kernels/blocks ranked from the sample")
-    if stats.have_migrations:
-        def causes(d: dict) -> str:
-            return ", ".join(f"{k} {format_bytes(v)}" for k, v in d.items() if v)
-        lines.append(f"  H2D          {est}{format_bytes(stats.h2d_total())} ({causes(stats.h2d) or '-'})")
-        lines.append(f"  D2H          {est}{format_bytes(stats.d2h_total())} ({causes(stats.d2h) or '-'})")
-    elif stats.counters:
-        lines.append(f"  H2D          {est}{format_bytes(stats.h2d_total())} (prefetch {format_bytes(stats.counter('prefetch_bytes_htd'))};"
-                     " --kinds +migrations splits by cause)")
-        lines.append(f"  D2H          {est}{format_bytes(stats.d2h_total())}")
-    lines.append(f"  thrashing    {est}{stats.thrashing:,}")
-    if stats.launches:
-        ks = ", ".join(f"{n} {c:,}" for n, c in stats.top_kernels())
-        lines.append(f"  launches     {stats.launches:,}; top kernels by faults: {ks}")
-    lines.append(f"  dropped      {stats.dropped:,} events")
-    lr, ld = st.get("lag_ring_ms", {}), st.get("lag_delivery_ms", {})
-    if lr.get("p50") is not None:
-        lines.append(f"  lag          event -> drained p50 {lr['p50']:.2f} ms, p99 {lr['p99']:.2f} ms; "
-                     f"-> delivered p50 {ld['p50']:.2f} ms, p99 {ld['p99']:.2f} ms")
-    lm = st.get("lag_migration_ms", {})
-    if lm.get("n"):
-        lines.append(f"  lag (migr.)  end -> drained p50 {lm['p50']:.2f} ms, p99 {lm['p99']:.2f} ms")
-    lines.append(f"  attach       {st.get('attach_ms', 0):.1f} ms, kinds {st.get('kinds')}, ring {st.get('ring_entries'):,} "
-                 f"entries (max fill {100 * (st.get('ring_max_fill') or 0):.1f} %), " + (f"flush every {st.get('flush_ms'):g} ms" if st.get('flush_ms') else "no flush"))
-    if st.get("trace"):
-        lines.append(f"  trace        {st['trace']} ({st.get('trace_events') or 0:,} events)")
-    for ln in lines:
-        out.print(ln, highlight=False, soft_wrap=True)
+def _print_summary(r: SessionResult, as_json: bool = False) -> None:
+    """The end-of-session summary, as text or (``--json``) the versioned JSON document: one
+    reporter of the session's typed summary either way (umctl/report/live.py)."""
+    get_reporter("session", "json" if as_json else "table").render(r.summary(), out)
 
 
 def _control_line(ctl) -> str:
@@ -136,68 +113,6 @@ def _control_line(ctl) -> str:
     bud = f"/{format_bytes(ctl.budget.nbytes)}" if ctl.budget is not None else ""
     return (f"{ctl.ctl.name}: {ctl.commands:,} cmds, {s['ok']:,} ok, {s['failed'] + s['target_gone']:,} failed, "
             f"resident~{format_bytes(res)}{bud}")
-
-
-def _print_control(st: dict) -> None:
-    c = st.get("control")
-    if not c:
-        return
-    a = c["actuator"]
-    n = a["counts"]
-    moved = ", ".join(f"{k} {format_bytes(v)}" for k, v in a["bytes"].items() if v) or "nothing"
-    out.print(f"  control      mode {c['mode']}: {c['commands']:,} commands -> {n['ioctls']:,} ioctls "
-              f"({n['ok']:,} ok, {n['failed']:,} failed, {n['target_gone']:,} after exit, {n['superseded']:,} superseded, "
-              f"{n['dropped']:,} dropped); moved {moved}; controller {c['controller_ms']:.0f} ms", highlight=False,
-              soft_wrap=True)
-    lat = [f"{k} {a['latency_ms'][k] / max(1, a['bytes'][k] / (2 << 20)):.2f} ms/2MiB"
-           for k in ("prefetch", "preevict") if a["bytes"].get(k)]
-    if lat:
-        out.print("  actuator     " + ", ".join(lat), highlight=False)
-    if a["errors"]:
-        out.print("  errors       " + ", ".join(f"{k} x{v}" for k, v in a["errors"].items()), highlight=False)
-    cs = c.get("controller") or {}
-    why = cs.get("invalidate_off_live")
-    if why:
-        reason = ("off (-O deepum.live_invalidate=false)" if why == "option" else
-                  "off: only umctl's runtime (umctl run --runtime) can order a discard with the program's stream "
-                  "and its allocator")
-        out.print(f"  note         invalidation is {reason}; {cs.get('kept_not_invalidated', 0):,} victims in freed "
-                  "allocator blocks were pre-evicted instead", highlight=False, soft_wrap=True)
-    inv = a.get("invalidator")
-    if inv and inv["requests"]:
-        kept = ", ".join(f"{k} {format_bytes(v)}" for k, v in inv["kept_bytes"].items() if v) or "nothing"
-        out.print(f"  invalidate   by the runtime: {inv['requests']:,} requests, {format_bytes(inv['discarded_bytes'])} "
-                  f"dropped; kept and pre-evicted: {kept}"
-                  + (f"; {inv['unanswered']:,} unanswered" if inv["unanswered"] else ""), highlight=False,
-                  soft_wrap=True)
-    b = c.get("budget")
-    if b:
-        out.print(f"  budget       {format_bytes(b['bytes'])}: peak estimate {format_bytes(b['peak_estimate_bytes'])} "
-                  f"({format_bytes(b['peak_before_enforcement_bytes'])} within a control period), "
-                  f"{b['overflow_blocks_evicted']:,} blocks evicted on overflow to "
-                  f"{', '.join('CPU' if d < 0 else f'GPU {d}' for d in b['dst'])}"
-                  + (f"; swept {b['swept_blocks']:,} blocks (every {b['sweep_ms']:g} ms)" if b.get("sweep_ms") else ""),
-                  highlight=False)
-    v = c.get("budget_check")
-    if v:
-        out.print(budget_check_line(v), highlight=False, soft_wrap=True)
-
-
-def budget_check_line(v: dict) -> str:
-    """The budget check's verdict (umctl/live/budget_check.py): true residency from the driver's
-    migration events beside the keeper's estimate; 'budget NOT held' stands out."""
-    lim = format_bytes(v["budget_bytes"] + v["slack_bytes"])
-    head = "  budget check "
-    if v["held"] is None:
-        return (f"{head}on: budget unverified ({v['why']}); true peak {format_bytes(v['true_peak_bytes'])} "
-                f"from what was seen")
-    true = (f"true peak {format_bytes(v['true_peak_bytes'])} in 2 MiB blocks ({format_bytes(v['true_peak_page_bytes'])} "
-            f"in pages) vs estimate {format_bytes(v['estimate_peak_bytes'] or 0)}; above {lim} (budget + slack) "
-            f"{100 * v['time_over_frac']:.1f} % of {v['observed_s']:.1f} s")
-    if v["held"]:
-        return f"{head}on: budget held; {true} ({v['migrations_seen']:,} migration events)"
-    return (f"{head}on: [bold red]budget NOT held[/bold red]: {true}, by up to {format_bytes(v['over_peak_bytes'])} "
-            f"({v['over_gib_s']:.2f} GiB·s over)")
 
 
 # -- commands -------------------------------------------------------------------------------
@@ -215,6 +130,7 @@ def attach_command(
     mode: ModeOpt = None,
     budget: BudgetOpt = None,
     budget_sweep: SweepOpt = 0.0,
+    budget_hold: HoldOpt = None,
     option: ModeOptionOpt = None,
     degree: DegreeOpt = None,
     spare_gpus: SpareOpt = 0,
@@ -240,27 +156,13 @@ def attach_command(
       [bold]sudo umctl attach --pid 4242 --sample 1[/bold]   (every event, not a 10% sample: exact totals)
     """
     check_output_path(output, "trace")
-    control = _control_spec(mode, budget, option, degree, spare_gpus, rate, budget_sweep=budget_sweep)
+    control = _control_spec(mode, budget, option, degree, spare_gpus, rate, budget_sweep=budget_sweep,
+                            hold=budget_hold)
     frac = resolve_sample(sample, recording=output is not None, control=control is not None)
     src = attach_source(pid, kinds, ring_entries, flush_ms, control, source, sample=frac)
     r = _observe(src, command="attach", duration=duration, output=output, interval=interval,
                  probe_launches=launches, live=not as_json, control=control)
-    if as_json:
-        import json
-        ctl = r.source.get("control") or {}
-        print(json.dumps({"summary": _summary_dict(r.stats), "source": r.source, "end": r.reason,
-                          **({"budget_held": ctl.get("budget_held"), "budget_check": ctl.get("budget_check")}
-                             if "budget_check" in ctl else {})}, indent=1, default=str))
-    else:
-        _print_summary("attach", r)
-        _print_control(r.source)
-
-
-def _summary_dict(s: LiveStats) -> dict:
-    return {"pid": s.pid, "comm": s.comm, "faults": s.faults, "batches": s.batches, "cpu_faults": s.cpu_faults,
-            "thrashing": s.thrashing, "dropped": s.dropped, "launches": s.launches, "h2d": s.h2d, "d2h": s.d2h,
-            "counters": s.counters, "top_kernels": s.top_kernels(5),
-            "top_blocks": [(f"0x{b << 21:x}", c) for b, c in s.top_blocks(5)]}
+    _print_summary(r, as_json)
 
 
 def record_command(
@@ -284,7 +186,7 @@ def record_command(
     src = attach_source(pid, kinds, ring_entries, flush_ms)
     r = _observe(src, command="record", duration=duration, output=output, interval=1.0, probe_launches=launches,
                  live=True)
-    _print_summary("record", r)
+    _print_summary(r)
 
 
 def _run_on_hosts(hosts: str, mode: Optional[str], gpus: Optional[int], cmd: List[str]) -> None:
@@ -353,6 +255,7 @@ def run_command(
     mode: ModeOpt = None,
     budget: BudgetOpt = None,
     budget_sweep: SweepOpt = 0.0,
+    budget_hold: HoldOpt = None,
     option: ModeOptionOpt = None,
     degree: DegreeOpt = None,
     spare_gpus: SpareOpt = 0,
@@ -407,7 +310,7 @@ def run_command(
         # a budget is asked for too
         hum, mode = True, None
     control = _control_spec(mode, budget, option, degree, spare_gpus, rate, gpus, live_run=True,
-                            budget_sweep=budget_sweep)
+                            budget_sweep=budget_sweep, hold=budget_hold)
     managed = managed or (control is not None and control.gpus is not None)
     if output is None and control is None and not (hum or runtime or managed):
         raise UmctlError("nothing to do: give -o TRACE to record, --mode/--budget to control, "
@@ -428,8 +331,7 @@ def run_command(
                     "runtime": {"managed": managed, "hum": hum} if rt_source else None}
             r = _observe(src, command="run", duration=duration, output=output, interval=1.0, probe_launches=launches,
                          live=not quiet, child=child, meta=meta, control=control, launches=rt_source)
-            _print_summary("run", r)
-            _print_control(r.source)
+            _print_summary(r)
             rc = _wait_program(child, r.signal)
     finally:
         if rt_source is not None:

@@ -63,7 +63,7 @@ def _umctl(
 #: The commands that live in modules of their own, in the order ``umctl --help`` lists them:
 #: name -> (module, function, settings). Each is imported only when the command line names
 #: it (or for the full help): the live commands pull in numpy, the trace commands pyarrow,
-#: and ``umctl version`` or ``umctl replay -h`` need neither (issue 35: startup).
+#: and ``umctl version`` or ``umctl replay -h`` need neither (start-up time).
 _SUBCOMMANDS: dict[str, tuple[str, str, dict]] = {
     "attach": ("live_cmd", "attach_command", {}),
     "top": ("top_cmd", "top_command", {}),
@@ -117,11 +117,12 @@ def _run_replay(target: str, modes: str, overrides: dict[str, str], seed: int, p
                 drain_us: Optional[float] = None, calibration: Optional[str] = None,
                 timeline: Optional[str] = None, calib_set: Optional[List[str]] = None,
                 max_rss: Optional[str] = None) -> None:
-    from ..report.table import fault_cause_table, replay_table
+    from ..controller.options import parse_mode_options
+    from ..report.base import get_reporter
+    from ..results import ReplayReport
     from ..sim.calibration import DEFAULT as DEFAULT_CALIBRATION
     from ..sim.calibration import Calibration
-    from ..controller.options import parse_mode_options
-    from ..sim.replay import json_rows, parse_modes, result_rows, run_modes
+    from ..sim.replay import parse_modes, replay_results, result_rows, run_modes
     from ..workload.target import resolve_target
 
     check_output_path(png, "figure")
@@ -175,29 +176,17 @@ def _run_replay(target: str, modes: str, overrides: dict[str, str], seed: int, p
         results = run_modes(workload, mode_list, seed=seed, progress=prog.update, recorder_for=recorder_for,
                             mode_options=options, drain_ns=None if drain_us is None else int(drain_us * 1000),
                             calib=calib, timeline=bool(timeline), max_rss=parse_max_rss(max_rss))
-    rows = result_rows(results)
-    if as_json:
-        print(json.dumps(json_rows(rows, calib.name), indent=2))
-    else:
-        out.print(replay_table(rows, _describe(workload)))
-        causes = fault_cause_table(rows)
-        if causes is not None:
-            out.print(causes)
-        walls = ", ".join(f"{r.mode} {r.wall_s:.2f}s" for r in results)
-        out.print(f"[dim]UVM simulator, calibration {calib.name} ({calibration or 'umctl/sim/calibration.py'}); "
-                  f"wall time: {walls}[/dim]")
+    # one typed report, rendered by the reporter each option picks (umctl/report/base.py)
+    report = ReplayReport(replay_results(result_rows(results), calib.name), title=_describe(workload),
+                          workload_name=workload.name,
+                          calibration_from=calibration or "umctl/sim/calibration.py", sims=results)
+    get_reporter("replay", "json" if as_json else "table").render(report, out)
     if recorded:   # with several modes the names are not the one given: say which they are
         err.print(f"wrote {', '.join(recorded)}", highlight=False, soft_wrap=True)
-    if png:
-        from ..report.png import replay_png
-
-        replay_png(results, rows, png, f"umctl replay — {_describe(workload)}")
-        err.print(f"wrote {png}")
-    if timeline:
-        from ..report.png import timeline_png
-
-        timeline_png(results, timeline, f"umctl replay — {workload.name}: host, copy and kernel timelines")
-        err.print(f"wrote {timeline}")
+    for fmt, path in (("png", png), ("timeline", timeline)):
+        if path:
+            get_reporter("replay", fmt).render(report, path)
+            err.print(f"wrote {path}")
 
 
 def _suffix(path: str, mode: str) -> str:
@@ -233,7 +222,7 @@ def replay(
                                              "controller, as a live source drains its ring (default 1000; above 0, at most 1e7)."),
     calibration: Optional[str] = typer.Option(None, "--calibration", help="Calibration file written by "
                                               "benchmarks/gpu/calibrate.py, or a shipped one by name (h100-r580, h200-r580); default: for a recorded trace "
-                                              "the shipped one of its GPU and driver, else the H100 figures of docs/measurements.md."),
+                                              "the shipped one of its GPU and driver, else the H100 figures of docs/evaluation/measurements.md."),
     timeline: Optional[str] = typer.Option(None, "--timeline", help="Write host / copy / kernel timelines of every mode "
                                            "to this PNG (HUM figure 8 style); for short programs."),
     calib_set: Optional[List[str]] = typer.Option(None, "--calib-set", help="Change one constant of the calibration, "
@@ -293,7 +282,7 @@ def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else list(argv)
     if args in (["version"], ["--version"], ["-V"]):
         # without building the click command: typer's adapters import pydantic where it is
-        # installed, ~0.2 s of the <= 0.3 s `umctl version` may take (issue 35)
+        # installed, ~0.2 s of the <= 0.3 s `umctl version` may take
         print(f"umctl {__version__}")
         return 0
     try:

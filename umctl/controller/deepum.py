@@ -178,7 +178,7 @@ class DeepUMController(Controller):
     def applies_to(self, workload) -> str | None:
         """DeepUM steers one process on one GPU: its execution-ID history is that process's
         kernel sequence. On a multi-GPU or multi-tenant program the interleaved kernels of
-        the other GPUs would pollute it (measured: 0.53x of none on huvm-case1)."""
+        the other GPUs would pollute it."""
         n = getattr(workload, "n_gpus", 1)
         if n > 1:
             return (f"DeepUM controls one process on one GPU; this program runs on {n} GPUs "
@@ -192,7 +192,7 @@ class DeepUMController(Controller):
         # neither with the program's stream (the allocator reports a block free as soon as the
         # host drops the tensor, while kernels queued before may still read it) nor with the
         # allocator handing the block out again before the discard lands: on a torch loop it
-        # changed the trained parameters (docs/control.md). So live, DeepUM invalidates only
+        # changed the trained parameters (docs/evaluation/live-control.md). So live, DeepUM invalidates only
         # when the program's runtime carries the discard out itself (ctx.options
         # "safe_invalidate": actuators/runtime_discard.py), unless -O live_invalidate=false;
         # otherwise it pre-evicts those victims (their data is kept).
@@ -613,8 +613,7 @@ class DeepUMController(Controller):
         first (least recently migrated first among them), then those needed furthest ahead.
         Why not the paper's "least recently migrated and not expected by the next N": for the
         budget keeper that is LRU over everything beyond N kernels, and on a training loop's
-        cycle LRU loses exactly the blocks needed soonest (docs/control.md has the H100
-        measurement: evicted blocks came back a median of ~17 kernels later)."""
+        cycle LRU loses exactly the blocks needed soonest (docs/evaluation/live-control.md)."""
         if not self.enabled("preevict"):
             return blocks
         if self._horizon_cache is None:

@@ -2,7 +2,7 @@
 
 Written from the driver's public headers (uvm_ioctl.h, uvm_linux_ioctl.h, uvm_types.h) and
 checked against what the 580.159.04 driver actually returned on an H100 and an H200 (see
-docs/live.md). Two facts shape everything here:
+docs/guide/observe.md). Two facts shape everything here:
 
 * Linux UVM ioctl numbers are the raw command numbers (``UVM_IOCTL_BASE(i) == i``, no _IOWR
   encoding), and the ioctl syscall itself returns 0: the driver's verdict is the NV_STATUS in

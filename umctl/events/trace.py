@@ -261,8 +261,7 @@ class TraceWriter:
     error or an interrupt (Ctrl-C, SIGTERM) keeps what it had under ``<path>.partial``, closed
     properly -- readable, its metadata saying ``"complete": false`` and why -- and noted for
     :func:`closed_traces` so the CLI can name it; a cut-short trace under the final name would
-    replay as if it were the whole run (issue 35: 103,812 of 315,621 events, no ``alloc`` row,
-    marked complete). Only a process killed outright (SIGKILL) leaves a ``.partial`` without a
+    replay as if it were the whole run. Only a process killed outright (SIGKILL) leaves a ``.partial`` without a
     footer, which the reader names as an interrupted recording.
 
     The metadata block and the name table are written at close, through the Parquet writer's
@@ -279,7 +278,7 @@ class TraceWriter:
     :meth:`write` only buffers. Why: a 1 M-row group of faults takes ~0.5 s to compress, and
     the live control loop that records a trace (``umctl run -o --budget``) stalled that long --
     no evictions while the GPU pulled everything back, so a recorded run behaved unlike an
-    unrecorded one (measured on the H100: 8 fault-free steps in a row under the budget). A
+    unrecorded one (docs/evaluation/live-control.md). A
     write error in the thread is raised by the next :meth:`write` or by :meth:`close`.
     """
 

@@ -7,6 +7,10 @@ A file written by atomic rename costs the controller one write a second, needs n
 either side must keep alive, and survives an exporter restart; a controller that crashes
 leaves a file whose writer pid is gone, which the reader treats as ended.
 
+The control loop does not import this module: :func:`publisher_for` is registered as an
+observer factory of umctl.live.observers when this module is imported, which the commands that
+control a process do.
+
 Publishing is opt-in by the directory's existence: the exporter creates it (or systemd's
 ``RuntimeDirectory=umctl``), so without an exporter on the node a controller writes nothing.
 The directory is world-writable and sticky (like /tmp) so that ``umctl run`` without root can
@@ -22,6 +26,7 @@ import time
 from dataclasses import dataclass, field
 
 from ..events.schema import EventBatch, Kind, Op, Status
+from ..live.observers import register_control_observer
 
 #: Where controllers publish and the exporter reads (``UMCTL_STATE_DIR`` overrides).
 DEFAULT_STATE_DIR = "/run/umctl"
@@ -109,9 +114,11 @@ class ControlPublisher:
             pass
 
 
+@register_control_observer
 def publisher_for(target_pid: int, mode: str, budget_bytes: int | None,
                   directory: str | None = None) -> ControlPublisher | None:
-    """A publisher when an exporter's state directory exists and is writable, else None."""
+    """A publisher when an exporter's state directory exists and is writable, else None (every
+    control loop asks, through umctl.live.observers)."""
     d = directory or state_dir()
     if not os.path.isdir(d) or not os.access(d, os.W_OK):
         return None

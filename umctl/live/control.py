@@ -9,7 +9,7 @@ pre-evicts to stay inside it, and when the controller lets residency overflow an
 budget keeper evicts the least recently migrated blocks itself — exactly what the driver does
 on the fault path when a GPU is really full, which is the "naive UM" baseline (``--mode none
 --budget``). That is how oversubscription policies run on a real GPU without ever asking the
-driver for more memory than the card has (docs/measurements.md).
+driver for more memory than the card has (docs/evaluation/measurements.md).
 
 Why block granularity is right for the estimate: the driver backs and evicts managed memory
 in 2 MiB root chunks, so a block with any page on the GPU holds a whole chunk there.
@@ -23,7 +23,10 @@ budgeted session runs (the budget turns migration events on for it).
 after the fact cannot hold a budget against a program that faults faster than umctl can evict:
 the GPU has room, so the driver serves every fault at once. Under the runtime, every managed
 allocation prefers the host (``UMCTL_RT_PREFER_HOST``): the driver then serves a GPU fault by
-mapping the host page remotely, and nothing reaches the GPU but umctl's own migrations. The
+mapping the host page remotely, so faults bring nothing in and umctl's own migrations are what
+fills the GPU (what the driver still moves on its own -- copies into managed memory, for one --
+reaches the estimate from its migration records and is evicted after the fact, and the budget
+check counts it, so a program that does much of it can still be judged NOT held). The
 keeper turns faults into *demand* (the blocks the program wants), and every PREFETCH onto a
 budgeted GPU -- demand first, then the controller's -- is admitted only while the blocks already
 there, plus the blocks whose eviction is still being copied out, leave room. What does not fit
@@ -46,6 +49,7 @@ from ..controller.base import Controller, ControllerContext
 from ..events.schema import AllocOp, EventBatch, Kind, Op, Status, commands, empty
 from ..units import BLOCK_SHIFT, BLOCK_SIZE, CPU, ranges
 from .budget_check import BudgetCheck, RangeSet
+from .observers import control_observer
 
 
 #: Command priority of the budget's sweep (below the budget keeper's 0 and the controller's 1);
@@ -468,7 +472,7 @@ class Budget:
         is there; one already on the host costs the driver a residency check (one ioctl per
         address-contiguous run). Off (0) by default: with a loop that keeps up it re-evicts
         blocks that did come back and are in use. The measurements behind both halves are in
-        docs/control.md (*Measured*, the ``--budget-sweep`` item)."""
+        docs/evaluation/live-control.md ("What the figures depend on")."""
         if not self.sweep_ns or now - self._last_sweep < self.sweep_ns:
             return None
         self._last_sweep = now
@@ -540,8 +544,8 @@ class LiveControl:
         self._evictions: np.ndarray | None = None
         self.commands = 0
         self.t_controller_ns = 0
-        from ..exporter.control_state import publisher_for   # read by `umctl exporter` when one runs
-        self.publisher = publisher_for(pid, controller.name, budget_bytes)
+        #: who else hears each step (the exporter's state file when one runs): live/observers.py
+        self.publisher = control_observer(pid, controller.name, budget_bytes)
 
     def step(self, batch: EventBatch) -> EventBatch:
         t0 = time.perf_counter_ns()

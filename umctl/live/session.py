@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from ..events.schema import EventBatch
+from ..results import SessionSummary
 from .interfaces import Actuator, LaunchSource, Source
 from .stats import LiveStats
 
@@ -139,13 +140,27 @@ def trace_meta(src: Source, command: str, extra: dict) -> dict:
 @dataclass
 class SessionResult:
     """How a session ended: the statistics, the source's figures (plus ``control``,
-    ``elapsed_s``, ``trace``, ``trace_events``) and why it ended."""
+    ``elapsed_s``, ``trace``, ``trace_events``) and why it ended; :meth:`summary` is its
+    typed, versioned form (what ``--json`` prints and every summary view renders)."""
 
     stats: LiveStats
     source: dict
     reason: str
     #: SIGINT / SIGTERM when a signal ended the session, else None
     signal: int | None = None
+    #: the command that ran the session (attach, run, record; a library caller's own name)
+    command: str = "attach"
+
+    def summary(self) -> SessionSummary:
+        """The session's :class:`~umctl.results.SessionSummary`: the totals (top 5 kernels
+        and blocks), the source's figures, the end, and under a budget the check's verdict
+        repeated at the top (``budget_held``, ``budget_check``)."""
+        ctl = self.source.get("control") or {}
+        checked = "budget_check" in ctl
+        return SessionSummary(summary=self.stats.snapshot(5), source=self.source, end=self.reason,
+                              budget_held=ctl.get("budget_held") if checked else None,
+                              budget_check=ctl.get("budget_check") if checked else None,
+                              command=self.command)
 
 
 class Session:
@@ -295,7 +310,7 @@ class Session:
         st["elapsed_s"] = round(self.elapsed(), 3)
         st["trace"] = self.output
         st["trace_events"] = sum(self._writer.counts.values()) if self._writer is not None else None
-        return SessionResult(self.stats, st, reason, self.signal)
+        return SessionResult(self.stats, st, reason, self.signal, self.command)
 
     def _finish(self, reason: str, error: BaseException | None) -> tuple[dict, BaseException | None]:
         src, writer = self.source, self._writer

@@ -175,7 +175,7 @@ class ControlSpec:
         budget: the budget check (umctl/live/budget_check.py) judges the budget from the driver's
         migration records, and the keeper learns from them what arrived without a fault. That is
         the price of a budget one can check: migration events slow the driver's fault service
-        (~1.8x on a fault-bound kernel, docs/live.md)."""
+        (~1.8x on a fault-bound kernel, docs/evaluation/measurements.md)."""
         from ..sources.uvmtools import ALL_KINDS
 
         kinds = frozenset(self.controller.subscribes) & ALL_KINDS
@@ -190,7 +190,7 @@ class ControlSpec:
 
         if Kind.LAUNCH in self.controller.subscribes and probe is None:
             raise UmctlError(f"mode {self.mode} needs kernel-launch events and the launch probe is unavailable "
-                             "(see the message above; docs/launch-probes.md)")
+                             "(see the message above; docs/guide/launch-probes.md)")
         gpus = src.gpus or [{"gpu": 0, "memory_bytes": None}]
         if self.gpus is not None:
             gpus = self._spread_gpus(gpus)

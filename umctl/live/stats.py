@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..events.schema import Cause, EventBatch, Kind
+from ..results import LiveTotals, scaled_estimate
 from ..units import BLOCK_SHIFT, CPU
 
 #: Causes shown as columns of bytes moved (the rest are summed into "other").
@@ -120,7 +121,7 @@ class LiveStats:
     def scaled(self, n: int) -> int:
         """A count taken while collecting, as a total: itself without sampling, else over the
         measured on-time (events and counters both run in the windows only)."""
-        return n if self.sample >= 1 else round(n / max(self.sample, 1e-6))
+        return scaled_estimate(n, self.sample)
 
     @property
     def faults(self) -> int:
@@ -188,3 +189,14 @@ class LiveStats:
 
     def top_kernels(self, n: int = 3) -> list[tuple[str, int]]:
         return [(self.kernel_label(i), c) for i, c in sorted(self.kernel_faults.items(), key=lambda kv: -kv[1])[:n]]
+
+    def snapshot(self, top: int = 5) -> LiveTotals:
+        """The totals as of now, typed: what a session's summary holds and every view of a
+        process's totals reads (``top`` kernels and blocks, most faults first)."""
+        return LiveTotals(pid=self.pid, comm=self.comm, faults=self.faults, batches=self.batches,
+                          cpu_faults=self.cpu_faults, thrashing=self.thrashing, dropped=self.dropped,
+                          launches=self.launches, h2d=dict(self.h2d), d2h=dict(self.d2h),
+                          counters=dict(self.counters), top_kernels=self.top_kernels(top),
+                          top_blocks=[(f"0x{b << BLOCK_SHIFT:x}", c) for b, c in self.top_blocks(top)],
+                          sample=self.sample, have_migrations=self.have_migrations,
+                          h2d_total=self.h2d_total(), d2h_total=self.d2h_total())

@@ -20,16 +20,23 @@ DeepUM's tables see); the class is that of the block's last command submitted be
 - ``never touched``: no command for the block before t.
 Whether a prefetched block was then used cannot be seen: a use that does not fault leaves no
 event. For evicted blocks the report gives how long after the eviction they faulted.
+
+Its reporters: :class:`ControlTableReporter` (the text ``umctl trace control`` prints) and
+:class:`ControlJsonReporter` (``--json``: :meth:`ControlReport.as_dict`).
 """
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 
 import numpy as np
+from rich.console import Console
+from rich.table import Table
 
 from ..events.schema import Kind, Op, fault_block_firsts
 from ..live.control import SWEEP_PRIORITY
+from ..results import ControlAnalysis
 from ..units import BLOCK_SHIFT, BLOCK_SIZE
 
 CLASSES = ("late", "prefetched, resident", "evicted by the budget", "evicted by the controller",
@@ -53,14 +60,21 @@ class ControlReport:
     predicted: int = 0
     commands: dict[str, int] = field(default_factory=dict)
 
+    def result(self) -> ControlAnalysis:
+        """The typed, versioned form (``--json``); call after :func:`analyze` has reduced the
+        timings to [p50, p90]."""
+        return ControlAnalysis(fault_blocks=self.fault_blocks, classes=dict(self.classes),
+                               late_submitted_before_ms_p50_p90=self.late_submitted_before_ms,
+                               late_completed_after_ms_p50_p90=self.late_completed_after_ms,
+                               prefetch_turnaround_ms_p50_p90=self.prefetch_turnaround_ms,
+                               evicted_refault_ms_p50_p90=self.evicted_refault_ms,
+                               predicted_since_previous_fault=self.predicted, commands=dict(self.commands))
+
     def as_dict(self) -> dict:
-        return {"fault_blocks": self.fault_blocks, "classes": dict(self.classes),
-                "late_submitted_before_ms_p50_p90": self.late_submitted_before_ms,
-                "late_completed_after_ms_p50_p90": self.late_completed_after_ms,
-                "prefetch_turnaround_ms_p50_p90": self.prefetch_turnaround_ms,
-                "evicted_refault_ms_p50_p90": self.evicted_refault_ms,
-                "predicted_since_previous_fault": self.predicted,
-                "commands": dict(self.commands)}
+        """:meth:`result`'s fields as a dict (no ``schema`` key)."""
+        d = self.result().to_json()
+        d.pop("schema")
+        return d
 
 
 def _p50_p90(v: list[float]) -> list[float]:
@@ -156,3 +170,59 @@ def from_trace(trace, *, skip_s: float = 0.0) -> ControlReport:
     if skip_s > 0 and len(f):
         since = int(f["t_ns"].min()) + int(skip_s * 1e9)
     return analyze(f, trace.events(Kind.COMMAND), trace.events(Kind.RESULT), since_ns=since)
+
+
+class ControlTableReporter:
+    """The classes of a :class:`ControlReport` as a table (blocks and shares), then the
+    prediction rate, the commands, and the prefetch / eviction timings. ``title`` names the
+    trace; ``skip_s`` the warm-up left out (said in the title)."""
+
+    name = "table"
+    to_file = False
+
+    def __init__(self, title: str = "", skip_s: float = 0.0):
+        self.title, self.skip_s = title, skip_s
+
+    def render(self, result: ControlReport, out) -> None:
+        rep, skip = result, self.skip_s
+        console = out if isinstance(out, Console) else Console(file=out, highlight=False)
+        t = Table(title=f"{self.title}: {rep.fault_blocks:,} faulted blocks (one per block per fault batch)"
+                  + (f" after the first {skip:g} s" if skip else ""))
+        t.add_column("umctl's last command for the block")
+        t.add_column("blocks", justify="right")
+        t.add_column("share", justify="right")
+        for c in CLASSES:
+            n = rep.classes[c]
+            t.add_row(c, f"{n:,}", f"{100 * n / max(rep.fault_blocks, 1):.1f} %")
+        console.print(t)
+        console.print(f"faults whose use the controller had predicted (prefetched since the block's previous use): "
+                      f"{rep.predicted:,} ({100 * rep.predicted / max(rep.fault_blocks, 1):.1f} %); "
+                      "the rest it did not predict")
+        cmds = ", ".join(f"{k} {v:,}" for k, v in rep.commands.items())
+        console.print(f"commands: {cmds or 'none'}")
+        if rep.prefetch_turnaround_ms:
+            console.print(f"prefetch submitted -> completed: p50 {rep.prefetch_turnaround_ms[0]} ms, "
+                          f"p90 {rep.prefetch_turnaround_ms[1]} ms")
+        if rep.late_submitted_before_ms:
+            msg = (f"late prefetches: submitted p50 {rep.late_submitted_before_ms[0]} ms before the fault"
+                   + (f", completed p50 {rep.late_completed_after_ms[0]} ms after it"
+                      if rep.late_completed_after_ms else ""))
+            console.print(msg)
+        if rep.evicted_refault_ms:
+            console.print(f"evicted blocks faulted again p50 {rep.evicted_refault_ms[0]} ms, "
+                          f"p90 {rep.evicted_refault_ms[1]} ms after their eviction")
+
+
+class ControlJsonReporter:
+    """A :class:`ControlReport` as its versioned JSON document (:meth:`ControlReport.result`)."""
+
+    name = "json"
+    to_file = False
+
+    def __init__(self, title: str = "", skip_s: float = 0.0):
+        pass   # the JSON carries no title; the same options as the table's, so a caller need not tell
+
+    def render(self, result: ControlReport, out) -> None:
+        stream = getattr(out, "file", out) if hasattr(out, "print") else out
+        stream.write(json.dumps(result.result().to_json(), indent=2) + "\n")
+        stream.flush()

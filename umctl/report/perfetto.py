@@ -1,4 +1,5 @@
-"""Export a trace as Chrome/Perfetto trace-event JSON (open it at ui.perfetto.dev).
+"""Export a trace as Chrome/Perfetto trace-event JSON (open it at ui.perfetto.dev): the
+``perfetto`` reporter of a trace (:class:`PerfettoReporter`).
 
 JSON rather than Perfetto's protobuf format because it needs no dependency and every trace
 viewer reads it. The format has two constraints that shape this module:
@@ -487,3 +488,17 @@ def _write_tail(f: TextIO, trace: Trace, t0: int, summary: dict) -> None:
     f.write("\n],\n\"metadata\":")
     f.write(json.dumps(meta, default=str))
     f.write("}\n")
+
+
+class PerfettoReporter:
+    """A trace as a Perfetto / Chrome timeline file (:func:`export_perfetto`); ``render``
+    returns the export's summary (events and tracks written, what was merged)."""
+
+    name = "perfetto"
+    to_file = True
+
+    def __init__(self, max_events: int = 2_000_000):
+        self.max_events = max_events
+
+    def render(self, result: Trace, out: str | os.PathLike) -> dict:
+        return export_perfetto(result, out, max_events=self.max_events)

@@ -1,6 +1,9 @@
-"""The replay figure: per-mode time, faults, traffic, and faults over time."""
+"""The replay figure (per-mode time, faults, traffic, and faults over time) and HUM-style
+timelines: the ``png`` and ``timeline`` reporters of a replay; the sweep's figure."""
 
 from __future__ import annotations
+
+import os
 
 import matplotlib
 
@@ -9,6 +12,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
 from .. import UmctlError  # noqa: E402
+from ..results import ReplayReport, ReplayResult  # noqa: E402
 from ..sim.engine import SimResult  # noqa: E402
 from ..units import GiB  # noqa: E402
 
@@ -26,7 +30,9 @@ def _save(fig, path: str, what: str = "figure") -> None:
         plt.close(fig)
 
 
-def replay_png(results: list[SimResult], rows: list[dict], path: str, title: str) -> None:
+def replay_png(results: list[SimResult], rows: list[ReplayResult], path: str, title: str) -> None:
+    """Four panels: run time split into compute, fault stalls and the rest (with the speedup
+    over none), GPU faults, traffic each way, and cumulative faults over simulated time."""
     modes = [r.mode for r in results]
     colors = plt.cm.tab10(np.arange(len(modes)) % 10)
     fig, ax = plt.subplots(2, 2, figsize=(12, 8))
@@ -41,7 +47,7 @@ def replay_png(results: list[SimResult], rows: list[dict], path: str, title: str
     a.bar(modes, stall, bottom=compute, color="#dd8452", label="stalled on faults")
     a.bar(modes, other, bottom=compute + stall, color="#bbbbbb", label="copies / host")
     for x, (t, row) in enumerate(zip(total, rows)):
-        a.annotate(f"{row['speedup']:.2f}×", (x, t), ha="center", va="bottom", fontsize=9)
+        a.annotate(f"{row.speedup:.2f}×", (x, t), ha="center", va="bottom", fontsize=9)
     a.set_ylabel("simulated time (s)")
     a.set_title("run time (speedup over none)")
     a.legend(fontsize=8)
@@ -128,3 +134,32 @@ def timeline_png(results: list[SimResult], path: str, title: str, *, titles: lis
     axes[-1, 0].set_xlabel("simulated time (ms); colours: buffers; red: host waiting on a write-protected page")
     fig.tight_layout()
     _save(fig, path, "timeline")
+
+
+def _needs_sims(report: ReplayReport, what: str) -> list[SimResult]:
+    if len(report.sims) != len(report.results):
+        raise UmctlError(f"the replay {what} needs the simulator's own results (per-kernel series); "
+                         "a replay read back from JSON has none")
+    return report.sims
+
+
+class ReplayPngReporter:
+    """The replay figure (:func:`replay_png`), titled after the workload."""
+
+    name = "png"
+    to_file = True
+
+    def render(self, result: ReplayReport, out) -> None:
+        replay_png(_needs_sims(result, "figure"), result.results, os.fspath(out), f"umctl replay — {result.title}")
+
+
+class TimelinePngReporter:
+    """HUM figure 8-style timelines of every mode (:func:`timeline_png`); the replay must have
+    been simulated with ``timeline=True``."""
+
+    name = "timeline"
+    to_file = True
+
+    def render(self, result: ReplayReport, out) -> None:
+        timeline_png(_needs_sims(result, "timeline"), os.fspath(out),
+                     f"umctl replay — {result.workload_name}: host, copy and kernel timelines")

@@ -1,9 +1,11 @@
-"""The side-by-side replay table (rich)."""
+"""The side-by-side replay table (rich): the ``table`` reporter of a replay."""
 
 from __future__ import annotations
 
+from rich.console import Console
 from rich.table import Table
 
+from ..results import ReplayReport, ReplayResult
 from ..units import format_bytes
 
 
@@ -24,20 +26,22 @@ def _time(ns: float) -> str:
     return f"{s:.3f} s" if s >= 1 else f"{s * 1e3:.2f} ms"
 
 
-def replay_table(rows: list[dict], title: str) -> Table:
+def replay_table(rows: list[ReplayResult], title: str) -> Table:
+    """The modes side by side: time, speedup, faults, traffic, evictions, prefetch figures;
+    the fastest mode in green."""
     t = Table(title=title, title_justify="left", header_style="bold")
     t.add_column("mode", style="bold cyan", no_wrap=True)
     for name in ("sim time", "speedup", "GPU faults", "batches", "H2D", "D2H", "evictions",
                  "pf accuracy", "pf coverage"):
         t.add_column(name, justify="right", no_wrap=True)
-    best = min(r["time_ns"] for r in rows) if rows else 0
+    best = min(r.time_ns for r in rows) if rows else 0
     for r in rows:
-        style = "green" if r["time_ns"] == best and len(rows) > 1 else None
+        style = "green" if r.time_ns == best and len(rows) > 1 else None
         t.add_row(
-            r["mode"], _time(r["time_ns"]), f"{r['speedup']:.2f}×" if r["speedup"] else "—",
-            _si(r["faults"]), _si(r["fault_batches"]), format_bytes(r["bytes_h2d"]),
-            format_bytes(r["bytes_d2h"]), _si(r["evictions"]), _pct(r["prefetch_accuracy"]),
-            _pct(r["prefetch_coverage"]), style=style,
+            r.mode, _time(r.time_ns), f"{r.speedup:.2f}×" if r.speedup else "—",
+            _si(r.faults), _si(r.fault_batches), format_bytes(r.bytes_h2d),
+            format_bytes(r.bytes_d2h), _si(r.evictions), _pct(r.prefetch_accuracy),
+            _pct(r.prefetch_coverage), style=style,
         )
     return t
 
@@ -50,11 +54,11 @@ CAUSE_HEADS = {
 }
 
 
-def fault_cause_table(rows: list[dict]) -> Table | None:
+def fault_cause_table(rows: list[ReplayResult]) -> Table | None:
     """Why each mode's GPU still faulted: every fault of the replay charged to one cause,
     the way the page had left the GPU or why it was not usable yet. Only causes some mode
     has are shown; None if no mode faulted."""
-    causes = [c for c in CAUSE_HEADS if any((r.get("fault_causes") or {}).get(c) for r in rows)]
+    causes = [c for c in CAUSE_HEADS if any((r.fault_causes or {}).get(c) for r in rows)]
     if not causes:
         return None
     t = Table(title="GPU faults by cause (share of the mode's faults)", title_justify="left", header_style="bold")
@@ -63,8 +67,28 @@ def fault_cause_table(rows: list[dict]) -> Table | None:
     for c in causes:
         t.add_column(CAUSE_HEADS[c], justify="right")
     for r in rows:
-        fc = r.get("fault_causes") or {}
+        fc = r.fault_causes or {}
         total = sum(fc.values())
-        t.add_row(r["mode"], _si(total), *(f"{_si(fc.get(c, 0))} ({100 * fc.get(c, 0) / total:.0f} %)"
+        t.add_row(r.mode, _si(total), *(f"{_si(fc.get(c, 0))} ({100 * fc.get(c, 0) / total:.0f} %)"
                                            if total and fc.get(c) else "—" for c in causes))
     return t
+
+
+class ReplayTableReporter:
+    """A replay as text: the modes' table, the faults by cause (when any mode faulted) and a
+    dim line naming the calibration and each mode's wall time."""
+
+    name = "table"
+    to_file = False
+
+    def render(self, result: ReplayReport, out) -> None:
+        console = out if isinstance(out, Console) else Console(file=out, width=160)
+        rows = result.results
+        console.print(replay_table(rows, result.title))
+        causes = fault_cause_table(rows)
+        if causes is not None:
+            console.print(causes)
+        walls = ", ".join(f"{r.mode} {r.wall_s:.2f}s" for r in rows)
+        calib = rows[0].calibration if rows else ""
+        console.print(f"[dim]UVM simulator, calibration {calib} ({result.calibration_from}); "
+                      f"wall time: {walls}[/dim]")

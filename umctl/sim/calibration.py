@@ -1,20 +1,18 @@
-"""Calibration constants of the UVM simulator, each with where it comes from.
+"""Calibration constants of the UVM simulator: what each one means, its unit and its range.
 
-All figures were measured on the GPU machine (H100 / H200, driver 580.159.04 open modules,
-CUDA 13.0, PCIe 5), summarised in docs/measurements.md; benchmarks/gpu/calibrate.py
-re-measures them and writes a calibration file. A new measurement
-becomes a new :class:`Calibration` instance here, never a constant scattered elsewhere.
+The built-in values (:data:`H100`, named ``h100-pcie5-r580``) are the H100 figures of
+docs/evaluation/measurements.md ("Calibration"), where each is given with the command that
+measured it; benchmarks/gpu/calibrate.py re-measures them on another GPU and writes a
+calibration file (docs/reference/calibration.md). A new measurement becomes a new
+:class:`Calibration` (a shipped file in calibrations/), never a constant scattered elsewhere.
 
 The fault-path model is fitted, not measured directly: per batch the driver spends
-``batch_ns + fault_ns * faulted_pages + block_ns * (blocks - 1) + moved_bytes / fault_h2d_Bps``. With the GPU's
-in-flight window below, a cold 1 GiB sweep gives 2.1 K batches in 140 ms (7.6 GB/s), 31 % of
-the bytes moved by demand and 69 % by the density prefetcher. Measured: ~2.0 K
-batches per GiB, 6.2-8.1 GB/s, 22 % demand / 78 % prefetch (ab.log phase A: Coherence 914 MiB,
-Prefetch 3181 MiB over 4 passes). tests/test_sim_calibration.py keeps the fit.
+``batch_ns + fault_ns * faulted_pages + block_ns * (blocks - 1) + moved_bytes / fault_h2d_Bps``,
+with the batch formed by the GPU's in-flight window (``fault_window_pages``).
+tests/test_sim_calibration.py holds the fit against the measured cold pass.
 
-The simulator counts *distinct pages* per batch (39 in that sweep). The tools API reports
-~110 GpuFault entries per batch because several uTLBs report the same page (ab.log: 901 K
-entries for 107 K distinct pages over 4 passes), so compare live fault counts with
+The simulator counts *distinct pages* per batch. The tools API reports several GpuFault
+entries per page (several uTLBs report the same page), so compare live fault counts with
 ``umctl`` replays in distinct pages, not entries.
 """
 
@@ -67,21 +65,22 @@ class Calibration:
     name: str = BUILTIN_NAME
 
     # -- host <-> GPU link (PCIe 5 x16) -----------------------------------------------------
-    #: cuMemPrefetchAsync / UVM_MIGRATE host->GPU: 1 GiB in 21.4-21.9 ms (d_result prefetch_H2D).
+    #: Rate of a host->GPU migration command (cuMemPrefetchAsync / UVM_MIGRATE), bytes/s.
     prefetch_h2d_Bps: float = 49.5e9
-    #: GPU->host migration (prefetch to CPU, and the write-back of an eviction):
-    #: 1 GiB in 67-98 ms => 11-15 GB/s (d_result prefetch_D2H).
+    #: Rate of a GPU->host migration (a prefetch to the CPU, and the write-back of an
+    #: eviction), bytes/s.
     d2h_Bps: float = 13.0e9
     #: Fixed start-up of one migration command on a copy engine (ioctl + DMA setup).
     transfer_latency_ns: int = 10_000
-    #: Pinned cudaMemcpy H2D 54.9 GB/s; pageable 7.7 GB/s (docs/measurements.md, physical limits).
+    #: cudaMemcpy from pinned host memory (and every cudaMemcpyAsync), and from pageable host
+    #: memory, bytes/s.
     pinned_copy_Bps: float = 54.9e9
     pageable_copy_Bps: float = 7.7e9
-    #: GPU<->GPU migration over NVLink 4 (H100/H200 SXM: 450 GB/s per direction peak);
-    #: UVM peer migrations reach about a third of it in 2 MiB chunks. Not yet measured here.
+    #: GPU<->GPU migration over NVLink, bytes/s. The built-in value assumes UVM peer migrations
+    #: in 2 MiB chunks reach about a third of NVLink 4's 450 GB/s per direction; not measured.
     nvlink_Bps: float = 150e9
 
-    # -- fault servicing (fitted to the cold-sweep measurements) ----------------------------
+    # -- fault servicing (fitted to the measured cold pass) ---------------------------------
     #: Most fault entries the driver fetches per batch (uvm_perf_fault_batch_count default).
     batch_max_faults: int = 256
     #: Fixed cost of one fault batch: fetch, sort, replay, TLB invalidate.
@@ -90,13 +89,12 @@ class Calibration:
     fault_ns: int = 400
     #: Cost of each distinct 2 MiB block of a batch after the first: the driver services a batch
     #: block by block (block lock, make resident with its own copy push, map), so a batch spread
-    #: over many blocks costs more than one of as many pages in one block. Measured by the
-    #: scattered-access probe of benchmarks/gpu/calibrate.py (least squares over its batches):
-    #: 18.1 us on the H100 (9.4 K batches of 1-16 blocks; 44 us for one block, 84 us for two,
-    #: 245 us for 9-16), in the shipped h100-r580 file. The default stays 0 for now: with it the
-    #: scenarios' irregular DLRM lookups cost the stock driver so much that DeepUM gains more
-    #: there than on the regular models, against the paper's finding; that needs a look at the
-    #: scenario's batch shapes before the default changes (recorded traces use the file).
+    #: over many blocks costs more than one of as many pages in one block. calibrate.py fits it
+    #: by least squares over strided passes (:func:`fit_block_ns`); the shipped h100-r580 file,
+    #: which recorded traces use, has it. The built-in value stays 0: with it the scenarios'
+    #: irregular DLRM lookups cost the stock driver so much that DeepUM gains more there than on
+    #: the regular models, against the paper's finding, and the scenario's batch shapes need a
+    #: look before it changes.
     block_ns: int = 0
     #: Rate of the copies made while servicing faults (4 K-64 K pieces, under locks).
     fault_h2d_Bps: float = 25.0e9
@@ -110,25 +108,23 @@ class Calibration:
     #: A fault migrates at least the aligned group of this many 4 KiB pages around it, and the
     #: density tree counts them as faulted: nvidia-uvm grows every fault to the GPU's 64 KiB big
     #: page (16) unless a page of it is thrashing (grow_fault_granularity in uvm_perf_prefetch.c,
-    #: driver 390.48 as in 515-595). 1: page by page, as the model was until 2026-11-26.
+    #: driver 390.48 as in 515-595). 1: page by page (a what-if).
     fault_granularity_pages: int = 16
     #: Per-chunk cost of an eviction on the fault path, beside its write-back.
     evict_chunk_ns: int = 20_000
-    #: UVM_DISCARD: 256 MiB in ~1 ms => ~8 us per 2 MiB block, no copies.
+    #: UVM_DISCARD per 2 MiB block (no copies).
     discard_block_ns: int = 8_000
-    #: Host touching GPU-resident managed memory: 80-140 ms/GiB (CPU faults + D2H).
+    #: Host touching GPU-resident managed memory, per GiB: its CPU faults and the copy back.
     cpu_fault_ns_per_GiB: float = 110e6
-    #: HUM's copy (PPoPP'20 §4.4-4.5), benchmarks/gpu/hum_probe.py on the H100, 512 MiB: 8
-    #: threads memcpy-ing 2 MiB chunks from a malloc'd buffer into host-side managed pages run
-    #: at 9.3 GB/s into fresh pages and 10.5 GB/s into pages that live on the GPU (29 GB/s
-    #: into pages already on the host; 1 thread: 1.3 GB/s fresh).
+    #: HUM's copy (PPoPP'20 §4.4-4.5): the rate at which the copy threads stage 2 MiB chunks from
+    #: the program's buffer into host-side managed pages (benchmarks/gpu/hum_probe.py measures it).
     um_stage_Bps: float = 10e9
-    #: One synchronous cuMemPrefetchAsync of a 2 MiB chunk took 95 us (22 GB/s serial); the
-    #: part beyond the bytes at prefetch_h2d_Bps is this per-chunk start-up and synchronisation.
+    #: HUM's copy: per-chunk start-up and synchronisation of one chunk's synchronous migration,
+    #: beyond its bytes at prefetch_h2d_Bps.
     um_migrate_latency_ns: int = 53_000
 
     # -- GPU ---------------------------------------------------------------------------------
-    #: Device-to-device copy rate (read+write) 2.87 TB/s: bounds memory-bound kernels.
+    #: Device memory rate (a device-to-device copy, read + write): bounds memory-bound kernels.
     hbm_Bps: float = 2.87e12
 
     # -- thrashing detection and throttling (nvidia-uvm uvm_perf_thrashing.c module defaults,
@@ -159,13 +155,13 @@ class Calibration:
     #: read: 390.48, and the open modules 515.43 to 595.45; a GPU's accesses to resident data
     #: never reach the driver), so the chunk evicted is the least recently *migrated*.
     #: "access": every kernel's access refreshes the chunks it touches (a true LRU), which no
-    #: driver does; it bounds what the eviction order can explain (docs/fidelity.md).
+    #: driver does; it bounds what the eviction order can explain (docs/evaluation/fidelity.md).
     eviction_refresh: str = "migration"
 
     # -- nodes: a cluster of hosts (SnuRHAC, thesis ch. 6); only replays with nodes > 1 use these
-    #: Inter-node link rate, each direction, of one node's port: the thesis's cluster (Table 7.9)
-    #: has Mellanox InfiniBand EDR, 100 Gb/s = 12.5 GB/s of data; large RDMA transfers run a
-    #: little below it. Not measured here (no cluster): snurhac-v100-edr.json gives the sources.
+    #: Inter-node link rate, each direction, of one node's port. The built-in value is the
+    #: thesis's cluster (Table 7.9: InfiniBand EDR, 100 Gb/s = 12.5 GB/s of data, large RDMA
+    #: transfers a little below it); snurhac-v100-edr.json gives the sources.
     internode_Bps: float = 12.0e9
     #: One message between the drivers of two nodes, one way (SnuRHAC's lock, faulted-list and
     #: page requests, §6.3): EDR's small-message latency; the drivers' own handling is not in it.

@@ -13,6 +13,7 @@ from .. import UmctlError
 from ..controller.base import available_modes, make_controller
 from ..controller.options import parse_mode_options  # noqa: F401 - benchmarks and notebooks import it here
 from ..workload.target import is_trace_path, resolve_target  # noqa: F401 - the same
+from ..results import ReplayResult
 from ..workload.workload import Workload
 from .calibration import DEFAULT, Calibration
 from .engine import SimResult, Simulator
@@ -202,26 +203,17 @@ def check_memory(workload: Workload, modes: list[str], max_rss: int | str) -> in
     return need
 
 
-#: What ``umctl replay --json`` prints for each mode, in this order, plus ``calibration``: the
-#: headline figures first (the README promises these), then the detail. Every field is one of
-#: :func:`result_rows`' keys (tests/test_replay.py holds that), so a renamed field fails there
-#: instead of printing ``null``.
-JSON_FIELDS = ("mode", "time_s", "speedup", "faults", "fault_batches", "bytes_h2d", "bytes_d2h",
-               "evictions", "prefetch_accuracy", "prefetch_coverage",
-               "time_ns", "steady_time_ns", "steady_speedup", "steady_faults_per_iter", "iteration_faults",
-               "workload", "demand_bytes", "driver_prefetch_bytes", "user_prefetch_bytes",
-               "bytes_p2p", "preevictions", "invalidated_bytes", "prefetch_pages", "stall_ns",
-               "compute_ns", "kernels", "accesses", "commands", "wall_s", "fault_causes",
-               "steady_fault_causes_per_iter", "nodes", "bytes_internode", "internode_messages", "controller")
-
-
-def json_rows(rows: list[dict], calibration: str) -> list[dict]:
-    """The ``--json`` objects of :func:`result_rows`' rows (:data:`JSON_FIELDS`)."""
-    return [{**{k: r.get(k) for k in JSON_FIELDS}, "calibration": calibration} for r in rows]
+def replay_results(rows: list[dict], calibration: str) -> list[ReplayResult]:
+    """The typed results (what ``umctl replay --json`` prints, one per mode) of
+    :func:`result_rows`' rows; ``calibration`` is the calibration's name. The fields, their
+    order and their JSON schema are :class:`~umctl.results.ReplayResult`'s."""
+    return [ReplayResult.from_row(r, calibration) for r in rows]
 
 
 def result_rows(results: list[SimResult]) -> list[dict]:
-    """One JSON-able dict per mode, with speedup over ``none`` (the first row)."""
+    """One JSON-able dict per mode, with speedup over ``none`` (the first row): every figure
+    of the simulator's result (more than :class:`~umctl.results.ReplayResult` holds; tests
+    and benchmarks read the rest), for :func:`replay_results`."""
     base = next((r for r in results if r.mode == "none"), results[0])
     rows = []
     for r in results:

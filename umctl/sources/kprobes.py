@@ -7,7 +7,7 @@ every fault of the batch (address, access type, GPU timestamp), every ``make_res
 cause, every eviction — with no tools-API session on the target, and for every process at once
 (filtered by pid in the kernel). It needs what a stock distribution kernel has and our dev/CI
 kernel and the GPU machine do not: kprobes (or fentry on module functions) and the nvidia_uvm
-module's BTF for the CO-RE field offsets (docs/measurements.md lists which machine has what). :func:`check_kernel` says so in one line.
+module's BTF for the CO-RE field offsets (docs/evaluation/measurements.md lists which machine has what). :func:`check_kernel` says so in one line.
 
 Loading: fentry first (cheaper: a trampoline instead of an int3/ftrace detour, typed arguments),
 then fentry for the functions with at most six arguments plus a kprobe for

@@ -7,7 +7,7 @@ supplies it without touching the target: ``bpf/launch.bpf.c`` (built into the pa
 return probes to the calls that hand out kernel handles, and streams records through a BPF ring
 buffer that a background thread drains.
 
-What is probed and why (measured on the GPU machine, docs/measurements.md):
+What is probed and why (measured on the GPU machine, docs/evaluation/measurements.md):
   * ``cuLaunchKernel`` (torch elementwise kernels, cupy) and ``cuLaunchKernelEx`` (cuBLAS) and
     their per-thread-default-stream ``_ptsz`` twins, plus ``cuLaunchCooperativeKernel(_ptsz)``:
     every kernel launch of the runtime and driver APIs ends in one of these.

@@ -1,6 +1,7 @@
 """What ``umctl top`` and ``umctl attach`` show: the rendering of per-process live statistics
 (:class:`umctl.live.stats.LiveStats`) as rich renderables for a terminal or plain lines
-otherwise, plus the small keyboard reader top needs."""
+otherwise, the keyboard reader, and top itself (:func:`run_top`): a view over a
+:class:`~umctl.live.fleet.Fleet` that keeps one LiveStats per process."""
 
 from __future__ import annotations
 
@@ -8,9 +9,14 @@ import os
 import select
 import sys
 import time
+from typing import TYPE_CHECKING, Callable
 
+from ..live.fleet import Fleet, FleetEvents, Member
 from ..live.stats import CAUSE_COLUMNS, LiveStats  # noqa: F401 - LiveStats: callers that import it from here
 from ..units import BLOCK_SHIFT
+
+if TYPE_CHECKING:
+    from rich.console import Console
 
 GB = 1e9
 
@@ -144,3 +150,115 @@ class KeyReader:
             return None
         data = os.read(self.fd, 32)
         return data[:1].decode("ascii", "ignore") or None
+
+
+#: Seconds between looks for new processes (a /proc scan); drains run every key poll (0.1 s).
+SCAN_S = 2.0
+
+
+class TopView(FleetEvents[LiveStats]):
+    """One row per process of the fleet: its statistics, or in ``status`` why it is not
+    attached. ``warn`` prints what degrades without failing (no launch probe)."""
+
+    def __init__(self, warn: Callable[[str], None]):
+        self.warn = warn
+
+    def on_attach(self, m: Member[LiveStats]) -> None:
+        m.data = LiveStats(pid=m.pid, comm=m.comm)   # a fresh source's counters start at zero
+
+    def on_refuse(self, m: Member[LiveStats], error: Exception, first: bool) -> None:
+        if m.data is None:
+            m.data = LiveStats(pid=m.pid, comm=m.comm)
+        m.data.status = str(error)[:60]
+
+    def on_batch(self, m: Member[LiveStats], batch) -> None:
+        m.data.feed(batch, m.source)
+
+    def on_detach(self, m: Member[LiveStats]) -> None:
+        if m.data is not None and m.error:
+            m.data.status = m.error[:60]
+
+    def on_warning(self, text: str) -> None:
+        self.warn(text)
+
+    def on_error(self, pid: int | None, error: Exception) -> None:
+        if pid is None:   # a process's own failure is its row's status
+            self.warn(f"looking for processes failed: {type(error).__name__}: {error}")
+
+    @staticmethod
+    def rows(fleet: Fleet[LiveStats]) -> list[LiveStats]:
+        return [m.data for m in fleet.members.values() if m.data is not None]
+
+    @staticmethod
+    def note(fleet: Fleet[LiveStats]) -> str:
+        hidden = fleet.hidden
+        if not fleet.members:
+            msg = "no process has /dev/nvidia-uvm open"
+            return msg + (f" that this user can see ({hidden} hidden: run as root)" if hidden else "")
+        return f"({hidden} processes hidden: run as root to see them)" if hidden else ""
+
+
+def run_top(open_fleet: Callable[[TopView, bool], Fleet[LiveStats]], *, migrations: bool, once: bool,
+            interval: float, sort: str, console: "Console", warn: Callable[[str], None]) -> None:
+    """``umctl top``: ``open_fleet(view, migrations)`` gives the fleet to show (the m key asks
+    for a new one with migration events toggled). ``once``: one plain snapshot sampled over
+    ``interval``; else a live view on ``console`` (plain lines when it is not a terminal),
+    refreshed every ``interval`` and on each key, until q or Ctrl-C. Drains run at every key
+    poll (0.1 s), a /proc scan every :data:`SCAN_S`; the fleet is closed however it ends."""
+    from rich.live import Live
+
+    view = TopView(warn)
+    fleet = open_fleet(view, migrations)
+
+    def tick() -> None:
+        for s in view.rows(fleet):
+            s.tick()
+
+    try:
+        fleet.scan()
+        if once:
+            time.sleep(interval)
+            fleet.drain()
+            tick()
+            print(render_top(view.rows(fleet), sort, note=view.note(fleet), plain=True))
+            return
+        last_scan = time.monotonic()
+        with KeyReader() as keys:
+            live = (Live(console=console, refresh_per_second=4, screen=False, auto_refresh=False)
+                    if console.is_terminal else None)
+            if live is not None:
+                live.start()
+            try:
+                next_tick = time.monotonic() + interval
+                while True:
+                    key = keys.read(0.1)
+                    if key in ("q", "Q", "\x1b"):
+                        break
+                    if key in SORT_KEYS:
+                        sort = SORT_KEYS[key]
+                    if key == "m":   # a tracker's event kinds are fixed: attach everything again
+                        fleet.close()
+                        migrations = not migrations
+                        fleet = open_fleet(view, migrations)
+                        fleet.scan()
+                    fleet.drain()
+                    now = time.monotonic()
+                    if now - last_scan > SCAN_S:
+                        fleet.scan()
+                        last_scan = now
+                    if now >= next_tick or key:
+                        if now >= next_tick:
+                            tick()
+                            next_tick = now + interval
+                        shown = render_top(view.rows(fleet), sort, note=view.note(fleet), plain=live is None)
+                        if live is not None:
+                            live.update(shown, refresh=True)
+                        else:
+                            print(shown, flush=True)
+            finally:
+                if live is not None:
+                    live.stop()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        fleet.close()

@@ -21,7 +21,7 @@ lists, and *sizes* (a string with a unit, ``"512MiB"``), which resolve to bytes.
 scenario has at least ``oversub``, ``gpu_mem``, ``iterations`` and ``seed``.
 
 The built-in files live in the repository's ``scenarios/`` folder and ship as the package
-``umctl.scenarios_data``; docs/scenarios.md documents the format with an example per family.
+``umctl.scenarios_data``; docs/reference/scenarios.md documents the format with an example per family.
 
 A user's file is read as strictly as ``--param``: every key must be a parameter of its
 generator (the parameters its built-in scenarios have; an unknown key is an error with a

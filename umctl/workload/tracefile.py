@@ -78,7 +78,7 @@ def workload_from_trace(trace: Trace, *, gpu_mem: int | None = None, oversub: fl
 
     ``span`` (CLOCK_MONOTONIC ns, the clock of every trace) replays only that part of the
     recording, by default the trace metadata's ``measured_span_ns`` when it has one: the span a
-    program timed itself over (tests/gpu/wl_*.py print theirs), so a replay compares with the
+    program timed itself over (benchmarks/gpu/workloads/wl_*.py print theirs), so a replay compares with the
     program's own measurement and not with its start-up (CUDA, cuBLAS and module loading before
     the span) or its exit (allocator frees after it). Events outside the span are left out,
     except allocations made before it (still live in it); the last kernel runs until the span's
@@ -398,14 +398,14 @@ class _Bursts:
     charges the CPU-fault cost and takes the pages off the GPUs, so later kernels fault them
     back, as the recorded run did), and HOST for the host time between the burst and the next
     launch. Without them a loop whose host writes its input every step replays with that input
-    resident on the GPU after the first step, which is the torch loop's -33 % of issue 4.
+    resident on the GPU after the first step and replays short.
 
     The HOST_WRITE keeps, as host time (``write_ns``), the recorded time of the burst's CPU
     faults on blocks no GPU had faulted yet: the host's first touch of fresh managed memory (a
     loader filling a buffer), which the driver serves on the CPU alone and the simulator does
     not charge. The faults on blocks a GPU held are left to the simulator's CPU-fault cost, so a
     replay under another policy or capacity still pays for what it left on the GPU. Without it
-    a host filling 256 MiB of fresh managed memory (140 ms on the H100) replayed in 0 ms."""
+    a host filling fresh managed memory would replay in no time (docs/evaluation/fidelity-h100.md)."""
 
     def __init__(self, t0, t1, pid, lo, hi, host_ns, pages, page_pid, write_ns):
         self.t0, self.t1, self.pid, self.lo, self.hi = t0, t1, pid, lo, hi
@@ -494,10 +494,9 @@ def _fill_host_runs(pages: np.ndarray) -> np.ndarray:
     side: the 64 KiB-aligned region of the fault, or the largest aligned subtree of the 2 MiB
     block (32 .. 512 pages) of which more than 51 % would then be on the host. A host sweeping a
     GPU-resident block so faults at page offsets 0, 16, 32, 64, 128, 256 and moves the whole
-    block (measured on the H100: 768 CPU faults moved a 256 MiB buffer back; 192 per 64 MiB in
-    the torch loop), while scattered writes (a sparse update of random rows) move 64 KiB per
-    fault (probe: 476 faults, 31.1 MiB). Faults are taken in page order within a block; a page
-    an earlier fault of the burst moved does not fault again."""
+    block, while scattered writes (a sparse update of random rows) move 64 KiB per fault, as the
+    probes of docs/evaluation/fidelity-h100.md show. Faults are taken in page order within a
+    block; a page an earlier fault of the burst moved does not fault again."""
     if len(pages) == 0:
         return pages
     blk = pages >> PAGE_TO_BLOCK_SHIFT
@@ -527,8 +526,8 @@ def _reread_after_bursts(kernels: np.ndarray, acc_page: np.ndarray, acc_write: n
                          bursts: "_Bursts") -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Recorded traces list only the pages that faulted; the driver's density prefetcher
     brings the rest of a block without a fault. After a host burst that is what hides most of
-    the re-read: on the H100 torch loop the GPU faulted 3.7 K of the 16 K pages the host had
-    just written, yet moved all 64 MiB back. So the first kernel after a burst that faults a
+    the re-read: on a torch loop the GPU faults a fraction of the pages the host has just
+    written, yet moves the whole buffer back. So the first kernel after a burst that faults a
     block the burst covered is taken to read all of the burst's pages in that block (a host
     writes data for the GPU to use; those re-reads belong to no recorded batch) — except the
     pages a kernel faults on before the next burst: the driver evidently did not bring those
@@ -701,7 +700,7 @@ def _zero_filled(recorded: np.ndarray, faults: np.ndarray, cpu: np.ndarray, copi
     A replay of a span (``since``: its start) starts with nothing on the GPU, so an allocation
     the GPU first touched before the span holds data by then: a page of it that faults in the
     span was evicted or moved to the host since, and comes back with a copy, not a zero-fill
-    (tests/gpu/wl_convnet.py's cold steps: torch's blocks, first written by the warm-up, moved
+    (benchmarks/gpu/workloads/wl_convnet.py's cold steps: torch's blocks, first written by the warm-up, moved
     to the host before the step)."""
     gpu = _first_in(recorded, faults["addr"], faults["t_ns"])
     host = np.minimum(_first_in(recorded, cpu["addr"], cpu["t_ns"]),

@@ -1,5 +1,5 @@
 """Live source: the nvidia-uvm tools API (event tracker V2 + counters) on an unmodified
-process. See source.py for the entry point and docs/live.md for costs and permissions."""
+process. See source.py for the entry point and docs/guide/observe.md for costs and permissions."""
 
 from ...driver.process import (  # noqa: F401
     LiveError, NoDriver, NoPermission, NoSuchProcess, NoUvm, TargetExited, TrackerError, UvmProcess,

@@ -108,8 +108,8 @@ class DrainStats:
 class Drainer:
     """Thread that empties a :class:`Ring` every ``drain_ms`` and calls ``flush`` (the
     UVM_TOOLS_FLUSH_EVENTS ioctl) every ``flush_ms``. Without the flush the driver holds
-    migration events back for 100-400 ms (measured); with one every 5 ms their p99 lag was
-    8 ms, at ~0.13 ms per call."""
+    migration events back for 100-400 ms; docs/evaluation/measurements.md has the lag and the
+    cost of a call with one every 5 ms."""
 
     def __init__(self, ring: Ring, *, flush: Callable[[], None] | None = None, flush_ms: float = 5.0,
                  drain_ms: float = 2.0, name: str = "umctl-uvm-drain",

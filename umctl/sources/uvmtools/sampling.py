@@ -2,7 +2,7 @@
 ``duty x period_ms`` in every ``period_ms``, at a random place in each period.
 
 Why it exists: what attaching costs a target is per event, in the driver. Measured inside one
-running PyTorch loop on the H100 (benchmarks/gpu/attach_overhead.py, docs/live.md): the
+running PyTorch loop on the H100 (benchmarks/gpu/attach_overhead.py, docs/evaluation/measurements.md): the
 duplicated fd and an idle tracker cost nothing measurable, the counters ~4 %, and GPU fault
 events ~0.45 us each on the fault-service path, +15 % on a loop taking 230 K faults/s; while
 any tools event or counter is enabled the driver also makes every CPU fault wait for its tools

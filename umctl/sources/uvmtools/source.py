@@ -9,7 +9,7 @@ requested event types -> counters tracker (optional) -> UUID table -> drain thre
 then estimates, scaled by the measured on-time); recording and control never sample.
 
 Which kinds to enable is the caller's choice because their costs differ by an order of
-magnitude (docs/live.md has the measurements): GPU faults, replays, CPU faults, thrashing and
+magnitude (docs/evaluation/measurements.md has the measurements): GPU faults, replays, CPU faults, thrashing and
 the counters are cheap, while Migration events made a fault-heavy pass ~1.8x slower, since the
 driver then logs one event per copy on its fault-service path. :data:`DEFAULT_KINDS` is the
 cheap set; views that need bytes by cause enable MIGRATION.

@@ -15,7 +15,7 @@ the managed footprint is ``oversub x gpu_mem``; kernel times are computed on the
 and scaled by the same factor, so the compute : transfer ratio is the real model's. With
 ``scale = "full"`` nothing is scaled: every tensor has the size it has in the real fp32 run (so
 ``oversub`` is whatever the model's footprint makes it on ``gpu_mem``), which is the regime the
-papers' tables were measured in (docs/fidelity.md).
+papers' tables were measured in (docs/evaluation/fidelity.md).
 """
 
 from __future__ import annotations
