@@ -200,7 +200,10 @@ API cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t n, int kind, 
 struct trk { int64_t seq; int dev; cudaEvent_t ev; };
 static struct trk trk_q[TRK];
 static unsigned trk_head, trk_tail;          /* ring: [head, tail) pending */
-static cudaEvent_t trk_pool[TRK];
+/* ended events for reuse, with the device each was created on: an event can be recorded only on
+   a stream of its own device (cudaErrorInvalidResourceHandle otherwise, left as the program's
+   last error) */
+static struct { cudaEvent_t ev; int dev; } trk_pool[TRK];
 static int trk_npool;
 static pthread_mutex_t trk_mu = PTHREAD_MUTEX_INITIALIZER;
 static _Atomic u64 st_trk_drop;
@@ -229,7 +232,7 @@ static void *trk_worker(void *arg)
     (void)arg;
     tl_internal = 1;
     int cur_dev = -1;
-    cudaEvent_t ended[TRK_SCAN];
+    struct trk ended[TRK_SCAN];
     for (;;) {
         pthread_mutex_lock(&trk_mu);
         unsigned head = trk_head, n = trk_tail - trk_head;
@@ -246,13 +249,13 @@ static void *trk_worker(void *arg)
                 cur_dev = t->dev;
             if (get_cudaEventQuery()(t->ev) == 0) {
                 report_end(t);
-                ended[n_ended++] = t->ev;
+                ended[n_ended++] = *t;
                 t->ev = NULL;
             }
         }
         pthread_mutex_lock(&trk_mu);
         for (unsigned i = 0; i < n_ended; i++)
-            trk_pool[trk_npool++] = ended[i];   /* every event is in the ring or the pool: <= TRK */
+            trk_pool[trk_npool].ev = ended[i].ev, trk_pool[trk_npool++].dev = ended[i].dev;   /* <= TRK: below */
         while (trk_head != trk_tail && !trk_q[trk_head % TRK].ev)
             trk_head++;
         pthread_mutex_unlock(&trk_mu);
@@ -279,17 +282,26 @@ static void track_end(int64_t seq, cudaStream_t s)
         return;
     tl_internal++;
     pthread_mutex_lock(&trk_mu);
-    if (trk_tail - trk_head >= TRK) {
+    int dev = current_device(), k = trk_npool;
+    while (k > 0 && trk_pool[k - 1].dev != dev)
+        k--;
+    /* every event is in the ring or the pool (or being moved from one to the other): a new one
+       only while they hold fewer than TRK, so that the pool never overflows */
+    if (trk_tail - trk_head >= TRK || (!k && trk_tail - trk_head + trk_npool >= TRK)) {
         atomic_fetch_add(&st_trk_drop, 1);   /* the kernel's end is not reported: never block */
     } else {
-        cudaEvent_t ev = trk_npool ? trk_pool[--trk_npool] : NULL;
-        if (!ev && get_cudaEventCreateWithFlags()(&ev, 2 /* disable timing */) != 0)
+        cudaEvent_t ev = NULL;
+        if (k) {
+            ev = trk_pool[k - 1].ev;
+            trk_pool[k - 1] = trk_pool[--trk_npool];
+        } else if (get_cudaEventCreateWithFlags()(&ev, 2 /* disable timing */) != 0) {
             ev = NULL;
+        }
         if (ev && get_cudaEventRecord()(ev, s) == 0) {
             struct trk *t = &trk_q[trk_tail++ % TRK];
-            t->seq = seq, t->dev = current_device(), t->ev = ev;
+            t->seq = seq, t->dev = dev, t->ev = ev;
         } else if (ev) {
-            trk_pool[trk_npool++] = ev;
+            trk_pool[trk_npool].ev = ev, trk_pool[trk_npool++].dev = dev;
         }
     }
     pthread_mutex_unlock(&trk_mu);

@@ -18,13 +18,38 @@
    READ_MOSTLY for the kernel (duplicated on every GPU that reads them, §6.4) and the advice is
    taken back when a later partitioned kernel passes them without the mark.
 
+   With the convention's access information ("UMP2": umctl_part_ranges; what MAPA gives SnuRHAC)
+   the runtime also
+     - keeps on one GPU (the caller's: the original launch) a kernel with atomics or whose GPUs'
+       write ranges overlap by more than UMCTL_RT_OVERLAP (default 0.5) of their total, the
+       ratio of umctl.controller.snurhac.hull_overlap_ratio (§6.4, figure 6.4): a banded buffer
+       is written in its slab's band, any other written buffer whole by every slab; such a
+       kernel's buffers are prefetched whole to that GPU first (part_place_one);
+     - places each buffer for the kernel (UMCTL_RT_PLACE, default on), once per role: a buffer
+       only read and not banded is duplicated (READ_MOSTLY) and prefetched whole to every GPU;
+       a banded buffer gets its band's preferred location on the band's GPU and is mapped on
+       every GPU (accessed-by: a halo row is read over NVLink, not migrated to and fro), and each
+       band is prefetched to its GPU; the prefetches go on the slab's stream after its wait on
+       the caller's stream and before its launch (§6.5.1's static prefetching from the access
+       ranges, the band standing in for the thread blocks' affine ranges).
+   A buffer that becomes written loses READ_MOSTLY; a buffer changing role gets its new role's
+   prefetches (nbody's two position buffers swap roles every step).
+
+   The end of each slab, where kernel ends are tracked (UMCTL_RT_TRACK_END), is tracked on the
+   caller's stream after its waits on the slabs, i.e. on the caller's device: the tracker's
+   events come from one pool for all devices, an event belongs to the device it was created on,
+   and an event of GPU 0 recorded on GPU 3's stream fails with cudaErrorInvalidResourceHandle,
+   left as the program's last error (gesummv on 4 H100s: cudaGetLastError() after a launch).
+
    Across nodes (umctl/cluster, one process of the program a node under mpirun):
    UMCTL_RT_GPUS is the cluster's GPU count, UMCTL_RT_NODE_GPUS=M the GPUs of this node and
    UMCTL_RT_NODE=n its rank; the grid is cut into UMCTL_RT_GPUS slabs exactly as on one host and
    this process launches only slabs n*M .. n*M+M-1, slab n*M+k on its local GPU k. Without
    them, every slab is local (part_first 0, part_local UMCTL_RT_GPUS). */
-struct umctl_part { unsigned off[3], grid[3], ro_mask, magic; };
+struct umctl_part { unsigned off[3], grid[3], ro_mask, magic, wr_mask, band_mask, flags; };
 #define UMCTL_PART_MAGIC 0x54504d55u
+#define UMCTL_PART_MAGIC2 0x32504d55u   /* "UMP2": wr_mask, band_mask and flags follow magic */
+#define UMCTL_PART_ATOMICS 1u
 static int part_ok;
 static int part_first, part_local;   /* this node's first slab and its GPU count */
 static cudaStream_t part_stream[MAX_DEV];
@@ -32,11 +57,36 @@ static cudaEvent_t part_done[MAX_DEV], part_start[MAX_DEV];
 #define MAX_RO 256
 static uintptr_t ro_flagged[MAX_RO];
 static int n_ro;
+static int cfg_place = 1;            /* UMCTL_RT_PLACE */
+static double cfg_overlap = 0.5;     /* UMCTL_RT_OVERLAP: §6.4's threshold */
+static _Atomic u64 st_ranges, st_one_overlap, st_one_atomics, st_pref, st_accessed, st_pf, st_pf_bytes;
+static double st_overlap_max;        /* under part_mu */
+
+/* cuMemAdvise's advice (CUmem_advise) */
+enum { ADV_SET_READ_MOSTLY = 1, ADV_UNSET_READ_MOSTLY = 2, ADV_SET_PREFERRED = 3, ADV_UNSET_PREFERRED = 4,
+       ADV_SET_ACCESSED_BY = 5 };
+
+
+static void part_config(void)
+{
+    if (getenv("UMCTL_RT_PLACE"))
+        cfg_place = env_on("UMCTL_RT_PLACE");
+    const char *v = getenv("UMCTL_RT_OVERLAP");
+    if (v && *v) {
+        char *end;
+        double x = strtod(v, &end);
+        if (end != v && !*end && x >= 0)
+            cfg_overlap = x;
+        else
+            fprintf(stderr, "umctl runtime: UMCTL_RT_OVERLAP=%s is not a ratio >= 0: using %.2f\n", v, cfg_overlap);
+    }
+}
 
 /* Streams, events and peer access on every GPU, once (the program's first cudaMalloc calls
    this, so context creation on the other GPUs happens outside its timed region). */
 static void part_setup(void)
 {
+    part_config();
     if (cfg_gpus < 2 || cfg_gpus > MAX_DEV || !get_cudaGetDeviceCount() || !get_cudaSetDevice() ||
         !get_cudaGetDevice() || !get_cudaStreamCreateWithFlags() || !get_cudaEventCreateWithFlags() ||
         !get_cudaEventRecord() || !get_cudaStreamWaitEvent() || !get_cudaLaunchKernel())
@@ -110,7 +160,7 @@ static int ro_find(uintptr_t base)
 
 static void ro_set(uintptr_t base, size_t n, int dev)
 {
-    int rc = mem_advise(base, n, 1 /* SET_READ_MOSTLY */, dev);
+    int rc = mem_advise(base, n, ADV_SET_READ_MOSTLY, dev);
     if (rc == 0) {
         ro_flagged[n_ro++] = base;
         atomic_fetch_add(&st_ro_set, 1);
@@ -126,7 +176,7 @@ static void ro_unset(int k, int dev)
     size_t n = 0;
     uintptr_t base = ro_flagged[k];
     if (alloc_base((void *)base, &n) == base)
-        mem_advise(base, n, 2 /* UNSET_READ_MOSTLY */, dev);
+        mem_advise(base, n, ADV_UNSET_READ_MOSTLY, dev);
     ro_flagged[k] = ro_flagged[--n_ro];
     atomic_fetch_add(&st_ro_unset, 1);
 }
@@ -134,7 +184,7 @@ static void ro_unset(int k, int dev)
 /* §6.4: flag the buffers the kernel only reads, unflag the flagged ones it may write (a pointer
    argument into one of our managed allocations without its ro bit). Which arguments are
    pointers comes from the parameter sizes (cuFuncGetParamInfo), else from the ro_mask alone.
-   Called under part_mu. */
+   Called under part_mu. (Kernels with the convention's access information: part_place.) */
 static void part_read_only(struct finfo *fi, void **args, unsigned mask, int dev)
 {
     if (!cfg_ro || !fi)
@@ -189,7 +239,203 @@ static void part_read_only(struct finfo *fi, void **args, unsigned mask, int dev
     }
 }
 
-/* A freed allocation loses its flag (its address may come back as another buffer). */
+/* ---------------------------------------------------------------- UMP2: ranges, §6.4, placement */
+
+/* A buffer's role in a kernel (the highest of its parameters'): read whole, in bands (read or
+   written), written whole; and, for the placement only, used by a kernel kept on one GPU. */
+enum { ROLE_NONE = 0, ROLE_REPLICA = 1, ROLE_BAND = 2, ROLE_SHARED = 3, ROLE_ONE = 4 };
+struct kbuf { uintptr_t base; size_t n; int role, written; };
+
+/* The managed buffers a UMP2 launch passes, each once with its role. Pointers are the ro_mask
+   and wr_mask parameters, and (parameter sizes known) any other pointer argument into a
+   managed allocation, taken as written whole (the conservative reading). */
+static int part_buffers(struct finfo *fi, void **args, const struct umctl_part *p, struct kbuf *out)
+{
+    int nb = 0, known = fi->nparams > 1 && fi->sizes;
+    for (int i = 1; i < 32; i++) {
+        int marked = ((p->ro_mask | p->wr_mask) >> i) & 1;
+        int ptr = marked || (known && i < fi->nparams && fi->sizes[i] == sizeof(void *));
+        if (!ptr || (known && i >= fi->nparams) || !args[i])
+            continue;
+        size_t n = 0;
+        uintptr_t base = alloc_base(*(void **)args[i], &n);
+        if (!base)
+            continue;
+        int ro = (p->ro_mask >> i) & 1 && !((p->wr_mask >> i) & 1), band = (p->band_mask >> i) & 1;
+        int role = band ? ROLE_BAND : ro && marked ? ROLE_REPLICA : ROLE_SHARED;
+        int k = 0;
+        while (k < nb && out[k].base != base)
+            k++;
+        if (k == nb)
+            out[nb++] = (struct kbuf){base, n, ROLE_NONE, 0};
+        if (role > out[k].role)
+            out[k].role = role;
+        out[k].written |= !ro || !marked;
+    }
+    return nb;
+}
+
+/* Byte edge of band k of G of a buffer of n bytes along a dimension of `blocks` blocks: the
+   slab's share rounded up to a page, so that the bands tile the buffer without overlap. */
+static size_t band_edge(size_t n, unsigned blocks, unsigned first_block)
+{
+    size_t e = (size_t)(((unsigned __int128)n * first_block) / blocks);
+    e = (e + 4095) & ~(size_t)4095;
+    return e < n ? e : n;
+}
+
+/* §6.4, figure 6.4: what of each GPU's write range some other GPU's range also covers, summed
+   over the written buffers, over the summed lengths (hull_overlap_ratio in
+   umctl/controller/snurhac.py). A banded buffer is written in its slabs' exact shares, any
+   other written buffer whole by every slab that has blocks. */
+static double part_overlap(const struct kbuf *bufs, int nb, const unsigned *edges, int G)
+{
+    double total = 0, overlap = 0;
+    for (int j = 0; j < nb; j++) {
+        if (!bufs[j].written)
+            continue;
+        u64 lo[MAX_DEV], hi[MAX_DEV];
+        int m = 0;
+        for (int k = 0; k < G; k++) {
+            if (edges[k + 1] <= edges[k])
+                continue;
+            if (bufs[j].role == ROLE_BAND) {
+                lo[m] = (u64)(((unsigned __int128)bufs[j].n * edges[k]) / edges[G]);
+                hi[m] = (u64)(((unsigned __int128)bufs[j].n * edges[k + 1]) / edges[G]);
+            } else {
+                lo[m] = 0, hi[m] = bufs[j].n;
+            }
+            m++;
+        }
+        for (int i = 0; i < m; i++) {
+            total += (double)(hi[i] - lo[i]);
+            /* the union of the others' ranges inside [lo_i, hi_i): sort their clipped starts */
+            u64 a[MAX_DEV], b[MAX_DEV];
+            int c = 0;
+            for (int o = 0; o < m; o++) {
+                if (o == i || lo[o] >= hi[i] || hi[o] <= lo[i])
+                    continue;
+                u64 s = lo[o] > lo[i] ? lo[o] : lo[i], e = hi[o] < hi[i] ? hi[o] : hi[i];
+                int at = c++;
+                while (at > 0 && a[at - 1] > s)
+                    a[at] = a[at - 1], b[at] = b[at - 1], at--;
+                a[at] = s, b[at] = e;
+            }
+            u64 end = lo[i];
+            for (int o = 0; o < c; o++) {
+                u64 s = a[o] > end ? a[o] : end;
+                if (b[o] > s) {
+                    overlap += (double)(b[o] - s);
+                    end = b[o];
+                }
+            }
+        }
+    }
+    return total > 0 ? overlap / total : 0.0;
+}
+
+/* Placement state of a buffer across launches: its role and the local GPUs that got the role's
+   prefetch. Under part_mu. */
+#define MAX_PLACE 256
+struct place { uintptr_t base; size_t n; int role; unsigned fetched; int banded; };
+static struct place places[MAX_PLACE];
+static int n_places;
+
+static struct place *place_of(uintptr_t base, size_t n)
+{
+    for (int k = 0; k < n_places; k++)
+        if (places[k].base == base)
+            return &places[k];
+    if (n_places == MAX_PLACE)
+        return NULL;
+    places[n_places] = (struct place){base, n, ROLE_NONE, 0, 0};
+    return &places[n_places++];
+}
+
+/* Up to this many prefetches wait for their slab's launch (bands and duplicates of every
+   buffer of one kernel on one local GPU). */
+#define MAX_PF 32
+struct pf { uintptr_t p; size_t n; struct place *pl; };
+
+/* Advice for each buffer's role (changed roles only) and, per local GPU with a slab, the
+   prefetches to issue on its stream before its launch (those not issued yet in this role).
+   `edges`: the G+1 slab edges. */
+static void part_place(struct kbuf *bufs, int nb, const unsigned *edges, int G, int d,
+                       struct pf pf[MAX_DEV][MAX_PF], int *npf)
+{
+    for (int j = 0; j < nb; j++) {
+        struct kbuf *bf = &bufs[j];
+        struct place *pl = place_of(bf->base, bf->n);
+        if (!pl)
+            continue;
+        if (pl->role != bf->role) {
+            int k;
+            if (pl->role == ROLE_REPLICA && bf->written && (k = ro_find(bf->base)) < n_ro)
+                ro_unset(k, d);   /* written now: a READ_MOSTLY page written bounces between the GPUs */
+            pl->fetched = 0;
+            pl->role = bf->role;
+            if (bf->role == ROLE_REPLICA && cfg_ro && ro_find(bf->base) == n_ro && n_ro < MAX_RO)
+                ro_set(bf->base, bf->n, d);
+            /* the bands' preferred locations and the mappings hold for any later role (the bands
+               of a buffer are the same at every launch): set once. They guide faults only; a
+               prefetch (read copies of a READ_MOSTLY buffer, a kernel kept on one GPU) still
+               moves or copies pages where it is asked to. */
+            if (bf->role == ROLE_BAND && !pl->banded) {
+                pl->banded = 1;
+                for (int k2 = part_first; k2 < part_first + part_local; k2++) {
+                    size_t lo = band_edge(bf->n, edges[G], edges[k2]), hi = band_edge(bf->n, edges[G], edges[k2 + 1]);
+                    if (hi > lo && mem_advise(bf->base + lo, hi - lo, ADV_SET_PREFERRED, k2 - part_first) == 0)
+                        atomic_fetch_add(&st_pref, 1);
+                }
+                for (int l = 0; l < part_local; l++)
+                    if (mem_advise(bf->base, bf->n, ADV_SET_ACCESSED_BY, l) == 0)
+                        atomic_fetch_add(&st_accessed, 1);
+            }
+        }
+        for (int k2 = part_first; k2 < part_first + part_local; k2++) {
+            int l = k2 - part_first;
+            if (edges[k2 + 1] <= edges[k2] || (pl->fetched >> l) & 1 || npf[l] == MAX_PF)
+                continue;
+            if (bf->role == ROLE_REPLICA && ro_find(bf->base) < n_ro) {
+                pf[l][npf[l]++] = (struct pf){bf->base, bf->n, pl};
+            } else if (bf->role == ROLE_BAND) {
+                size_t lo = band_edge(bf->n, edges[G], edges[k2]), hi = band_edge(bf->n, edges[G], edges[k2 + 1]);
+                if (hi > lo)
+                    pf[l][npf[l]++] = (struct pf){bf->base + lo, hi - lo, pl};
+            }   /* (marked fetched for GPU l once issued on its stream) */
+        }
+    }
+}
+
+/* A kernel kept on one GPU (§6.4): its buffers, which earlier partitioned kernels may have
+   left in bands on every GPU (and read there from afar: accessed-by), are prefetched whole to
+   the caller's GPU on the caller's stream, before the original launch (covariance's
+   covar_kernel reads the matrix its reduce kernel wrote in 4 bands); one it writes loses
+   READ_MOSTLY. */
+static void part_place_one(struct kbuf *bufs, int nb, int d, cudaStream_t s)
+{
+    pthread_once(&driver_once, load_driver);
+    for (int j = 0; j < nb; j++) {
+        struct place *pl = place_of(bufs[j].base, bufs[j].n);
+        if (!pl)
+            continue;
+        if (pl->role != ROLE_ONE) {
+            int k;
+            if (pl->role == ROLE_REPLICA && (k = ro_find(bufs[j].base)) < n_ro && bufs[j].written)
+                ro_unset(k, d);
+            pl->role = ROLE_ONE;
+            pl->fetched = 0;
+        }
+        if (!((pl->fetched >> d) & 1) && cu_prefetch && cu_prefetch((u64)bufs[j].base, bufs[j].n, d, s) == 0) {
+            pl->fetched = 1u << d;
+            atomic_fetch_add(&st_pf, 1);
+            atomic_fetch_add(&st_pf_bytes, bufs[j].n);
+        }
+    }
+}
+
+/* A freed allocation loses its flag and its placement (its address may come back as another
+   buffer). */
 static void part_forget(const void *p)
 {
     if (cfg_gpus < 2)
@@ -198,8 +444,12 @@ static void part_forget(const void *p)
     int k = ro_find((uintptr_t)p);
     if (k < n_ro)
         ro_flagged[k] = ro_flagged[--n_ro];
+    for (k = 0; k < n_places; k++)
+        if (places[k].base == (uintptr_t)p)
+            places[k] = places[--n_places];
     pthread_mutex_unlock(&part_mu);
 }
+
 
 /* ---------------------------------------------------------------- SnuRHAC across nodes: the agent
 
@@ -210,25 +460,35 @@ static void part_forget(const void *p)
      before a partitioned launch ('B'): the managed allocations (id, size, and whether this kernel
        only reads (1) or may write (2) each), and the pages the host changed since the last point
        (node 0 only: the program's host side is authoritative there, the others run the same host
-       code on the same data); the agent answers with the pages this node lacks, installed here;
-     after this node's slabs ('E'): each page they changed, new and old contents (the agent stores
+       code on the same data); the agent answers with the pages this node lacks, installed here.
+       For a kernel with the convention's ranges (UMP2) the runtime also says which bytes this
+       node's slabs touch (kind 4, then a kind 3 range per allocation: its band(s) with a block's
+       share of halo on each side, or the whole buffer) and the agent brings only those;
+     after this node's slabs ('E'): the pages they changed, new and old contents (the agent stores
        only the changed bytes, under the page's lock, so that two nodes writing one page merge);
-       the agent answers once the cluster-wide synchronisation after the kernel is done;
+       the agent answers once the cluster-wide synchronisation after the kernel is done. Buffers
+       the kernel marks read-only are not compared (the convention: it only reads them), nor,
+       under UMP2, buffers it is not passed;
      where the host waits for the GPU or copies managed data out ('S', cl_host_sync): as 'B',
        so that the host then reads current data.
-   Records: {i64 id; u64 size; u32 page; u32 kind} (kind 0: an allocation, page = 0/1/2 as above;
-   kind 1: a page, followed by its new then old 4 KiB). Answer: u32 count, then {i64 id; u32 page;
-   u32 pad} + 4 KiB each. The diffs are taken after synchronising the caller's stream (before)
+   Records: {i64 id; u64 size; u32 page; u32 kind}: kind 0 an allocation (page = 0/1/2 above);
+   kind 5 a run of `size` changed pages from `page`, followed by their new then their old bytes
+   (4 KiB each); kind 4 (no fields) "bring only the ranges listed"; kind 3 a range of `size`
+   pages from `page`; kind 2 the end. Answer: u32 count of runs, then {i64 id; u32 first page;
+   u32 pages} + 4 KiB a page. The diffs are taken after synchronising the caller's stream (before)
    and this node's slab streams (after); the twins and diffs are host reads of managed memory,
-   which on a real GPU migrates every page to the host and back at each kernel (tested on the
-   fake CUDA runtime only). */
+   which on a real GPU migrates every compared page to the host and back at each kernel (tested
+   on the fake CUDA runtime only). */
 #define CL_PAGE 4096
+#define CL_RUN 256   /* pages a run record carries at most */
 struct cl_rec { int64_t id; uint64_t size; uint32_t page, kind; };
 struct cl_twin { int64_t id; uintptr_t addr; size_t n; unsigned char *twin; int seen; };
 static int cl_fd = -1, cl_node;
 static int cl_behind;   /* a partitioned kernel ended since this node's data was last made current */
 static struct cl_twin cl_tw[MAX_RO];
 static int cl_ntw;
+static unsigned char *cl_buf;   /* a run's bytes on their way (2 x CL_RUN pages), under part_mu */
+static _Atomic u64 st_cl_compared, st_cl_sent, st_cl_installed;
 
 static pthread_once_t cl_once = PTHREAD_ONCE_INIT;
 static void cl_config(void)
@@ -259,6 +519,15 @@ static int cl_io(int wr, void *p, size_t n)
     return 0;
 }
 
+static unsigned char *cl_run_buf(void)
+{
+    if (!cl_buf && !(cl_buf = malloc(2 * CL_RUN * CL_PAGE))) {
+        fprintf(stderr, "umctl runtime: out of memory for the cluster agent's pages\n");
+        _exit(70);
+    }
+    return cl_buf;
+}
+
 /* The managed allocations now, with their twins (a new one's twin is zeros: fresh UM). */
 static void cl_refresh(void)
 {
@@ -287,81 +556,167 @@ static void cl_refresh(void)
         }
 }
 
-/* Send the pages that differ from their twins (and update the twins). */
-static void cl_send_diff(int send)
+/* One run of changed pages [p0, p0 + np) of twin t: its new and old bytes, one record. */
+static void cl_send_run(struct cl_twin *t, size_t p0, size_t np)
+{
+    unsigned char *buf = cl_run_buf();
+    memset(buf, 0, 2 * np * CL_PAGE);
+    size_t off = p0 * CL_PAGE, len = t->n - off < np * CL_PAGE ? t->n - off : np * CL_PAGE;
+    memcpy(buf, (unsigned char *)t->addr + off, len);
+    memcpy(buf + np * CL_PAGE, t->twin + off, len);
+    struct cl_rec r = {t->id, np, (uint32_t)p0, 5};
+    cl_io(1, &r, sizeof r);
+    cl_io(1, buf, 2 * np * CL_PAGE);
+    atomic_fetch_add(&st_cl_sent, np);
+}
+
+/* The pages of the twins whose `skip` is 0 that differ from the program's memory: sent as runs
+   (when `send`), and the twins updated. */
+static void cl_send_diff(int send, const unsigned char *skip)
 {
     for (int k = 0; k < cl_ntw; k++) {
         struct cl_twin *t = &cl_tw[k];
-        if (!t->twin)
+        if (!t->twin || (skip && skip[k]))
             continue;
-        for (size_t off = 0; off < t->n; off += CL_PAGE) {
-            size_t len = t->n - off < CL_PAGE ? t->n - off : CL_PAGE;
-            unsigned char *cur = (unsigned char *)t->addr + off;
-            if (!memcmp(cur, t->twin + off, len))
-                continue;
-            if (send) {
-                unsigned char page[2 * CL_PAGE] = {0};
-                memcpy(page, cur, len);
-                memcpy(page + CL_PAGE, t->twin + off, len);
-                struct cl_rec r = {t->id, t->n, (uint32_t)(off / CL_PAGE), 1};
-                cl_io(1, &r, sizeof r);
-                cl_io(1, page, sizeof page);
+        size_t pages = (t->n + CL_PAGE - 1) / CL_PAGE, run0 = 0, nrun = 0;
+        atomic_fetch_add(&st_cl_compared, pages);
+        for (size_t pg = 0; pg <= pages; pg++) {
+            int changed = 0;
+            if (pg < pages) {
+                size_t off = pg * CL_PAGE, len = t->n - off < CL_PAGE ? t->n - off : CL_PAGE;
+                unsigned char *cur = (unsigned char *)t->addr + off;
+                changed = memcmp(cur, t->twin + off, len) != 0;
             }
-            memcpy(t->twin + off, cur, len);
+            if (changed && !nrun)
+                run0 = pg;
+            nrun += changed;
+            if ((!changed || nrun == CL_RUN) && nrun) {
+                if (send)
+                    cl_send_run(t, run0, nrun);
+                size_t off = run0 * CL_PAGE, len = t->n - off < nrun * CL_PAGE ? t->n - off : nrun * CL_PAGE;
+                memcpy(t->twin + off, (unsigned char *)t->addr + off, len);
+                nrun = 0;
+            }
         }
     }
 }
 
-/* Install the agent's pages (into the buffer and its twin). */
+/* Install the agent's runs of pages (into the buffer and its twin). */
 static void cl_install(void)
 {
     uint32_t count = 0;
+    unsigned char *buf = cl_run_buf();
     cl_io(0, &count, sizeof count);
     for (uint32_t i = 0; i < count; i++) {
-        struct { int64_t id; uint32_t page, pad; } h;
-        unsigned char page[CL_PAGE];
+        struct { int64_t id; uint32_t page, n; } h;
         cl_io(0, &h, sizeof h);
-        cl_io(0, page, sizeof page);
-        for (int k = 0; k < cl_ntw; k++)
-            if (cl_tw[k].id == h.id && (size_t)h.page * CL_PAGE < cl_tw[k].n) {
-                size_t off = (size_t)h.page * CL_PAGE, len = cl_tw[k].n - off < CL_PAGE ? cl_tw[k].n - off : CL_PAGE;
-                memcpy((unsigned char *)cl_tw[k].addr + off, page, len);
-                memcpy(cl_tw[k].twin + off, page, len);
-            }
+        for (uint32_t done = 0; done < h.n;) {   /* in pieces of at most 2 x CL_RUN pages */
+            uint32_t np = h.n - done < 2 * CL_RUN ? h.n - done : 2 * CL_RUN;
+            cl_io(0, buf, (size_t)np * CL_PAGE);
+            for (int k = 0; k < cl_ntw; k++)
+                if (cl_tw[k].id == h.id && (size_t)(h.page + done) * CL_PAGE < cl_tw[k].n) {
+                    size_t off = (size_t)(h.page + done) * CL_PAGE;
+                    size_t len = cl_tw[k].n - off < (size_t)np * CL_PAGE ? cl_tw[k].n - off : (size_t)np * CL_PAGE;
+                    memcpy(cl_tw[k].twin + off, buf, len);
+                    memcpy((unsigned char *)cl_tw[k].addr + off, buf, len);
+                }
+            done += np;
+        }
+        atomic_fetch_add(&st_cl_installed, h.n);
     }
 }
 
-/* 'B' or 'S': allocations (with this kernel's read-only codes), the host's changes, install. */
-static void cl_begin(char type, struct finfo *fi, void **args, unsigned mask)
+/* Per twin, this kernel's use of its allocation: 0 not passed (or not known to be), 1 only
+   read, 2 written. UMP2 also gives each one's role (kbuf). */
+static void cl_codes(struct finfo *fi, void **args, const struct umctl_part *p, unsigned char *code)
 {
-    cl_refresh();
-    unsigned char code[MAX_RO] = {0};
-    for (int i = 1; args && i < 32; i++) {
-        int ptr = fi && fi->nparams > 1 && fi->sizes ? i < fi->nparams && fi->sizes[i] == sizeof(void *) : (mask >> i) & 1;
+    memset(code, 0, MAX_RO);
+    if (!args || !p)
+        return;
+    int v2 = p->magic == UMCTL_PART_MAGIC2;
+    for (int i = 1; i < 32; i++) {
+        int ptr = v2 ? ((p->ro_mask | p->wr_mask) >> i) & 1
+                     : fi && fi->nparams > 1 && fi->sizes ? i < fi->nparams && fi->sizes[i] == sizeof(void *)
+                                                          : (p->ro_mask >> i) & 1;
         if (!ptr || !args[i])
             continue;
+        int ro = (p->ro_mask >> i) & 1 && !(v2 && (p->wr_mask >> i) & 1);
         size_t n = 0;
         uintptr_t base = alloc_base(*(void **)args[i], &n);
         for (int k = 0; base && k < cl_ntw; k++)
             if (cl_tw[k].addr == base)
-                code[k] = (mask >> i) & 1 && code[k] != 2 ? 1 : 2;
+                code[k] = ro && code[k] != 2 ? 1 : 2;
     }
+}
+
+/* UMP2: the pages of twin k this node's slabs touch: a banded buffer's bands of slabs
+   [first, first + local) with a block's share of halo each side, anything else whole. */
+static void cl_range(const struct cl_twin *t, int band, const unsigned *edges, int G, size_t *p0, size_t *p1)
+{
+    size_t pages = (t->n + CL_PAGE - 1) / CL_PAGE;
+    *p0 = 0, *p1 = pages;
+    if (!band)
+        return;
+    unsigned lo = edges[part_first], hi = edges[part_first + part_local], D = edges[G];
+    if (hi <= lo) {
+        *p1 = 0;
+        return;
+    }
+    unsigned a = lo > 0 ? lo - 1 : 0, b = hi < D ? hi + 1 : D;
+    size_t bl = (size_t)(((unsigned __int128)t->n * a) / D), bh = (size_t)(((unsigned __int128)t->n * b) / D);
+    *p0 = bl / CL_PAGE, *p1 = (bh + CL_PAGE - 1) / CL_PAGE;
+    if (*p1 > pages)
+        *p1 = pages;
+}
+
+/* 'B' or 'S': allocations (with this kernel's read-only codes), the host's changes, what this
+   node's slabs touch (UMP2), install. */
+static unsigned char cl_code[MAX_RO];
+static void cl_begin(char type, struct finfo *fi, void **args, const struct umctl_part *p, const unsigned *edges)
+{
+    cl_refresh();
+    cl_codes(fi, args, p, cl_code);
     cl_io(1, &type, 1);
     for (int k = 0; k < cl_ntw; k++) {
-        struct cl_rec r = {cl_tw[k].id, cl_tw[k].n, code[k], 0};
+        struct cl_rec r = {cl_tw[k].id, cl_tw[k].n, cl_code[k], 0};
         cl_io(1, &r, sizeof r);
     }
-    cl_send_diff(cl_node == 0);
+    cl_send_diff(cl_node == 0, NULL);
+    if (p && p->magic == UMCTL_PART_MAGIC2 && edges) {
+        struct cl_rec scoped = {-1, 0, 0, 4};
+        cl_io(1, &scoped, sizeof scoped);
+        for (int k = 0; k < cl_ntw; k++) {
+            if (!cl_code[k])
+                continue;   /* not passed to this kernel */
+            int band = 0;
+            for (int i = 1; i < 32 && args; i++) {
+                size_t n = 0;
+                if (((p->band_mask >> i) & 1) && args[i] && alloc_base(*(void **)args[i], &n) == cl_tw[k].addr)
+                    band = 1;
+            }
+            size_t p0, p1;
+            cl_range(&cl_tw[k], band, edges, cfg_gpus, &p0, &p1);
+            if (p1 > p0) {
+                struct cl_rec r = {cl_tw[k].id, p1 - p0, (uint32_t)p0, 3};
+                cl_io(1, &r, sizeof r);
+            }
+        }
+    }
     struct cl_rec end = {-1, 0, 0, 2};
     cl_io(1, &end, sizeof end);
     cl_install();
 }
 
-static void cl_end(void)
+/* 'E': what this node's slabs changed in the buffers the kernel may write. */
+static void cl_end(const struct umctl_part *p)
 {
+    unsigned char skip[MAX_RO];
+    int v2 = p && p->magic == UMCTL_PART_MAGIC2;
+    for (int k = 0; k < cl_ntw; k++)
+        skip[k] = cl_code[k] == 1 || (v2 && cl_code[k] == 0);
     char type = 'E';
     cl_io(1, &type, 1);
-    cl_send_diff(1);
+    cl_send_diff(1, skip);
     struct cl_rec end = {-1, 0, 0, 2};
     cl_io(1, &end, sizeof end);
     cl_install();
@@ -381,13 +736,26 @@ static void cl_end(void)
    another (SPMD programs that wait differently per rank) is fine. Assumes, as the rest of the
    protocol does, that every node runs the same host code: host writes after the wait are made by
    each node itself; only node 0's reach the agents (at the next 'B' or 'S'). */
+/* UMCTL_RT_STATS: the partitioning's own line (the runtime's line is rt_interpose.c's) */
+__attribute__((destructor)) static void part_fini(void)
+{
+    if (cfg_stats && cfg_gpus >= 2)
+        fprintf(stderr,
+                "umctl_rt_snurhac: ranges=%llu single_overlap=%llu single_atomics=%llu overlap_max=%.2f preferred=%llu "
+                "accessed_by=%llu prefetches=%llu prefetch_mib=%.1f cluster_pages=%llu,%llu,%llu\n",
+                (unsigned long long)st_ranges, (unsigned long long)st_one_overlap, (unsigned long long)st_one_atomics,
+                st_overlap_max, (unsigned long long)st_pref, (unsigned long long)st_accessed, (unsigned long long)st_pf,
+                st_pf_bytes / 1048576.0, (unsigned long long)st_cl_compared, (unsigned long long)st_cl_sent,
+                (unsigned long long)st_cl_installed);
+}
+
 static void cl_host_sync(void)
 {
     if (tl_internal || cfg_gpus < 2 || !cl_on())
         return;
     pthread_mutex_lock(&part_mu);
     if (cl_behind) {
-        cl_begin('S', NULL, NULL, 0);
+        cl_begin('S', NULL, NULL, NULL, NULL);
         cl_behind = 0;
     }
     pthread_mutex_unlock(&part_mu);
@@ -398,6 +766,9 @@ static unsigned slab_edge(unsigned n, int k, int G)
 {
     return (unsigned)((u64)n * k / G);
 }
+
+typedef cudaError_t (*peek_t)(void);
+static peek_t real_peek;
 
 /* 1: the launch was taken (partitioned; *res its result); 0: launch it as it is. `ptsz`: a
    per-thread-default-stream entry point (stream 0 means cudaStreamPerThread there). */
@@ -410,7 +781,8 @@ static int part_launch(const void *f, dim3 g, dim3 b, void **args, size_t smem, 
     if (!fi || fi->part != 1)
         return 0;
     struct umctl_part *p = args[0];
-    if (p->magic != UMCTL_PART_MAGIC || p->off[0] || p->off[1] || p->off[2] || p->grid[0] != g.x ||
+    int v2 = p->magic == UMCTL_PART_MAGIC2;
+    if ((p->magic != UMCTL_PART_MAGIC && !v2) || p->off[0] || p->off[1] || p->off[2] || p->grid[0] != g.x ||
         p->grid[1] != g.y || p->grid[2] != g.z) {
         atomic_fetch_add(&st_part_fallback, 1);
         return 0;
@@ -429,29 +801,68 @@ static int part_launch(const void *f, dim3 g, dim3 b, void **args, size_t smem, 
     const int G = cfg_gpus;
     unsigned dims[3] = {g.x, g.y, g.z};
     int dim = g.z >= (unsigned)G ? 2 : g.y >= (unsigned)G ? 1 : 0;
+    unsigned edges[MAX_DEV + 1];
+    for (int k = 0; k <= G; k++)
+        edges[k] = slab_edge(dims[dim], k, G);
+    /* whatever the program left as its last error is its own; ours are cleared below */
+    peek_t peek = LAZY_SYM(real_peek, next_sym("cudaPeekAtLastError"));
+    int had_error = peek ? peek() != 0 : 1;
     pthread_mutex_lock(&part_mu);
+    struct kbuf bufs[32];
+    int nb = 0;
+    if (v2) {
+        /* §6.4: atomics, or write ranges overlapping by more than the threshold: one GPU */
+        atomic_fetch_add(&st_ranges, 1);
+        nb = part_buffers(fi, args, p, bufs);
+        double ratio = part_overlap(bufs, nb, edges, G);
+        if (ratio > st_overlap_max)
+            st_overlap_max = ratio;
+        if ((p->flags & UMCTL_PART_ATOMICS) || ratio > cfg_overlap) {
+            atomic_fetch_add((p->flags & UMCTL_PART_ATOMICS) ? &st_one_atomics : &st_one_overlap, 1);
+            if (!cl_on()) {
+                if (cfg_place) {
+                    tl_internal++;
+                    part_place_one(bufs, nb, d, s);
+                    tl_internal--;
+                }
+                pthread_mutex_unlock(&part_mu);
+                return 0;   /* the original launch, on the caller's GPU */
+            }
+            /* on a cluster every node takes part in the kernel's exchange: the whole grid is
+               slab 0 (node 0's first GPU), the other slabs are empty */
+            for (int k = 1; k <= G; k++)
+                edges[k] = dims[dim];
+            nb = 0;
+        }
+    }
     int cluster = cl_on();
     tl_internal++;
     if (cluster && get_cudaStreamSynchronize())
         get_cudaStreamSynchronize()(s);   /* what the program queued before must be in memory for the diff */
     tl_internal--;
     if (cluster)
-        cl_begin('B', fi, args, p->ro_mask);
+        cl_begin('B', fi, args, p, edges);
     tl_internal++;
-    part_read_only(fi, args, p->ro_mask, d);
+    static struct pf pf[MAX_DEV][MAX_PF];   /* under part_mu */
+    int npf[MAX_DEV] = {0};
+    if (v2 && cfg_place)
+        part_place(bufs, nb, edges, G, d, pf, npf);
+    else
+        part_read_only(fi, args, p->ro_mask, d);   /* UMCTL_RT_PLACE=0: READ_MOSTLY alone */
     int ok = get_cudaEventRecord()(part_start[d], s) == 0;
     for (int k = part_first; ok && k < part_first + part_local; k++) {
-        unsigned lo = slab_edge(dims[dim], k, G), hi = slab_edge(dims[dim], k + 1, G);
         int l = k - part_first;   /* the slab's local GPU */
-        if (hi > lo)
+        if (edges[k + 1] > edges[k])
             ok = get_cudaSetDevice()(l) == 0 && get_cudaStreamWaitEvent()(part_stream[l], part_start[d], 0) == 0;
     }
     cudaError_t r = 0;
     int launched = 0, done[MAX_DEV] = {0};
-    struct umctl_part save = *p;
+    int64_t seq[MAX_DEV];
+    unsigned save[3] = {p->off[0], p->off[1], p->off[2]};   /* (a UMPT argument ends at magic) */
     for (int k = part_first; ok && k < part_first + part_local; k++) {
-        unsigned lo = slab_edge(dims[dim], k, G), hi = slab_edge(dims[dim], k + 1, G);
+        unsigned lo = edges[k], hi = edges[k + 1];
         int l = k - part_first;
+        seq[l] = -1;
         if (hi <= lo)
             continue;
         unsigned sd[3] = {g.x, g.y, g.z};
@@ -463,37 +874,50 @@ static int part_launch(const void *f, dim3 g, dim3 b, void **args, size_t smem, 
             r = 1;
             break;
         }
+        /* §6.5.1: this slab's data on its GPU, in stream order before its kernel */
+        if (npf[l])
+            pthread_once(&driver_once, load_driver);
+        for (int i = 0; i < npf[l] && cu_prefetch; i++)
+            if (cu_prefetch((u64)pf[l][i].p, pf[l][i].n, l, part_stream[l]) == 0) {
+                pf[l][i].pl->fetched |= 1u << l;
+                atomic_fetch_add(&st_pf, 1);
+                atomic_fetch_add(&st_pf_bytes, pf[l][i].n);
+            }
         tl_internal--;
-        int64_t q = report_launch(f, sg, b, args, smem, part_stream[l]);
+        seq[l] = report_launch(f, sg, b, args, smem, part_stream[l]);
         tl_internal++;
         cudaError_t e = get_cudaLaunchKernel()(f, sg, b, args, smem, part_stream[l]);
         if (e != 0) {
             /* nothing launched yet: the original launch instead; else the error is the launch's */
             ok = launched > 0;
             r = e;
+            seq[l] = -1;
             break;
         }
         launched++;
-        tl_internal--;
-        track_end(q, part_stream[l]);
-        tl_internal++;
         done[l] = get_cudaEventRecord()(part_done[l], part_stream[l]) == 0;
         if (!done[l])
             r = 1;
     }
-    *p = save;
+    p->off[0] = save[0], p->off[1] = save[1], p->off[2] = save[2];
     get_cudaSetDevice()(d);
     for (int k = 0; k < part_local; k++)
         if (done[k] && get_cudaStreamWaitEvent()(s, part_done[k], 0) != 0)
             r = r ? r : 1;
-    if (!ok && get_cudaGetLastError())
-        get_cudaGetLastError()();
+    /* the slabs' ends, tracked on the caller's stream (its device's events: see above) */
+    tl_internal--;
+    for (int k = 0; ok && k < part_local; k++)
+        if (done[k] && seq[k] >= 0)
+            track_end(seq[k], s);
+    tl_internal++;
+    if ((!ok || (r == 0 && !had_error)) && get_cudaGetLastError())
+        get_cudaGetLastError()();   /* nothing of ours is left as the program's last error */
     for (int k = 0; cluster && k < part_local && get_cudaStreamSynchronize(); k++)
         if (done[k])
             get_cudaStreamSynchronize()(part_stream[k]);   /* the slabs' writes, before the diff */
     tl_internal--;
     if (cluster) {
-        cl_end();   /* (a launch that failed here still ends the kernel on every node) */
+        cl_end(p);   /* (a launch that failed here still ends the kernel on every node) */
         cl_behind = 1;
     }
     pthread_mutex_unlock(&part_mu);
@@ -505,6 +929,7 @@ static int part_launch(const void *f, dim3 g, dim3 b, void **args, size_t smem, 
     *res = r;
     return 1;
 }
+
 
 typedef cudaError_t (*launch_plain_t)(const void *, dim3, dim3, void **, size_t, cudaStream_t);
 

@@ -27,8 +27,10 @@ sys.path.insert(0, str(HERE))
 import cluster_prog as prog  # noqa: E402
 
 MPIRUN = shutil.which("mpirun")
-#: OpenMPI as these tests run it: as root in containers, over TCP on one machine
-MPI_ENV = {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1", "OMPI_MCA_btl": "self,tcp"}
+#: OpenMPI as these tests run it: as root in containers, over TCP on one machine; the ranks import
+#: umctl from this checkout whatever the installed package points at
+MPI_ENV = {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1", "OMPI_MCA_btl": "self,tcp",
+           "PYTHONPATH": os.pathsep.join([str(HERE.parent), *filter(None, [os.environ.get("PYTHONPATH")])])}
 
 
 # mpirun and mpi4py: a skip without them, a failure under UMCTL_REQUIRE_MPI=1 (.ci/run installs

@@ -131,3 +131,67 @@ def test_umctl_run_hosts_refusals_are_one_line(capsys, args, msg):
     code = main(["run", *args, "--", "true"])
     err = capsys.readouterr().err
     assert code != 0 and msg in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
+
+
+# -- what changed for one rank a GPU: page runs, read-only buffers not compared, ranges ----------
+
+from test_snurhac_runtime import snu  # noqa: E402,F401 - the fake-CUDA program with the UMP2 convention
+
+
+def run_snu_cluster(snu, tmp_path, script: str, nodes: int = 2, mb: int = 2):
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("UMCTL_RT_", "LD_PRELOAD", "FAKE_"))}
+    env.update(MPI_ENV, FAKE_LIBCUDA=str(snu["libcuda"]), FAKE_DEVICES="1", UMCTL_RT_LIBCUDA=str(snu["libcuda"]),
+               UMCTL_RT_STATS="1", SNU_MB=str(mb))
+    p = subprocess.run([MPIRUN, "--oversubscribe", "-n", str(nodes), sys.executable, "-m", "umctl.cluster.live",
+                        "--gpus", "1", "--um-space", str(64 << 20), "--timeout", "20", "--stats", str(tmp_path / "st"),
+                        "--library", str(built_lib(snu)), "--", str(snu["snuprog"]), "ranges", script],
+                       env=env, capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr[-3000:]
+    sums = [ln.split()[1] for ln in p.stderr.splitlines() if ln.startswith("CSUM ")]
+    rt = [dict(kv.split("=", 1) for kv in ln.split()[1:]) for ln in p.stderr.splitlines()
+          if ln.startswith("umctl_rt_snurhac:")]
+    st = [json.loads((tmp_path / f"st.{r}.json").read_text()) for r in range(nodes)]
+    return sums, rt, st
+
+
+def built_lib(snu):
+    return snu["lib"]
+
+
+def test_ranges_bring_a_node_only_what_its_slabs_touch(snu, tmp_path):
+    """The same kernels over 2 nodes, without (UMPT) and with (UMP2) the convention's ranges:
+    the host reads back the same C as the run without umctl on both nodes. With the ranges a node
+    is sent (and installs) only its slabs' bands of A, C and owner, B whole: fewer pages than the
+    UMPT node, which gets every page of every buffer it lacks. After each kernel only the buffers
+    it may write are compared with their twins (A and B are marked read-only): per launch the 'B'
+    compares every buffer, the 'E' owner and C, and the host's read after the last kernel every
+    buffer once."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("UMCTL_RT_", "LD_PRELOAD", "FAKE_"))}
+    env.update(FAKE_LIBCUDA=str(snu["libcuda"]), SNU_MB="2")
+    plain = subprocess.run([str(snu["snuprog"]), "ranges", "vvvv"], env=env, capture_output=True, text=True,
+                           timeout=60, check=True)
+    want = json.loads(next(ln for ln in plain.stdout.splitlines() if ln.startswith("RESULT "))[7:])["c_sum"]
+    s1, rt1, st1 = run_snu_cluster(snu, tmp_path, "vvvv")
+    s2, rt2, st2 = run_snu_cluster(snu, tmp_path, "gggg")
+    assert s1 == [want] * 2 and s2 == [want] * 2
+    assert [s["scoped_launches"] for s in st1] == [0, 0] and [s["scoped_launches"] for s in st2] == [4, 4]
+    # before each kernel, the UMPT node is brought every page it lacks (the other node's half of
+    # C, written by the kernel before); with the ranges its own band (+ a block's share of halo)
+    # is all it needs, and it has it
+    assert st2[1]["pages_sent_at_launch"] < 0.8 * st1[1]["pages_sent_at_launch"]
+    P = (2 << 20) // 4096          # pages of A, B and C; owner is one page
+    compared = [int(r["cluster_pages"].split(",")[0]) for r in rt1]
+    assert compared == [4 * (1 + 3 * P) + 4 * (1 + P) + (1 + 3 * P)] * 2
+
+
+def test_a_rank_a_gpu_gets_its_own_gpus():
+    """Ranks sharing a host (mpirun -n 4 on one 4-GPU machine) each see their own GPUs; one rank a
+    host, or too few GPUs for a share each (two ranks on one GPU), leaves CUDA_VISIBLE_DEVICES."""
+    from umctl.cluster.live import local_devices
+
+    assert [local_devices(r, 4, 1, None, 4) for r in range(4)] == ["0", "1", "2", "3"]
+    assert [local_devices(r, 2, 2, None, 4) for r in range(2)] == ["0,1", "2,3"]
+    assert [local_devices(r, 2, 1, "5,7,9", 8) for r in range(2)] == ["5", "7"]
+    assert local_devices(0, 1, 4, None, 4) is None
+    assert local_devices(1, 2, 1, None, 1) is None
+    assert local_devices(1, 4, 1, "0,1", 8) is None

@@ -215,9 +215,16 @@ def test_gpu_programs_compile_and_follow_the_convention(tmp_path):
     if cc is None:
         pytest.skip("nvcc not installed")
     src = Path(__file__).resolve().parent / "gpu" / "snurhac"
-    for prog, kernel in [("gemm", "gemm_kernel"), ("gesummv", "gesummv_kernel"), ("stencil", "calculate_temp")]:
-        exe = tmp_path / prog
-        subprocess.run([cc, "-O3", "-arch=sm_90", "-cudart", "shared", "-o", str(exe), str(src / f"{prog}.cu")],
-                       check=True, capture_output=True, text=True, timeout=300)
-        blob = exe.read_bytes()
-        assert f"_Z{len(kernel)}{kernel}12umctl_part_t".encode() in blob
+    kernels = {"gemm": ["gemm_kernel"], "gesummv": ["gesummv_kernel"], "stencil": ["calculate_temp"],
+               "nbody": ["nbody_step"], "binomial": ["binomial_kernel"],
+               "covariance": ["mean_kernel", "reduce_kernel", "covar_kernel"]}
+    assert sorted(p.stem for p in src.glob("*.cu")) == sorted(kernels)
+    procs = {prog: subprocess.Popen([cc, "-O3", "-arch=sm_90", "-cudart", "shared", "-o", str(tmp_path / prog),
+                                     str(src / f"{prog}.cu")], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for prog in kernels}
+    for prog, names in kernels.items():
+        _, err = procs[prog].communicate(timeout=300)
+        assert procs[prog].returncode == 0, err
+        blob = (tmp_path / prog).read_bytes()
+        for kernel in names:
+            assert f"_Z{len(kernel)}{kernel}12umctl_part_t".encode() in blob, (prog, kernel)

@@ -3,7 +3,8 @@
 Every node holds the whole UM space at the same addresses (SnuRHAC allocates it in every node,
 §6.3) but only some pages of it are valid there: ``mapping`` is the node's page table, 0 (not
 mapped), 1 (read) or 2 (write). An access to a page mapped too weakly is a page fault, handled
-as the thesis's steps 3-11, one faulted UM block at a time:
+as the thesis's steps 3-11 for each faulted UM block, up to ``PIPELINE`` blocks in flight at once
+(§6.3's pipelined fault handling: a range's blocks wait for their round trips together):
 
   lock request to the block's descriptor owner (``(block // 32) mod nodes``), which grants it
   or queues the node on the block's wait list -> the faulted access list -> the owner answers
@@ -38,6 +39,10 @@ from ..units import BLOCK_SHIFT, PAGE_SHIFT, PAGE_SIZE, PAGES_PER_BLOCK
 
 #: the byte an unmapped stale copy is overwritten with
 POISON = 0xA5
+#: seconds without a message after which an idle node sleeps between polls instead of yielding
+SPIN_S = 0.002
+#: faulted UM blocks a node services at once (lock requests out before the first answer)
+PIPELINE = 32
 
 # message tags
 LOCK, GRANT, ACCESS, OWNERS, PAGE_REQ, PAGES, UNLOCK, DEGRADE, INVALIDATE, READ_ONLY = range(101, 111)
@@ -142,47 +147,89 @@ class NodeAgent:
             raise ClusterError(f"access [{addr:#x}, {addr + nbytes:#x}) outside the UM space of {len(self.mem)} bytes")
         p0, p1 = addr >> PAGE_SHIFT, (addr + nbytes - 1) >> PAGE_SHIFT
         need = 2 if write else 1
+        todo = []
         for block in range(p0 >> (BLOCK_SHIFT - PAGE_SHIFT), (p1 >> (BLOCK_SHIFT - PAGE_SHIFT)) + 1):
             b0 = max(p0, block * PAGES_PER_BLOCK)
             b1 = min(p1 + 1, (block + 1) * PAGES_PER_BLOCK)
             pages = np.arange(b0, b1)
-            missing = pages[self.mapping[pages] < need]
-            if len(missing):
-                self._service(block, pages, need, write)
-            if write:
-                lo, hi = max(addr, b0 << PAGE_SHIFT), min(addr + nbytes, b1 << PAGE_SHIFT)
-                if mask is None:
-                    self.mem[lo:hi] = data[lo - addr:hi - addr]
-                else:
-                    m = mask[lo - addr:hi - addr]
-                    self.mem[lo:hi][m] = data[lo - addr:hi - addr][m]
-            if write and len(missing):
-                self._send(self.desc.owner(block), (block,), UNLOCK)
+            if (self.mapping[pages] < need).any():
+                todo.append((block, pages))
+            elif write:
+                self._store(addr, data, mask, b0, b1)
+        if todo:
+            self._service(todo, need, write, lambda b0, b1: self._store(addr, data, mask, b0, b1))
 
-    def _service(self, block: int, pages: np.ndarray, need: int, write: bool) -> None:
-        """Steps 3-10 for one block; the lock is released by the caller after a write's store
-        (a read's right away). What is missing is decided once the lock is held: while waiting
-        for it this node may have been degraded on pages it held for writing."""
-        self.st["write_faults" if write else "read_faults"] += 1
-        owner = self.desc.owner(block)
-        self._send(owner, (block, self.node), LOCK)
-        self._reply(GRANT, owner)
-        offs = pages[self.mapping[pages] < need] & (PAGES_PER_BLOCK - 1)
-        self._send(owner, (block, self.node, offs.astype(np.int32), write), ACCESS)
-        sources = self._reply(OWNERS, owner)              # {src node: page offsets}
-        base = block * PAGES_PER_BLOCK
-        for src, so in sources.items():
-            self._send(src, (block, self.node, so), PAGE_REQ)
-        for src, so in sources.items():
-            buf = self._reply(PAGES, src)
-            for k, off in enumerate(so.tolist()):
-                p = base + off
-                self.mem[p << PAGE_SHIFT:(p + 1) << PAGE_SHIFT] = buf[k << PAGE_SHIFT:(k + 1) << PAGE_SHIFT]
-            self.st["pages_in"] += len(so)
-            self.st["bytes_in"] += len(buf)
-        self.mapping[base + offs] = 2 if write else np.maximum(self.mapping[base + offs], 1)
-        if not write:
-            self._send(owner, (block,), UNLOCK)
+    def _store(self, addr: int, data: np.ndarray, mask: np.ndarray | None, b0: int, b1: int) -> None:
+        """The part of a write in pages [b0, b1) (the node holds them for writing)."""
+        lo, hi = max(addr, b0 << PAGE_SHIFT), min(addr + len(data), b1 << PAGE_SHIFT)
+        if mask is None:
+            self.mem[lo:hi] = data[lo - addr:hi - addr]
+        else:
+            m = mask[lo - addr:hi - addr]
+            self.mem[lo:hi][m] = data[lo - addr:hi - addr][m]
+
+    def _service(self, todo: list[tuple[int, np.ndarray]], need: int, write: bool, store) -> None:
+        """Steps 3-11 for faulted blocks, PIPELINE of them in flight at once ("multiple faulted
+        UM blocks can be serviced simultaneously", §6.3): each block's lock request, access list,
+        page requests and pages are its own exchange, so a range of N blocks waits for about three
+        round trips instead of 3N. What is missing is decided once a block's lock is held (while
+        waiting for it this node may have been degraded on pages it held for writing); a write's
+        store happens before the block's unlock. A node holding a block's lock only ever waits
+        for answers the other nodes give from their polls (never for a second lock), so blocks in
+        flight together cannot deadlock."""
+        pending = deque(todo)
+        flight: dict[int, dict] = {}
+        fifo: dict[int, deque] = {}       # src -> (block, offsets) whose pages from src are due, in order
+        base_of = lambda block: block * PAGES_PER_BLOCK  # noqa: E731
+
+        def finish(block: int) -> None:
+            f = flight.pop(block)
+            offs = f["offs"]
+            self.mapping[base_of(block) + offs] = 2 if write else np.maximum(self.mapping[base_of(block) + offs], 1)
+            if write:
+                store(int(f["pages"][0]), int(f["pages"][-1]) + 1)
+            self._send(f["owner"], (block,), UNLOCK)
+
+        while pending or flight:
+            while pending and len(flight) < PIPELINE:
+                block, pages = pending.popleft()
+                self.st["write_faults" if write else "read_faults"] += 1
+                owner = self.desc.owner(block)
+                flight[block] = {"pages": pages, "owner": owner, "offs": None, "due": 0}
+                self._send(owner, (block, self.node), LOCK)
+            moved = False
+            grants = self._replies.get(GRANT)
+            while grants:
+                _, block = grants.popleft()
+                f = flight[block]
+                f["offs"] = (f["pages"][self.mapping[f["pages"]] < need] & (PAGES_PER_BLOCK - 1)).astype(np.int32)
+                self._send(f["owner"], (block, self.node, f["offs"], write), ACCESS)
+                moved = True
+            owners = self._replies.get(OWNERS)
+            while owners:
+                _, (block, sources) = owners.popleft()
+                for src, so in sources.items():
+                    self._send(src, (block, self.node, so), PAGE_REQ)
+                    fifo.setdefault(src, deque()).append((block, so))
+                flight[block]["due"] = len(sources)
+                if not sources:
+                    finish(block)
+                moved = True
+            got = self._replies.get(PAGES)
+            while got:
+                src, buf = got.popleft()
+                block, so = fifo[src].popleft()
+                pg = base_of(block) + so
+                self.mem.reshape(-1, PAGE_SIZE)[pg] = buf.reshape(-1, PAGE_SIZE)
+                self.st["pages_in"] += len(so)
+                self.st["bytes_in"] += len(buf)
+                flight[block]["due"] -= 1
+                if flight[block]["due"] == 0:
+                    finish(block)
+                moved = True
+            if not moved and flight:
+                self._wait(lambda: any(self._replies.get(t) for t in (GRANT, OWNERS, PAGES)),
+                           f"answers for {len(flight)} faulted block(s)")
 
     # ------------------------------------------------------------------ serving (every node)
     def _handle(self, src: int, tag: int, msg) -> None:
@@ -191,7 +238,7 @@ class NodeAgent:
             lk = self.locks.setdefault(block, _Lock())
             if lk.held_by is None:
                 lk.held_by = who
-                self._send(who, None, GRANT)
+                self._send(who, block, GRANT)
             else:
                 self.st["lock_waits"] += 1
                 lk.waiting.append(who)
@@ -200,7 +247,7 @@ class NodeAgent:
             lk = self.locks[block]
             lk.held_by = lk.waiting.popleft() if lk.waiting else None
             if lk.held_by is not None:
-                self._send(lk.held_by, None, GRANT)
+                self._send(lk.held_by, block, GRANT)
         elif tag == ACCESS:
             self._access(*msg)
         elif tag == PAGE_REQ:
@@ -251,7 +298,7 @@ class NodeAgent:
         # message as it receives it, and serves while it waits, so this cannot deadlock)
         self._send_applied([(n, (block, np.array(o, np.int32))) for n, o in degrade.items()], DEGRADE,
                            "a writer to give up its pages")
-        self._send(who, {s: np.array(o, np.int32) for s, o in sources.items()}, OWNERS)
+        self._send(who, (block, {s: np.array(o, np.int32) for s, o in sources.items()}), OWNERS)
 
     def _invalidate(self, block: int, offs: np.ndarray) -> None:
         pages = block * PAGES_PER_BLOCK + offs
@@ -296,29 +343,26 @@ class NodeAgent:
             self._handle(src, tag, self.comm.recv(source=src, tag=tag))
         return True
 
+    def idle(self, quiet_s: float) -> None:
+        """Nothing came in for ``quiet_s`` seconds: give the CPU up. MPI moves a large message only
+        inside MPI calls of both ends (over TCP a fragment at a time), so while pages are on their
+        way from us, or just after a message (an answer is likely coming), only yield; a sleep per
+        poll there (0.2 ms asked, 0.4 ms had) stretched every 2 MiB block of pages and every round
+        trip of the protocol. Otherwise sleep 0.2 ms between polls."""
+        time.sleep(0 if self._sending or quiet_s < SPIN_S else 0.0002)
+
     def _wait(self, done, what: str) -> None:
         """Serve requests until ``done()``; a ClusterError after timeout_s without a message."""
         last = time.monotonic()
         while not done():
             if self._poll():
                 last = time.monotonic()
-            elif time.monotonic() - last > self.timeout_s:
+                continue
+            quiet = time.monotonic() - last
+            if quiet > self.timeout_s:
                 raise ClusterError(f"node {self.node}: no message for {self.timeout_s:g} s while waiting for "
                                    f"{what} (a node stopped?)")
-            else:
-                time.sleep(0.0002)
-
-    def _reply(self, tag: int, src: int):
-        q = self._replies.setdefault(tag, deque())
-
-        def got() -> bool:
-            return any(s == src for s, _ in q)
-
-        self._wait(got, f"node {src}'s answer (tag {tag})")
-        for i, (s, m) in enumerate(q):
-            if s == src:
-                del q[i]
-                return m
+            self.idle(quiet)
 
     def _barrier(self) -> None:
         req = self.comm.Ibarrier()

@@ -1,7 +1,8 @@
-/* Shared by the SnuRHAC test programs (gemm.cu, gesummv.cu, stencil.cu): each is written as a
- * single-GPU CUDA program looks after SnuRHAC's compiler (runtime/umctl_snurhac.h convention):
- * cudaMalloc'd buffers, cudaMemcpy of the inputs, kernels taking a umctl_part_t first, results
- * copied back and checked against a CPU reference. It prints
+/* Shared by the SnuRHAC test programs (gemm, gesummv, stencil, nbody, binomial, covariance: the
+ * thesis's Table 7.10 programs or stand-ins for them): each is written as a single-GPU CUDA
+ * program looks after SnuRHAC's compiler (runtime/umctl_snurhac.h convention, with the access
+ * information of umctl_part_ranges): cudaMalloc'd buffers, cudaMemcpy of the inputs, kernels
+ * taking a umctl_part_t first, results copied back and checked against a CPU reference. It prints
  *     KERNEL_MS <ms>                       (kernels only, cudaEvents on the program's stream)
  *     TIME_MS <ms> CHECK <checksum> OK     (copy-in + kernels + copy-back, host clock)
  * or "... FAIL" and exit status 1 when the check fails. Run as written (one GPU, no umctl) or

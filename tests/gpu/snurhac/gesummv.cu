@@ -1,8 +1,9 @@
 /* PolyBench gesummv, y = alpha A x + beta B x (n x n floats), as a single-GPU program after
  * SnuRHAC's compiler (see common.cuh): one warp per row (coalesced row reads, a shuffle
  * reduction), 8 rows per thread block, grid (n/8): partitioned along x. Dominated by copying
- * its two matrices in (§7.3). A, B and x are read-only (§6.4). Inputs are small integers, so the
- * sampled rows are compared exactly with an integer CPU reference.
+ * its two matrices in (§7.3). A, B and x are read-only (§6.4); A, B, tmp and y are accessed in
+ * row bands that follow the grid's x, x is read whole (umctl_part_ranges). Inputs are small
+ * integers, so the sampled rows are compared exactly with an integer CPU reference.
  *     gesummv [n=16384] [repeat=1]   (repeat: kernel launches, each recomputing y) */
 #include "common.cuh"
 
@@ -70,8 +71,9 @@ int main(int argc, char **argv)
     dim3 grid(n / WARPS), block(32 * WARPS);
     tk.start();
     for (long r = 0; r < repeat; r++)
-        gesummv_kernel<<<grid, block>>>(umctl_part(grid, (1u << 1) | (1u << 2) | (1u << 3)), A, B, x, tmp, y,
-                                        (int)n, 2.0f, 3.0f);
+        gesummv_kernel<<<grid, block>>>(umctl_part_ranges(grid, (1u << 1) | (1u << 2) | (1u << 3), (1u << 4) | (1u << 5),
+                                                          (1u << 1) | (1u << 2) | (1u << 4) | (1u << 5), 0),
+                                        A, B, x, tmp, y, (int)n, 2.0f, 3.0f);
     CK(cudaGetLastError());
     const float kms = tk.stop();
     CK(cudaMemcpy(hy, y, vb, cudaMemcpyDeviceToHost));

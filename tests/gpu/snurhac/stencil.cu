@@ -3,7 +3,9 @@
  * kernel reading the current grid (5-point stencil: a band needs one halo row from each
  * neighbouring band) and the power grid, writing the next grid. Grid (n/32, n/8): partitioned
  * along y (row bands). The current grid and power are read-only for a step (§6.4), so the
- * temperature grids change flags every step, as in SnuRHAC. The CPU reference recomputes a few
+ * temperature grids change flags every step, as in SnuRHAC; all three are accessed in row bands
+ * (a halo row each side for `cur`), so under umctl_part_ranges each band stays on its GPU and the
+ * halo rows are read from the neighbour's memory. The CPU reference recomputes a few
  * points from their dependence cone (steps rows and columns around them) in double precision.
  *     stencil [n=8192] [steps=20] */
 #include <cmath>
@@ -95,7 +97,8 @@ int main(int argc, char **argv)
     for (int s = 0; s < steps; s++) {
         const float *cur = s % 2 ? temp_b : temp_a;
         float *nxt = s % 2 ? temp_a : temp_b;
-        calculate_temp<<<grid, block>>>(umctl_part(grid, (1u << 1) | (1u << 3)), cur, nxt, power, (int)n);
+        calculate_temp<<<grid, block>>>(umctl_part_ranges(grid, (1u << 1) | (1u << 3), 1u << 2, 7u << 1, 0), cur, nxt,
+                                        power, (int)n);
     }
     CK(cudaGetLastError());
     const float kms = tk.stop();
