@@ -146,17 +146,25 @@ ALLOWED = {
     "umctl.bpf": set(),
     "umctl.workload": {"umctl.events"},
     "umctl.controller": {"umctl.events", "umctl.workload"},
-    "umctl.sim": {"umctl.events", "umctl.workload", "umctl.controller", "umctl.results"},
+    # the one control loop (subscriptions, residency estimate, budget and its check, COMMAND /
+    # RESULT bookkeeping): below both of its drivers, a live session and the simulator, so that
+    # neither reaches into the other; it knows a controller and events, never a source or an
+    # actuator's implementation
+    "umctl.loop": {"umctl.events", "umctl.controller"},
+    # sim -> loop: the simulator is a source and an actuator of the loop. What a mode needs of
+    # the simulator reaches it through the controller (ControllerContext, class attributes),
+    # never by importing a mode: no sim -> controller.<mode> import (test below)
+    "umctl.sim": {"umctl.events", "umctl.workload", "umctl.controller", "umctl.loop", "umctl.results"},
     "umctl.sources": {"umctl.events", "umctl.driver", "umctl.bpf", "umctl.workload"},
     "umctl.actuators": {"umctl.events", "umctl.driver", "umctl.bpf", "umctl.runtime"},
     "umctl.cluster": {"umctl.controller", "umctl.runtime"},
     "umctl.live": {"umctl.events", "umctl.driver", "umctl.runtime", "umctl.sources", "umctl.actuators",
-                   "umctl.controller", "umctl.results"},
+                   "umctl.controller", "umctl.loop", "umctl.results"},
     # exporter -> live: the agent is a view over live.fleet's Fleet, and the control-state
     # publisher registers itself as an observer of control loops (live/observers.py)
     "umctl.exporter": {"umctl.events", "umctl.driver", "umctl.sources", "umctl.live"},
     # report -> exporter: the prometheus reporter renders the exporter's state with its collector
-    "umctl.report": {"umctl.events", "umctl.live", "umctl.sim", "umctl.results", "umctl.exporter"},
+    "umctl.report": {"umctl.events", "umctl.live", "umctl.loop", "umctl.sim", "umctl.results", "umctl.exporter"},
     "umctl.tui": {"umctl.live"},
     "umctl.cli": {"umctl.events", "umctl.driver", "umctl.workload", "umctl.controller", "umctl.sim",
                   "umctl.sources", "umctl.live", "umctl.exporter", "umctl.cluster", "umctl.report",
@@ -187,3 +195,48 @@ def test_every_import_between_packages_is_in_the_allowed_table():
 
 def test_the_allowed_table_has_no_cycle():
     assert cycles({a: set(bs) for a, bs in ALLOWED.items()}) == []
+
+
+# ---------------------------------------------------------------------- the one control loop
+def _arrows_in_architecture_md() -> dict[str, set[str]]:
+    """The package table of ARCHITECTURE.md (the fenced block after "## Which package imports
+    which"): one line per package, ``NAME → A, B`` or ``NAME → nothing``."""
+    text = (ROOT / "ARCHITECTURE.md").read_text()
+    block = text.split("## Which package imports which", 1)[1].split("```", 2)[1]
+    out = {}
+    for line in block.strip().splitlines():
+        name, _, deps = line.partition("→")
+        deps = deps.strip()
+        out[f"umctl.{name.strip()}"] = (set() if deps == "nothing"
+                                        else {f"umctl.{d.strip()}" for d in deps.split(",")})
+    return out
+
+
+def test_architecture_md_draws_the_allowed_table():
+    assert _arrows_in_architecture_md() == ALLOWED
+
+
+def test_the_simulator_has_no_loop_of_its_own():
+    """The simulator hands its events to the ControlLoop and is its actuator: it filters no
+    subscriptions, calls no controller's on_events, and imports no mode (what a mode needs
+    reaches it through the controller: ControllerContext, class attributes)."""
+    for p in (PKG / "sim").glob("*.py"):
+        text = p.read_text()
+        assert not re.search(r"\.subscribes\b|\.on_events\(", text), p.name
+    graph = import_graph()
+    modes = {d for m, deps in graph.items() if m.startswith("umctl.sim") for d in deps
+             if d.startswith("umctl.controller.") and d not in ("umctl.controller.base", "umctl.controller.options")}
+    assert modes == set()
+    assert "self.loop.step(" in (PKG / "sim" / "engine.py").read_text()
+
+
+def test_the_simulator_is_an_actuator():
+    from simkit import sweep
+
+    from umctl.controller.base import make_controller
+    from umctl.loop.control import Actuator
+    from umctl.sim.engine import Simulator
+    from umctl.units import MiB
+
+    sim = Simulator(sweep(64 * MiB, gpu_mem=128 * MiB), make_controller("none"))
+    assert isinstance(sim, Actuator) and sim.loop.act is sim

@@ -20,7 +20,7 @@ import pytest
 from umctl.actuators.base import ActuatorBase
 from umctl.controller.base import make_controller
 from umctl.events.schema import AllocOp, EventBatch, Kind, Op, Status, empty
-from umctl.live.budget_check import BudgetCheck, RangeSet
+from umctl.loop.budget_check import BudgetCheck, RangeSet
 from umctl.live.control import LiveControl
 from umctl.units import BLOCK_SHIFT, BLOCK_SIZE
 

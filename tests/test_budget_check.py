@@ -12,7 +12,7 @@ import pytest
 
 from umctl.controller.base import make_controller
 from umctl.events.schema import AllocOp, EventBatch, Kind, Op, Status, empty
-from umctl.live.budget_check import BudgetCheck, default_slack
+from umctl.loop.budget_check import BudgetCheck, default_slack
 from umctl.live.control import LiveControl
 from umctl.live.session import Session
 from umctl.live.spec import ControlSpec

@@ -13,7 +13,8 @@ from umctl import UmctlError
 from umctl.actuators.base import ActuatorBase
 from umctl.controller.base import make_controller
 from umctl.events.schema import AllocOp, EventBatch, Kind, Op, Status, empty
-from umctl.live.control import Budget, LiveControl, Residency
+from umctl.live.control import LiveControl
+from umctl.loop.residency import Budget, Residency
 from umctl.units import BLOCK_SHIFT, BLOCK_SIZE, CPU
 
 BASE = 0x7F00_0000_0000

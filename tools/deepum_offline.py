@@ -30,7 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from umctl.controller import make_controller  # noqa: E402
 from umctl.controller.base import ControllerContext  # noqa: E402
 from umctl.events.schema import EventBatch, Kind, Op  # noqa: E402
-from umctl.live.control import keeper_evictions  # noqa: E402
+from umctl.loop.residency import keeper_evictions  # noqa: E402
 from umctl.units import BLOCK_SHIFT, BLOCK_SIZE, parse_size  # noqa: E402
 
 RECENT_NS = 50_000_000   # a block faulted this recently is still being brought in

@@ -47,10 +47,12 @@ class SchemaError(ValueError):
     """A document that is not the result asked for, or of another version of it."""
 
 
-def doc(text: str, default: Any = MISSING, default_factory: Any = MISSING) -> Any:
+def doc(text: str, default: Any = MISSING, default_factory: Any = MISSING, *, omit_none: bool = False) -> Any:
     """A dataclass field with its description (the schema's ``description``); fields with a
-    default are optional in the schema, so a field added within a version needs one."""
-    kw: dict[str, Any] = {"metadata": {"doc": text}}
+    default are optional in the schema, so a field added within a version needs one.
+    ``omit_none``: the key is left out of the JSON while the value is None (a field that only
+    some runs have, so that the documents of the others stay as they were)."""
+    kw: dict[str, Any] = {"metadata": {"doc": text, "omit_none": omit_none}}
     if default is not MISSING:
         kw["default"] = default
     if default_factory is not MISSING:
@@ -114,7 +116,8 @@ class Result:
 
 
 def _fields_json(obj: Any) -> dict[str, Any]:
-    return {f.name: _to_json(getattr(obj, f.name)) for f in dataclasses.fields(obj) if f.init}
+    return {f.name: _to_json(v) for f in dataclasses.fields(obj) if f.init
+            for v in (getattr(obj, f.name),) if v is not None or not f.metadata.get("omit_none")}
 
 
 def _to_json(v: Any) -> Any:
@@ -338,16 +341,25 @@ class ReplayResult(Result):
     internode_messages: int = doc("Messages of SnuRHAC's fault protocol between nodes.")
     controller: dict[str, Any] = doc("The mode's own figures (its table sizes, hits, ...); keys differ per mode.")
     calibration: str = doc("The calibration the simulator ran with (name, plus any --calib-set).")
+    budget: dict[str, Any] | None = doc(
+        "With replay --budget: the live soft budget the control loop kept on a GPU of full size (bytes, "
+        "hold, peak estimate, blocks its keeper evicted); absent when the GPU's size was the limit.",
+        default=None, omit_none=True)
+    budget_held: bool | None = doc("With replay --budget: the budget check's verdict from the simulator's "
+                                   "migration and eviction events (null: unverified).", default=None, omit_none=True)
+    budget_check: dict[str, Any] | None = doc("With replay --budget: the budget check's figures "
+                                              "(umctl/loop/budget_check.py).", default=None, omit_none=True)
 
     @classmethod
     def from_row(cls, row: dict[str, Any], calibration: str) -> "ReplayResult":
-        """From one of :func:`umctl.sim.replay.result_rows`' dicts. Every field must be a key
-        of the row: a renamed one fails here instead of printing null."""
-        names = [f.name for f in dataclasses.fields(cls) if f.name != "calibration"]
-        missing = [n for n in names if n not in row]
+        """From one of :func:`umctl.sim.replay.result_rows`' dicts. Every field without a
+        default must be a key of the row: a renamed one fails here instead of printing null."""
+        fields = [f for f in dataclasses.fields(cls) if f.name != "calibration"]
+        missing = [f.name for f in fields if f.name not in row
+                   and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING]
         if missing:
             raise KeyError(f"replay row of mode {row.get('mode')!r} lacks {missing}")
-        return cls(**{n: row[n] for n in names}, calibration=calibration)
+        return cls(**{f.name: row[f.name] for f in fields if f.name in row}, calibration=calibration)
 
 
 @dataclass
@@ -426,7 +438,7 @@ class ControlStats:
                                         "dst, swept_blocks, sweep_ms, ...", default=None)
     budget_held: bool | None = doc("Whether the driver's own residency stayed within budget + slack "
                                    "(null: unverified).", default=None)
-    budget_check: dict[str, Any] | None = doc("The budget check's verdict (umctl/live/budget_check.py).",
+    budget_check: dict[str, Any] | None = doc("The budget check's verdict (umctl/loop/budget_check.py).",
                                               default=None)
     budget_series: dict[str, Any] | None = doc("The true residency over time: columns and rows.", default=None)
 

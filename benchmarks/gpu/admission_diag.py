@@ -16,7 +16,7 @@ import numpy as np
 
 from umctl.events.schema import AllocOp, Cause, Kind, Op
 from umctl.events.trace import Trace
-from umctl.live.budget_check import RangeSet
+from umctl.loop.budget_check import RangeSet
 from umctl.units import BLOCK_SIZE
 
 

@@ -116,7 +116,7 @@ def _run_replay(target: str, modes: str, overrides: dict[str, str], seed: int, p
                 as_json: bool, record: Optional[str], mode_opts: Optional[List[str]] = None,
                 drain_us: Optional[float] = None, calibration: Optional[str] = None,
                 timeline: Optional[str] = None, calib_set: Optional[List[str]] = None,
-                max_rss: Optional[str] = None) -> None:
+                max_rss: Optional[str] = None, budget: Optional[str] = None) -> None:
     from ..controller.options import parse_mode_options
     from ..report.base import get_reporter
     from ..results import ReplayReport
@@ -137,6 +137,7 @@ def _run_replay(target: str, modes: str, overrides: dict[str, str], seed: int, p
     from .common import DRAIN_US, check_number
 
     check_number(drain_us, "--drain-us", DRAIN_US, " µs")   # nan/inf/0 used to be tracebacks or a stall
+    budget_bytes = parse_budget(budget)
     if calibration is not None and not calibration.strip():
         raise UmctlError("--calibration is empty: give a calibration file or a name such as h100-r580")
     from .progress import generate
@@ -175,9 +176,16 @@ def _run_replay(target: str, modes: str, overrides: dict[str, str], seed: int, p
             prog.add(m, len(workload.ops))
         results = run_modes(workload, mode_list, seed=seed, progress=prog.update, recorder_for=recorder_for,
                             mode_options=options, drain_ns=None if drain_us is None else int(drain_us * 1000),
-                            calib=calib, timeline=bool(timeline), max_rss=parse_max_rss(max_rss))
+                            calib=calib, timeline=bool(timeline), max_rss=parse_max_rss(max_rss),
+                            budget_bytes=budget_bytes)
+    title = _describe(workload)
+    if budget_bytes is not None:   # which limit ran: the GPU's size (--gpu-mem) or the loop's budget
+        from ..units import format_bytes
+
+        title += (f"; under a soft budget of {format_bytes(budget_bytes)} (the live keeper evicts over it, "
+                  "the GPU keeps its size)")
     # one typed report, rendered by the reporter each option picks (umctl/report/base.py)
-    report = ReplayReport(replay_results(result_rows(results), calib.name), title=_describe(workload),
+    report = ReplayReport(replay_results(result_rows(results), calib.name), title=title,
                           workload_name=workload.name,
                           calibration_from=calibration or "umctl/sim/calibration.py", sims=results)
     get_reporter("replay", "json" if as_json else "table").render(report, out)
@@ -187,6 +195,19 @@ def _run_replay(target: str, modes: str, overrides: dict[str, str], seed: int, p
         if path:
             get_reporter("replay", fmt).render(report, path)
             err.print(f"wrote {path}")
+
+
+def parse_budget(text: Optional[str]) -> Optional[int]:
+    """``replay --budget``: a size (8GiB, 512MiB) or nothing; a bad one is a one-line error here,
+    before the workload is generated (whether it is below the GPU is checked against it)."""
+    if text is None:
+        return None
+    from ..units import parse_size
+
+    try:
+        return parse_size(text)
+    except ValueError as e:
+        raise UmctlError(f"--budget: {e}") from None
 
 
 def _suffix(path: str, mode: str) -> str:
@@ -205,6 +226,10 @@ def replay(
     mode: str = typer.Option("none,oracle", "--mode", "-m", help="Comma-separated controller modes, or 'all'."),
     oversub: Optional[float] = typer.Option(None, help="Oversubscription: managed footprint / GPU memory, in (0, 64]."),
     gpu_mem: Optional[str] = typer.Option(None, "--gpu-mem", help="Simulated GPU memory, e.g. 1GiB (64 KiB to 64 TiB)."),
+    budget: Optional[str] = typer.Option(None, "--budget", "-b", help="Replay under the live soft budget, e.g. 256MiB "
+                                         "(at least 2 MiB, below the GPU's memory): the GPU keeps its size and the "
+                                         "control loop's keeper evicts what goes over the budget, as a live --budget "
+                                         "does (--budget-hold evict); --gpu-mem instead makes the GPU smaller."),
     iters: Optional[int] = typer.Option(None, "--iters", help="Training iterations (loops), 1 to 10000."),
     seed: int = typer.Option(0, help="Seed of the scenario and the simulator."),
     param: Optional[List[str]] = typer.Option(None, "--param", "-p", help="Scenario parameter key=value (repeatable)."),
@@ -247,10 +272,12 @@ def replay(
       [bold]umctl replay trace.parquet --mode none,oracle --oversub 1.5 --png report.png[/bold]
 
       [bold]umctl replay bert-large -p scale=full --calibration v100-pcie3 -m none --calib-set eviction_refresh=access[/bold]  (what-if: a true LRU)
+
+      [bold]umctl replay gpt2-l -m none,deepum --budget 256MiB[/bold]  (the live soft budget on a 512 MiB GPU)
     """
     ov = _overrides(oversub, gpu_mem, iters, seed if seed else None, param)
     _run_replay(target, mode, ov, seed, png, as_json, record, mode_opt, drain_us, calibration, timeline, calib_set,
-                max_rss)
+                max_rss, budget)
 
 
 @app.command()

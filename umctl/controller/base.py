@@ -18,6 +18,10 @@ import numpy as np
 
 from ..events.schema import COMMAND_DTYPE, EventBatch, Kind
 
+#: Block descriptors are distributed over nodes in runs of this many 2 MiB blocks (SnuRHAC
+#: §6.3): the cluster runtime's layout, which every mode of a multi-node replay runs on
+DESCRIPTOR_RUN = 32
+
 
 @dataclass
 class ControllerContext:
@@ -83,6 +87,10 @@ class Controller:
     #: sees fault batches as they are serviced: replay then delivers events at most this
     #: many ns apart instead of at the source's drain interval. None: the source's interval.
     drain_ns: ClassVar[int | None] = None
+    #: In a replay over several nodes: consecutive 2 MiB blocks whose descriptors one node
+    #: holds before the next node's turn (SnuRHAC's round robin, §6.3); the simulator reads it
+    #: here rather than importing a mode
+    descriptor_run: ClassVar[int] = DESCRIPTOR_RUN
 
     def __init__(self, **options):
         self.options = options

@@ -45,11 +45,8 @@ from ..events.schema import COMMAND_DTYPE, Advice, CopyKind, EventBatch, Kind, O
 from ..workload.threadblocks import KernelBlocks
 from ..workload.workload import OP_DTYPE, Init, OpType, Workload
 from ..units import BLOCK_SHIFT, BLOCK_SIZE, PAGE_SHIFT, PAGE_SIZE, PAGES_PER_BLOCK, ranges
-from .base import Controller, register
+from .base import DESCRIPTOR_RUN, Controller, register  # noqa: F401 - DESCRIPTOR_RUN: umctl/cluster imports it here
 from .tables import PairCorrelationTable
-
-#: Block descriptors are distributed in runs of this many UM blocks (§6.3).
-DESCRIPTOR_RUN = 32
 
 
 # ------------------------------------------------------------------ runtime rules (pure)

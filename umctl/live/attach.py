@@ -99,7 +99,7 @@ def start_program(cmd: list[str], *, control: ControlSpec | None, runtime: bool,
         runtime = managed = True
         rt_extra["gpus"] = str(control.gpus)
     if control is not None and control.use_runtime_admission(runtime or managed or hum):
-        rt_extra["prefer_host"] = "1"   # the budget holds by admission (live/control.py)
+        rt_extra["prefer_host"] = "1"   # the budget holds by admission (loop/residency.py, *Admission*)
     rt_source = None
     env = None
     if runtime or managed or hum:

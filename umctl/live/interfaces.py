@@ -15,9 +15,8 @@ from __future__ import annotations
 
 from typing import Protocol, runtime_checkable
 
-import numpy as np
-
 from ..events.schema import EventBatch, Kind
+from ..loop.control import Actuator  # noqa: F401 - the actuator's protocol is the loop's (umctl/loop/control.py)
 
 
 @runtime_checkable
@@ -69,24 +68,3 @@ class LaunchSource(Protocol):
     def drain(self) -> EventBatch: ...
 
     def close(self) -> None: ...
-
-
-@runtime_checkable
-class Actuator(Protocol):
-    """Carries out COMMAND records on the target, asynchronously.
-
-    ``submit`` never waits for a command to run and returns one cmd_id per command; each
-    outcome comes back later as a RESULT record (status, bytes, latency) from ``results``.
-    ``close(drain=True)`` waits up to ``timeout`` for work in flight and leaves the target as it
-    was (advice undone). :class:`umctl.actuators.base.ActuatorBase` holds the id and result
-    bookkeeping."""
-
-    def submit(self, cmds: np.ndarray) -> np.ndarray: ...
-
-    def results(self) -> np.ndarray: ...
-
-    def pending(self) -> int: ...
-
-    def stats(self) -> dict: ...
-
-    def close(self, drain: bool = False, timeout: float = 5.0) -> None: ...

@@ -172,7 +172,7 @@ class ControlSpec:
 
     def source_kinds(self) -> frozenset[Kind]:
         """The event kinds the controller needs from a tools-API source, plus MIGRATION under a
-        budget: the budget check (umctl/live/budget_check.py) judges the budget from the driver's
+        budget: the budget check (umctl/loop/budget_check.py) judges the budget from the driver's
         migration records, and the keeper learns from them what arrived without a fault. That is
         the price of a budget one can check: migration events slow the driver's fault service
         (~1.8x on a fault-bound kernel, docs/evaluation/measurements.md)."""

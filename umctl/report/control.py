@@ -35,7 +35,7 @@ from rich.console import Console
 from rich.table import Table
 
 from ..events.schema import Kind, Op, fault_block_firsts
-from ..live.control import SWEEP_PRIORITY
+from ..loop.residency import SWEEP_PRIORITY
 from ..results import ControlAnalysis
 from ..units import BLOCK_SHIFT, BLOCK_SIZE
 

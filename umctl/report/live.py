@@ -130,7 +130,7 @@ def control_lines(c: ControlStats | None) -> list[tuple[str, bool]]:
 
 
 def budget_check_line(v: dict) -> str:
-    """The budget check's verdict (umctl/live/budget_check.py): true residency from the driver's
+    """The budget check's verdict (umctl/loop/budget_check.py): true residency from the driver's
     migration events beside the keeper's estimate; 'budget NOT held' stands out (rich markup)."""
     lim = format_bytes(v["budget_bytes"] + v["slack_bytes"])
     head = "  budget check "

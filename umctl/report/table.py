@@ -46,6 +46,23 @@ def replay_table(rows: list[ReplayResult], title: str) -> Table:
     return t
 
 
+def budget_lines(rows: list[ReplayResult]) -> list[str]:
+    """Under ``replay --budget``: per mode, what the loop's budget keeper evicted and the budget
+    check's verdict, as a live session's summary says them; nothing without a budget."""
+    from .live import budget_check_line
+
+    out = []
+    for r in rows:
+        if r.budget is None:
+            continue
+        b = r.budget
+        out.append(f"{r.mode}: soft budget {format_bytes(b['bytes'])} ({b['hold']}), peak estimate "
+                   f"{format_bytes(b['peak_estimate_bytes'])}, keeper evicted {b['overflow_blocks_evicted']:,} blocks")
+        if r.budget_check is not None:
+            out.append(budget_check_line(r.budget_check))
+    return out
+
+
 #: column heads for the simulator's fault causes (umctl.sim.core.FAULT_CAUSES)
 CAUSE_HEADS = {
     "cold": "first touch", "evicted": "evicted by driver", "evicted_for_prefetch": "evicted for a prefetch",
@@ -88,6 +105,8 @@ class ReplayTableReporter:
         causes = fault_cause_table(rows)
         if causes is not None:
             console.print(causes)
+        for line in budget_lines(rows):
+            console.print(line, highlight=False)
         walls = ", ".join(f"{r.mode} {r.wall_s:.2f}s" for r in rows)
         calib = rows[0].calibration if rows else ""
         console.print(f"[dim]UVM simulator, calibration {calib} ({result.calibration_from}); "

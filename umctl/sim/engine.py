@@ -78,7 +78,8 @@ import numpy as np
 
 from .. import UmctlError
 from ..controller.base import Controller, ControllerContext
-from ..events.schema import Access, Advice, AllocOp, Cause, EventBatch, Kind, Op, empty
+from ..events.schema import Access, Advice, AllocOp, Cause, EventBatch, Kind, Op, Status, empty
+from ..loop.control import ControlLoop
 from ..workload.workload import AccessRuns, Init, OpType, Workload
 from ..units import CPU, GiB, PAGE_SIZE, PAGE_TO_BLOCK_SHIFT, PAGES_PER_BLOCK
 from . import core
@@ -123,6 +124,11 @@ class SimResult:
     commands: int = 0
     wall_s: float = 0.0
     controller: dict = field(default_factory=dict)
+    #: under a soft budget (Simulator(budget_bytes=...)): the loop's budget figures and the
+    #: budget check's verdict (None without a budget: the GPU's size was the limit)
+    budget: dict | None = None
+    budget_held: bool | None = None
+    budget_check: dict | None = None
     #: per kernel: start/end ns and faults (for timelines)
     kernel_start_ns: np.ndarray | None = None
     kernel_end_ns: np.ndarray | None = None
@@ -216,6 +222,8 @@ class SimResult:
         return d
 
 
+_NO_RESULTS = empty(Kind.RESULT, 0)
+
 _COLD, _EVICTED, _PREEVICTED, _DISCARDED, _MOVED, _HOST = (core.GONE.index(n) for n in (
     "cold", "evicted", "preevicted", "discarded", "moved", "host"))
 
@@ -226,11 +234,18 @@ def _ns(nbytes: float, Bps: float) -> float:
 
 
 class Simulator:
-    """Closed-loop replay of one workload under one controller."""
+    """Closed-loop replay of one workload under one controller.
+
+    The simulator is the two ends of the control loop a live session runs
+    (:class:`~umctl.loop.control.ControlLoop`): the source (its events, delivered every drain)
+    and the actuator (``submit`` / ``results``: the commands run on the model and are answered
+    by RESULT records). ``budget_bytes``: the loop holds the live soft budget on a GPU of full
+    size (``umctl replay --budget``), where a smaller ``gpu_mem`` is the driver's own limit."""
 
     def __init__(self, workload: Workload, controller: Controller, *, calib: Calibration = DEFAULT,
                  seed: int = 0, recorder=None, progress: Callable[[int, int], None] | None = None,
-                 controller_delay_ns: int = 20_000, drain_ns: int = 1_000_000, timeline: bool = False):
+                 controller_delay_ns: int = 20_000, drain_ns: int = 1_000_000, timeline: bool = False,
+                 budget_bytes: int | None = None):
         t_init = _time.perf_counter()
         workload = controller.prepare(workload)
         self.w = workload
@@ -293,7 +308,7 @@ class Simulator:
         self.nactive = np.zeros(G, np.int64)
         self.h2d_tail = np.zeros(G)
         self.d2h_tail = np.zeros(G)
-        self.stats = np.zeros(len(core.ST_NAMES), np.int64)
+        self.counters = np.zeros(len(core.ST_NAMES), np.int64)   # the core's statistics (core.ST)
         # HUVM driver state (see the module docstring)
         self.harvested = np.zeros((G, nbl), np.uint8)
         self.removable_at = np.zeros((G, nbl))
@@ -324,10 +339,11 @@ class Simulator:
             rng=(seed * 0x9E3779B97F4A7C15 + 1) & 0xFFFFFFFFFFFFFFFF)
         for name in ("gmask", "cpu_valid", "managed", "pf_tag", "pf_entry", "entry_done", "read_mostly",
                      "has_chunk", "pinned", "lru", "rescount", "used", "cap", "maxblocks", "pending", "npending",
-                     "active", "nactive", "h2d_tail", "d2h_tail", "stats", "seen",
+                     "active", "nactive", "h2d_tail", "d2h_tail", "seen",
                      "harvested", "removable_at", "spill_mask", "spill_rr", "fetch_via", "wb_Bpns", "p2p_tail",
                      "nlent", "lend_cap", "gone"):
             setattr(self.cs, name, core.ptr(getattr(self, name)))
+        self.cs.stats = core.ptr(self.counters)
         self.cs.drop_reason = _EVICTED
         self.csp = C.byref(self.cs)
         self.out = core.EventOut()
@@ -353,19 +369,39 @@ class Simulator:
         self.lib.sim_lru_build(self.csp)
         self._managed_per_block = self.managed.reshape(-1, PAGES_PER_BLOCK).sum(1).astype(np.int32)
 
-        self.emit = set(controller.subscribes)
+        # the control loop a live session runs (umctl/loop/control.py), with this simulator as
+        # its actuator; under a budget it keeps the live residency estimate and soft budget on
+        # a GPU of full size, else it needs no estimate (the model's residency is exact)
+        # the model reports every page it brings onto a GPU (MIGRATION records, exact runs), so
+        # the budget check need not take an OK prefetch's whole range as arrived
+        self.loop = ControlLoop(controller, self, n_gpus=G, budget_bytes=budget_bytes, migrations_on=True,
+                                estimate=False, result_arrivals=False)
+        self._issue_at = 0.0          # when the commands of the current delivery run
+        self._next_cmd_id = 0
+        self._result_parts: list[np.ndarray] = []
+        self.emit = set(self.loop.kinds)
+        #: under a budget the check rebuilds residency from the model's events, so MIGRATION
+        #: records then describe residency page-exactly: a prefetch's arrivals (copied or
+        #: populated), a pre-eviction's departures (clean pages dropped included), a discard's.
+        #: Otherwise they count the bytes copied (what a trace's byte totals add up to).
+        self._exact_residency = self.loop.check is not None
+        if self._exact_residency:
+            # every departure too (a fault-path eviction frees its whole chunk); the loop hands
+            # a controller only the kinds it subscribes to, so what it sees is unchanged
+            self.emit |= {Kind.MIGRATION, Kind.EVICTION}
         if recorder is not None:
             self.emit |= set(Kind)
         self.out.collect = int(bool(self.emit & {Kind.FAULT, Kind.REPLAY, Kind.MIGRATION, Kind.EVICTION}))
-        # fault-path events reach the controller in drains, as on the live path (ring drained
-        # every few ms); a controller that needs none of them lets the core run freely
-        self._timed = bool(controller.subscribes & {Kind.FAULT, Kind.REPLAY, Kind.MIGRATION, Kind.EVICTION})
+        # fault-path events reach the loop in drains, as on the live path (ring drained every
+        # few ms); a loop that needs none of them (a controller, a budget) lets the core run freely
+        self._timed = bool(self.loop.kinds & {Kind.FAULT, Kind.REPLAY, Kind.MIGRATION, Kind.EVICTION})
         self._next_drain = 0.0
         self._pending: dict[Kind, list[np.ndarray]] = {}
         self._launch_idx: list[int] = []   # kernels launched since the last delivery
         self._alloc_idx: list[int] = []    # allocator events since the last delivery
         self._prebuild_records()
-        ctx = ControllerContext(n_gpus=G, gpu_mem=list(workload.gpu_mem), free_memory=self._free_memory,
+        ctx = ControllerContext(n_gpus=G, gpu_mem=self.loop.controlled_memory(list(workload.gpu_mem)),
+                                free_memory=self.loop.free_memory or self._free_memory,
                                 workload=workload,
                                 residency=self._residency, block_addr=self.space.block_addr(),
                                 belady=self._belady, spare_memory=self._spare_memory,
@@ -391,21 +427,20 @@ class Simulator:
         Host data leaves node 0 for the other nodes at once (every GPU runs its part of each kernel
         together) and enters a node for its GPUs: the share is the larger of the two. Between GPUs
         of two nodes, a node's GPUs share its link. Block descriptors sit on node
-        (block // DESCRIPTOR_RUN) mod nodes (SnuRHAC's round robin, §6.3)."""
+        (block // run) mod nodes, ``run`` being the controller's ``descriptor_run`` (SnuRHAC's
+        round robin, §6.3)."""
         G = self.n_gpus
         if nodes < 1 or G % nodes:
             raise ValueError(f"{G} GPUs do not spread evenly over {nodes} node(s)")
         self.r.nodes = nodes
         if nodes == 1:
             return   # one host: the core's node pointers stay NULL
-        from ..controller.snurhac import DESCRIPTOR_RUN
-
         per = G // nodes
         self._node = np.arange(G, dtype=np.int64) // per
         self._node_mask = np.array([sum(1 << h for h in range(n * per, (n + 1) * per)) for n in self._node],
                                    dtype=self._mask)
         self._net_host_Bpns = np.full(G, self.c.internode_Bps / max(nodes - 1, per) / 1e9)
-        self._desc_node = ((self.space.global_blocks // DESCRIPTOR_RUN) % nodes).astype(np.int32)
+        self._desc_node = ((self.space.global_blocks // self.ctl.descriptor_run) % nodes).astype(np.int32)
         cs = self.cs
         cs.node, cs.node_mask = core.ptr(self._node), core.ptr(self._node_mask)
         cs.net_host_Bpns, cs.desc_node = core.ptr(self._net_host_Bpns), core.ptr(self._desc_node)
@@ -572,8 +607,8 @@ class Simulator:
         self._launch_event(i, op, g, pid, start)
         self._deliver(start, force=self.ctl.launch_sync)
         stall = C.c_double(0.0)
-        faults0 = int(self.stats[core.ST["faults"]])
-        causes0 = self.stats[core.FC].copy()
+        faults0 = int(self.counters[core.ST["faults"]])
+        causes0 = self.counters[core.FC].copy()
         pos = lo
         rp, rw, rpos, nruns = self._runs_c
         nx = core.ptr(self._next_run) if self._next_run is not None else None
@@ -595,8 +630,8 @@ class Simulator:
         self.r.stall_ns += int(stall.value)
         self.stream[g] = end
         self._kstart[i], self._kend[i] = start, end
-        self._kfaults[i] = int(self.stats[core.ST["faults"]]) - faults0
-        self._kcauses[i] = self.stats[core.FC] - causes0
+        self._kfaults[i] = int(self.counters[core.ST["faults"]]) - faults0
+        self._kcauses[i] = self.counters[core.FC] - causes0
 
     def _batch_events(self, g: int, pid: int) -> None:
         """Turn the core's drain buffers into event records (vectorised) and empty them."""
@@ -686,7 +721,7 @@ class Simulator:
                 on_gpu = np.ascontiguousarray(np.sort(sel), dtype=np.int64)
                 t += self.lib.sim_thr_host(self.csp, core.ptr(on_gpu), len(on_gpu), t0) - t0
                 back = sel[~self.cpu_valid[sel]]
-                self.stats[core.ST["bytes_d2h"]] += len(back) * PAGE_SIZE
+                self.counters[core.ST["bytes_d2h"]] += len(back) * PAGE_SIZE
                 if self.r.nodes > 1:   # the host is node 0: pages only other nodes hold cross the network
                     away = int(((self.gmask[back] & self._node_mask[0]) == 0).sum())
                     t += self.lib.sim_host_net_ns(self.csp, self.n_gpus - 1, away)
@@ -698,12 +733,12 @@ class Simulator:
                         for b, cnt in zip(blocks.tolist(), counts.tolist()):
                             self._release_block(g, b, cnt)
                 wasted = int(self.pf_tag[sel].sum())
-                self.stats[core.ST["prefetch_wasted"]] += wasted
+                self.counters[core.ST["prefetch_wasted"]] += wasted
                 self.pf_tag[sel] = False
                 self.gmask[sel] = 0
                 self.gone[sel] = _HOST
                 self.pf_entry[sel] = 0
-                self.stats[core.ST["epoch"]] += 1
+                self.counters[core.ST["epoch"]] += 1
             self.cpu_valid[pages] = True
         self.host = t
         if self._tl is not None:
@@ -727,9 +762,9 @@ class Simulator:
             self._tl.append(("copy", f"{'H2D' if op['copy_kind'] == 0 else 'D2H'} {self._alloc_name(src)}",
                              start, end, src))
         if op["copy_kind"] == 1:
-            self.stats[core.ST["bytes_d2h"]] += nbytes
+            self.counters[core.ST["bytes_d2h"]] += nbytes
         elif op["copy_kind"] == 0:
-            self.stats[core.ST["bytes_h2d"]] += nbytes
+            self.counters[core.ST["bytes_h2d"]] += nbytes
         if Kind.COPY in self.emit:
             ev = empty(Kind.COPY, 1)
             ev["t_ns"], ev["t_end_ns"], ev["gpu"], ev["pid"] = int(start), int(end), g, int(op["pid"])
@@ -776,7 +811,7 @@ class Simulator:
         c = eng.issue(g, init, nbytes, entries)
         bit = self._bit(g)
         for k, (lo, hi) in enumerate(dst):
-            self._invalidate(lo, hi, count=False)
+            self._invalidate(lo, hi, init, count=False)
             b = lo >> PAGE_TO_BLOCK_SHIFT
             if not self.has_chunk[g, b] and self._take_chunk(g, b, init) < 0:
                 raise UmctlError(f"GPU {g} has no memory left for a chunked copy; raise --gpu-mem")
@@ -793,8 +828,8 @@ class Simulator:
         self.r.copy_bytes += nbytes
         self.r.um_copies += 1
         self.r.um_copy_chunks += n_chunks
-        self.stats[core.ST["bytes_h2d"]] += nbytes
-        self.stats[core.ST["epoch"]] += 1
+        self.counters[core.ST["bytes_h2d"]] += nbytes
+        self.counters[core.ST["epoch"]] += 1
         if self._tl is not None:
             self._tl_copies.append((c, int(op["addr"])))
         if Kind.COPY in self.emit:
@@ -808,16 +843,19 @@ class Simulator:
         t = max([self.host] + self.stream)
         if int(op["mem_op"]) == AllocOp.FREE:
             for lo, hi in self.space.local_range(int(op["addr"]), int(op["bytes"])):
-                self._invalidate(lo, hi, count=False)
+                self._invalidate(lo, hi, t, count=False)
         if Kind.ALLOC in self.emit:
             self._alloc_all["t_ns"][i] = int(t)
             self._alloc_idx.append(i)
 
     # ------------------------------------------------------------------ controller loop
     def _deliver(self, t: float, force: bool = True) -> None:
-        """Hand pending events to the controller (and recorder) and apply its commands.
-        Unless forced, only once the drain interval has passed: the live sources also hand
-        events over in drains, and one delivery per event would dominate a replay's cost."""
+        """Hand pending events to the control loop (and the recorder), as a live source hands
+        over a drain: the loop filters them for the controller, keeps the budget, and submits
+        the commands back to this simulator (its actuator); the COMMAND and RESULT records it
+        returns go to the recorder next to the events. Unless forced, only once the drain
+        interval has passed: the live sources also hand events over in drains, and one delivery
+        per event would dominate a replay's cost."""
         if not force and t < self._next_drain:
             return
         if self._launch_idx:
@@ -834,25 +872,61 @@ class Simulator:
         ev = EventBatch(now_ns=int(t), arrays=arrays, names=self.w.names)
         if self.recorder is not None:
             self.recorder.write(ev)
-        sub = self.ctl.subscribes
-        if not any(k in ev for k in sub):
-            return
-        if not set(arrays) <= sub:
-            ev = EventBatch(now_ns=ev.now_ns, arrays={k: a for k, a in arrays.items() if k in sub}, names=ev.names)
-        cmds = self.ctl.on_events(ev)
-        if cmds is not None and len(cmds):
-            self.apply_commands(cmds, t + self.delay)
+        self._issue_at = t + self.delay
+        out = self.loop.step(ev)
+        if self.recorder is not None and len(out):
+            self.recorder.write(out)
 
-    # ------------------------------------------------------------------ commands (actuator)
+    # ------------------------------------------------------------------ the loop's actuator
+    def submit(self, cmds: np.ndarray) -> np.ndarray:
+        """The Actuator protocol (umctl/loop/control.py): run the commands on the model at the
+        current delivery's time plus the controller's delay (:meth:`apply_commands`); every
+        command is answered by a RESULT record (OK and the command's bytes; SKIPPED for a
+        prefetch to a GPU outside the model) at the loop's next ``results()``. Returns the
+        commands' ids."""
+        t = self._issue_at
+        n = len(cmds)
+        self.apply_commands(cmds, t)
+        ids = np.arange(self._next_cmd_id, self._next_cmd_id + n, dtype=np.int64)
+        self._next_cmd_id += n
+        res = empty(Kind.RESULT, n)
+        res["t_ns"], res["cmd_id"], res["bytes"], res["latency_ns"] = int(t), ids, cmds["bytes"], int(self.delay)
+        res["status"] = np.where((cmds["op"] == Op.PREFETCH) & ((cmds["dst"] < 0) | (cmds["dst"] >= self.n_gpus)),
+                                 Status.SKIPPED, Status.OK)
+        if self.loop.check is not None:
+            # as the driver does live (UVM_MIGRATE refuses a range outside managed memory): a
+            # prefetch that reaches past the program's allocations fails, so that the budget
+            # check, which counts an OK prefetch's whole range as arrived, counts no page the
+            # model never moved
+            for i in np.flatnonzero((cmds["op"] == Op.PREFETCH) & (res["status"] == Status.OK)).tolist():
+                pieces = self.space.local_range(int(cmds["addr"][i]), int(cmds["bytes"][i]))
+                covered = sum(int(self.managed[lo:hi].sum()) for lo, hi in pieces)
+                if covered * PAGE_SIZE < int(cmds["bytes"][i]):
+                    res["status"][i] = Status.RANGE_INVALID
+        self._result_parts.append(res)
+        return ids
+
+    def results(self) -> np.ndarray:
+        """RESULT records of the commands submitted since the last call."""
+        parts, self._result_parts = self._result_parts, []
+        if not parts:
+            return _NO_RESULTS
+        return parts[0] if len(parts) == 1 else _concat(parts)
+
+    def pending(self) -> int:
+        """Commands accepted and not answered: none (the model runs each one at submit)."""
+        return 0
+
+    def stats(self) -> dict:
+        """The actuator's figures in the loop's summary."""
+        return {"commands": self.r.commands}
+
+    def close(self, drain: bool = False, timeout: float = 5.0) -> None:
+        """Nothing to undo: the replay ends with the model."""
+
     def apply_commands(self, cmds: np.ndarray, t: float) -> None:
-        """Execute a command batch at time t, in order."""
+        """Execute a command batch on the model at time t, in order."""
         self.r.commands += len(cmds)
-        if self.recorder is not None:
-            rec = cmds.copy()
-            rec["t_ns"] = int(t)
-            b = EventBatch(now_ns=int(t), names=self.w.names)
-            b.add(Kind.COMMAND, rec)
-            self.recorder.write(b)
         cols = (cmds["op"].tolist(), cmds["addr"].tolist(), cmds["bytes"].tolist(), cmds["dst"].tolist(),
                 cmds["exec_id"].tolist(), cmds["advice"].tolist())
         for op, addr, nbytes, dst, exec_id, advice in zip(*cols):
@@ -863,7 +937,7 @@ class Simulator:
                 elif op == Op.PREEVICT:
                     self._preevict(lo, hi, dst, t)
                 elif op == Op.INVALIDATE:
-                    self._invalidate(lo, hi)
+                    self._invalidate(lo, hi, t)
                 elif op == Op.STAGE:
                     self._stage(lo, hi, dst, t)
                 elif op == Op.ADVISE:
@@ -875,10 +949,18 @@ class Simulator:
             return
         self._ensure_entries(1)
         out = self._pf_out
+        bit = self._bit(g)
+        had = (self.gmask[lo:hi] & bit) != 0 if self._exact_residency else None
         done = self.lib.sim_prefetch(self.csp, g, lo, hi, t, int(first), out)
         if out[4] >= 0:
             self._eviction_event(g, int(out[4]), int(out[5]), t, False)
-        if done >= 0 and out[1] and Kind.MIGRATION in self.emit:
+        if had is not None and done >= 0:
+            # exactly the pages that arrived (copied, or populated without a copy), one record
+            # per run: a residency rebuilt from the records counts no page the model did not bring
+            new = np.flatnonzero(((self.gmask[lo:hi] & bit) != 0) & ~had) + lo
+            if len(new):
+                self._arrival_runs(g, new, int(out[0]), int(done), exec_id)
+        elif done >= 0 and out[1] and Kind.MIGRATION in self.emit:
             self._migration(out[0], done, CPU, g, lo >> PAGE_TO_BLOCK_SHIFT, int(out[1]) * PAGE_SIZE, Cause.USER,
                             exec_id=exec_id)
 
@@ -912,7 +994,7 @@ class Simulator:
             self.d2h_tail[g] = done
             if self.rescount[g, b] == 0:
                 self.lib.sim_release_chunk(self.csp, g, b, done)
-            self.stats[core.ST["preevictions"]] += 1
+            self.counters[core.ST["preevictions"]] += 1
             if to_gpu:
                 dbit = self._bit(dst)
                 new = pages[(self.gmask[pages] & dbit) == 0]
@@ -921,13 +1003,16 @@ class Simulator:
                 self.lru[dst, b] = done
                 self.lib.sim_lru_fix(self.csp, dst, b)
                 self.pf_entry[new] = self._new_entry(done)
-                self.stats[core.ST["bytes_p2p"]] += nbytes
+                self.counters[core.ST["bytes_p2p"]] += nbytes
                 if self.harvested[dst, b]:
                     self.lib.sim_harvest_writeback(self.csp, dst, b, done)
             else:
-                self.stats[core.ST["preevicted_bytes"]] += nbytes
-                self.stats[core.ST["bytes_d2h"]] += nbytes
-                if Kind.MIGRATION in self.emit and nbytes:
+                self.counters[core.ST["preevicted_bytes"]] += nbytes
+                self.counters[core.ST["bytes_d2h"]] += nbytes
+                if self._exact_residency:
+                    # every page that left, the clean ones dropped without a copy included
+                    self._departure_runs(g, pages, int(start), int(done), Cause.USER)
+                elif Kind.MIGRATION in self.emit and nbytes:
                     self._migration(start, done, g, CPU, b, nbytes, Cause.USER)
 
     def _stage(self, lo: int, hi: int, h: int, t: float) -> None:
@@ -955,7 +1040,7 @@ class Simulator:
         self.lib.sim_lru_fix(self.csp, h, b)
         self.removable_at[h, b] = done
         self.pf_entry[sel] = self._new_entry(done)
-        self.stats[core.ST["bytes_h2d"]] += len(sel) * PAGE_SIZE
+        self.counters[core.ST["bytes_h2d"]] += len(sel) * PAGE_SIZE
         self.r.staged_bytes += len(sel) * PAGE_SIZE
 
     def _drop(self, g: int, lo: int, hi: int, discard: int, why: int) -> int:
@@ -966,17 +1051,50 @@ class Simulator:
         finally:
             self.cs.drop_reason = _EVICTED
 
-    def _invalidate(self, lo: int, hi: int, count: bool = True) -> None:
+    def _invalidate(self, lo: int, hi: int, t: float, count: bool = True) -> None:
         """UVM_DISCARD of one block's pages (executed by the core). `count`: a controller's
         command; otherwise the program freed or overwrote the memory, so a later fault there
         is a first touch (cold)."""
         self.cs.drop_reason = _DISCARDED if count else _COLD
+        if self._exact_residency:
+            self._departures(lo, hi, int(t), Cause.OTHER)
         try:
             dropped = int(self.lib.sim_invalidate(self.csp, lo, hi))
         finally:
             self.cs.drop_reason = _EVICTED
         if count:
             self.r.invalidated_bytes += dropped * PAGE_SIZE
+
+    def _departures(self, lo: int, hi: int, t: int, cause: Cause) -> None:
+        """MIGRATION records (to the host) of the pages of [lo, hi) (one block) on each GPU: in
+        this model a discard frees the memory, and a residency rebuilt from the records (the
+        budget check) must see it go. No controller subscribes to MIGRATION."""
+        mask = self.gmask[lo:hi]
+        for g in range(self.n_gpus):
+            pages = np.flatnonzero((mask & self._bit(g)) != 0) + lo
+            if len(pages):
+                self._departure_runs(g, pages, t, t, cause)
+
+    def _arrival_runs(self, g: int, pages: np.ndarray, t0: int, t1: int, exec_id: int) -> None:
+        """One MIGRATION record from the host to GPU g per run of consecutive ``pages`` (one
+        block's local page numbers) a prefetch made resident."""
+        self._page_runs(pages, t0, t1, CPU, g, Cause.USER, exec_id)
+
+    def _departure_runs(self, g: int, pages: np.ndarray, t0: int, t1: int, cause: Cause) -> None:
+        """One MIGRATION record from GPU g to the host per run of consecutive ``pages`` (one
+        block's local page numbers), whether they were copied or dropped clean."""
+        self._page_runs(pages, t0, t1, g, CPU, cause, -1)
+
+    def _page_runs(self, pages: np.ndarray, t0: int, t1: int, src: int, dst: int, cause: Cause, exec_id: int) -> None:
+        b = int(pages[0]) >> PAGE_TO_BLOCK_SHIFT
+        base = (int(self.space.global_blocks[b]) << 21) - ((b << PAGE_TO_BLOCK_SHIFT) * PAGE_SIZE)
+        runs = np.split(pages, np.flatnonzero(np.diff(pages) != 1) + 1)
+        m = empty(Kind.MIGRATION, len(runs))
+        m["t_ns"], m["t_end_ns"], m["src"], m["dst"] = int(t0), int(t1), src, dst
+        m["addr"] = [base + int(r[0]) * PAGE_SIZE for r in runs]
+        m["bytes"] = [len(r) * PAGE_SIZE for r in runs]
+        m["cause"], m["exec_id"] = int(cause), exec_id
+        self._emit(Kind.MIGRATION, m)
 
     def _advise(self, lo: int, hi: int, advice: int, dst: int) -> None:
         b = lo >> PAGE_TO_BLOCK_SHIFT
@@ -1012,7 +1130,7 @@ class Simulator:
                 self.gmask[pages[sel]] &= ~bit
                 self.gone[pages[sel]] = _MOVED
                 self._release_block(g, b, n)
-        self.stats[core.ST["epoch"]] += 1
+        self.counters[core.ST["epoch"]] += 1
 
     # ------------------------------------------------------------------ run
     def run(self) -> SimResult:
@@ -1068,11 +1186,14 @@ class Simulator:
                 it_end[it_list[i]] = max([self.host, self._um_tail()] + self.stream)
         end = max([self.host, self._um_tail()] + self.stream)
         self._deliver(end)
+        last = self.loop.finish()
+        if self.recorder is not None and len(last):
+            self.recorder.write(last)
         self._check_capacity()
         r = self.r
         for name in core.ST_NAMES:
             if hasattr(r, name):
-                setattr(r, name, int(self.stats[core.ST[name]]))
+                setattr(r, name, int(self.counters[core.ST[name]]))
         r.time_ns = int(end)
         kmask = ops["type"] == OpType.KERNEL
         r.kernel_start_ns = self._kstart[kmask].astype(np.int64)
@@ -1089,8 +1210,11 @@ class Simulator:
             r.iteration_faults = np.bincount(iters[kmask], weights=r.kernel_faults, minlength=n_it).astype(np.int64)
             r.iteration_fault_causes = np.zeros((n_it, len(core.FAULT_CAUSES)), np.int64)
             np.add.at(r.iteration_fault_causes, iters[kmask], self._kcauses[kmask])
-        r.fault_causes = dict(zip(core.FAULT_CAUSES, self.stats[core.FC].tolist()))
+        r.fault_causes = dict(zip(core.FAULT_CAUSES, self.counters[core.FC].tolist()))
         r.controller = self.ctl.stats()
+        if self.loop.budget is not None:
+            loop = self.loop.stats()
+            r.budget, r.budget_held, r.budget_check = loop["budget"], loop["budget_held"], loop["budget_check"]
         if self._tl is not None:
             self._finish_timeline(kmask)
         r.wall_s = self._init_s + _time.perf_counter() - t0

@@ -40,18 +40,24 @@ def run_modes(workload: Workload, modes: list[str], *, seed: int = 0, calib: Cal
               progress: Callable[[str, int, int], None] | None = None,
               mode_options: dict[str, dict] | None = None, recorder_for: Callable[[str], object] | None = None,
               drain_ns: int | None = None, timeline: bool = False,
-              max_rss: int | str | None = None) -> list[SimResult]:
+              max_rss: int | str | None = None, budget_bytes: int | None = None) -> list[SimResult]:
     """Simulate the workload once per mode (same seed), one mode at a time: a mode's
     simulator and controller are let go before the next one is built.
 
     ``max_rss``: refuse up front (one-line UmctlError) a replay whose estimated peak resident
     memory (:func:`estimate_bytes`) is over this many bytes; ``"auto"``: over what the machine
     has available (:func:`default_max_rss`); None: no check. Running out of memory anyway is
-    an UmctlError too, never a numpy traceback."""
+    an UmctlError too, never a numpy traceback.
+
+    ``budget_bytes``: every mode runs under the live soft budget (the control loop's keeper
+    evicts what goes over it; the simulated GPUs keep their size); see :func:`check_budget`."""
     results = []
     extra = {} if drain_ns is None else {"drain_ns": int(drain_ns)}
     if timeline:
         extra["timeline"] = True
+    if budget_bytes is not None:
+        check_budget(workload, budget_bytes)
+        extra["budget_bytes"] = int(budget_bytes)
     ctls = [make_controller(mode, **(mode_options or {}).get(mode, {})) for mode in modes]
     for mode, ctl in zip(modes, ctls):
         why = ctl.applies_to(workload)
@@ -81,6 +87,20 @@ def run_modes(workload: Workload, modes: list[str], *, seed: int = 0, calib: Cal
             del sim, ctl
             gc.collect()   # simulator and controller refer to each other: a cycle
     return results
+
+
+def check_budget(workload: Workload, budget_bytes: int) -> None:
+    """A replay's soft budget must be at least one 2 MiB block and below the smallest simulated
+    GPU: at or above it, the GPU's own size is the limit and the budget would change nothing
+    (that is ``--gpu-mem``). One-line UmctlError otherwise."""
+    from ..units import BLOCK_SIZE, format_bytes
+
+    if budget_bytes < BLOCK_SIZE:
+        raise UmctlError(f"--budget must be at least 2 MiB (got {format_bytes(budget_bytes)})")
+    smallest = min(int(m) for m in workload.gpu_mem)
+    if budget_bytes >= smallest:
+        raise UmctlError(f"--budget {format_bytes(budget_bytes)} is not below the simulated GPU's "
+                         f"{format_bytes(smallest)}: the GPU's size is the limit already (--gpu-mem sets it)")
 
 
 # ---------------------------------------------------------------------- memory

@@ -1,7 +1,7 @@
 """An independent check of a GPU-memory budget: the residency the driver actually produced,
 from the driver's own events, never from the budget keeper's estimate.
 
-Why a second account: the budget keeper (:mod:`umctl.live.control`) holds the budget against
+Why a second account: the budget keeper (:mod:`umctl.loop.residency`) holds the budget against
 its *estimate*, and clamps that estimate by its own enforcement; its "peak estimate" therefore
 cannot disagree with itself. A run whose data stayed on the GPU while the estimate said it had
 left would report the budget held. :class:`BudgetCheck` rebuilds residency from what the driver
@@ -19,9 +19,10 @@ Contract (what counts, and why):
   page: a first touch is populated on the GPU without any migration event) except in ranges the
   runtime reported host-preferred (ALLOC records with op HOST_PREFERRED: the driver serves a GPU
   fault there by mapping the host page, populating and migrating nothing; see *Admission* in
-  ``umctl/live/control.py``), and umctl's own
+  ``umctl/loop/residency.py``), and umctl's own
   PREFETCH/STAGE commands whose RESULT is OK (a migrate of never-populated pages moves nothing
-  and reports nothing). Departures: MIGRATION records with the GPU as ``src`` (our
+  and reports nothing; ``result_arrivals=False`` for a source that reports every page it brings
+  in, as the simulator does). Departures: MIGRATION records with the GPU as ``src`` (our
   pre-evictions, the driver's evictions), EVICTION records (a replay's driver evictions: the
   whole chunk), and ALLOC FREE records (every GPU). Nothing else removes a page: a discard
   (INVALIDATE) reports no event, so invalidated pages stay counted until they move or are freed
@@ -183,12 +184,17 @@ class BudgetCheck:
     ``slack_bytes`` defaults to :func:`default_slack`."""
 
     def __init__(self, budget_bytes: int, gpus=(0,), *, slack_bytes: int | None = None,
-                 reorder_ms: float = 100.0, migrations_on: bool | None = None):
+                 reorder_ms: float = 100.0, migrations_on: bool | None = None, result_arrivals: bool = True):
         self.budget = int(budget_bytes)
         #: whether the source delivers migration events (True / False; None: judge by whether any
         #: came). With them on, a run that moved nothing reports none and is judged from its
         #: faults alone; with them off, nothing that left the GPU could be seen
         self.migrations_on = migrations_on
+        #: whether an OK PREFETCH/STAGE result counts its whole range as arrived (the live driver
+        #: reports no event for a migrate of never-populated pages); False for a source that
+        #: reports every page it brings in (the simulator), where the range may hold pages the
+        #: model never brought
+        self.result_arrivals = result_arrivals
         self.gpus = [int(g) for g in gpus] or [0]
         self.slack = default_slack(self.budget) if slack_bytes is None else int(slack_bytes)
         self.limit = self.budget + self.slack
@@ -254,7 +260,7 @@ class BudgetCheck:
         c = batch[Kind.COMMAND]
         for cid, op, addr, n, dst in zip(c["cmd_id"].tolist(), c["op"].tolist(), c["addr"].tolist(),
                                          c["bytes"].tolist(), c["dst"].tolist()):
-            if op in (Op.PREFETCH, Op.STAGE) and dst >= 0 and cid >= 0:
+            if op in (Op.PREFETCH, Op.STAGE) and dst >= 0 and cid >= 0 and self.result_arrivals:
                 self._cmds[cid] = (addr, n, dst)
         r = batch[Kind.RESULT]
         if len(r) and self._cmds:
