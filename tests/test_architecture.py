@@ -165,7 +165,7 @@ ALLOWED = {
     "umctl.exporter": {"umctl.events", "umctl.driver", "umctl.sources", "umctl.live"},
     # report -> exporter: the prometheus reporter renders the exporter's state with its collector
     "umctl.report": {"umctl.events", "umctl.live", "umctl.loop", "umctl.sim", "umctl.results", "umctl.exporter"},
-    "umctl.tui": {"umctl.live"},
+    "umctl.tui": {"umctl.live", "umctl.report"},   # report.live: the shared summary formatters
     "umctl.cli": {"umctl.events", "umctl.driver", "umctl.workload", "umctl.controller", "umctl.sim",
                   "umctl.sources", "umctl.live", "umctl.exporter", "umctl.cluster", "umctl.report",
                   "umctl.tui", "umctl.results"},

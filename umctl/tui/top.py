@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Callable
 
 from ..live.fleet import Fleet, FleetEvents, Member
 from ..live.stats import CAUSE_COLUMNS, LiveStats  # noqa: F401 - LiveStats: callers that import it from here
-from ..units import BLOCK_SHIFT
+from ..report.live import sampled_tag, top_blocks_text, top_kernels_text
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -54,10 +54,6 @@ def _sort_value(s: LiveStats, key: str) -> float:
     return s.rates.get(key, 0.0)
 
 
-def _fmt_block(b: int) -> str:
-    return f"0x{b << BLOCK_SHIFT:x}"
-
-
 def render_top(stats: list[LiveStats], sort: str = "faults", *, note: str = "", plain: bool = False):
     """The top view: a table of processes, then per process its top kernels and blocks.
     ``plain`` gives a str (for --once and non-terminals), else a rich renderable."""
@@ -86,12 +82,10 @@ def render_top(stats: list[LiveStats], sort: str = "faults", *, note: str = "", 
     for s in rows:
         if s.status and not s.faults:
             continue
-        ks = s.top_kernels()
-        bs = s.top_blocks()
-        tag = f" (events sampled {100 * s.sample:.0f}% of the time)" if s.sample < 1 else ""
-        line = f"pid {s.pid}: top kernels by faults{tag}: " + (
-            ", ".join(f"{n[:40]} {_si(c)}" for n, c in ks) if ks else "(no launch events)")
-        line += "   top 2 MiB blocks: " + (", ".join(f"{_fmt_block(b)} {_si(c)}" for b, c in bs) if bs else "-")
+        tot = s.snapshot(3)   # the totals every view reads (umctl/report/live.py formats the shared parts)
+        line = f"pid {tot.pid}: top kernels by faults{sampled_tag(tot)}: " + (
+            top_kernels_text(tot, width=40, count=_si) or "(no launch events)")
+        line += "   top 2 MiB blocks: " + (top_blocks_text(tot, count=_si) or "-")
         details.append(line)
     header = f"umctl top — {len(rows)} process(es) using UVM — sort: {sort}"
     keys = "keys: f faults  b batches  h H2D  d D2H  t thrashing  c cpu faults  p pid  m migrations on/off  q quit"
