@@ -1,5 +1,7 @@
 """Replays of every scenario under the modes, and the orderings they must keep."""
 
+import json
+
 import pytest
 
 from umctl.sim.replay import parse_modes, result_rows, run_modes
@@ -71,3 +73,19 @@ def test_every_replay_result_field_is_a_result_key(target, modes):
     assert [list(o) for o in out] == [["schema", *fields]] * len(rows) and out[0]["calibration"] == "c"
     with pytest.raises(KeyError, match="lacks"):
         ReplayResult.from_row({k: v for k, v in rows[0].items() if k != "faults"}, "c")
+
+
+def test_replay_json_gives_each_mode_its_share_of_the_bound(capsys):
+    """Every single-GPU replay row carries the workload's lower bound (umctl/sim/bound.py) and
+    the mode's time as a share of it, never below 100 %; several GPUs get none (the bound does
+    not cover them)."""
+    from umctl.cli.main import main
+
+    assert main(["replay", "gpt2-l", "--iters", "2", "-m", "none,deepum,oracle", "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    bound = {r["bound_s"] for r in rows}
+    assert len(bound) == 1 and bound.pop() > 0
+    for r in rows:
+        assert r["pct_of_bound"] >= 100.0 and abs(r["pct_of_bound"] - 100 * r["time_s"] / r["bound_s"]) < 1e-6
+    assert main(["replay", "mgpu-gemm", "--param", "gpus=2", "-m", "none", "--json"]) == 0
+    assert all("bound_s" not in r for r in json.loads(capsys.readouterr().out))

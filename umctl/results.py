@@ -349,6 +349,11 @@ class ReplayResult(Result):
                                    "migration and eviction events (null: unverified).", default=None, omit_none=True)
     budget_check: dict[str, Any] | None = doc("With replay --budget: the budget check's figures "
                                               "(umctl/loop/budget_check.py).", default=None, omit_none=True)
+    bound_s: float | None = doc("A lower bound on any single-GPU replay's time of this workload at this "
+                                "calibration (umctl/sim/bound.py), seconds; absent for several GPUs.",
+                                default=None, omit_none=True)
+    pct_of_bound: float | None = doc("This mode's time over the bound, percent (never below 100).",
+                                     default=None, omit_none=True)
 
     @classmethod
     def from_row(cls, row: dict[str, Any], calibration: str) -> "ReplayResult":

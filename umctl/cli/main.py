@@ -166,8 +166,12 @@ def _run_replay(target: str, modes: str, overrides: dict[str, str], seed: int, p
                     "calibration": calib.as_dict()}
             return TraceWriter(path, meta, names=workload.names)
 
-    from ..sim.replay import parse_max_rss
+    from ..sim.replay import parse_max_rss, workload_bound
     from .progress import Progress as CliProgress
+
+    # the lower bound every mode is measured against (umctl/sim/bound.py): on the workload as
+    # given, before any mode prepares it; the GPU's own size (a soft --budget only adds evictions)
+    bound = workload_bound(workload, calib)
 
     # a bar on a terminal, else a line on stderr about every 10 s (umctl/cli/progress.py);
     # a replay that would not fit in memory is refused before it starts (--max-rss)
@@ -185,7 +189,7 @@ def _run_replay(target: str, modes: str, overrides: dict[str, str], seed: int, p
         title += (f"; under a soft budget of {format_bytes(budget_bytes)} (the live keeper evicts over it, "
                   "the GPU keeps its size)")
     # one typed report, rendered by the reporter each option picks (umctl/report/base.py)
-    report = ReplayReport(replay_results(result_rows(results), calib.name), title=title,
+    report = ReplayReport(replay_results(result_rows(results, bound), calib.name), title=title,
                           workload_name=workload.name,
                           calibration_from=calibration or "umctl/sim/calibration.py", sims=results)
     get_reporter("replay", "json" if as_json else "table").render(report, out)

@@ -80,9 +80,27 @@ class OracleController(Controller):
         self.block_addr = ctx.block_addr
         self.space = space
         self.cap_blocks = [int(m) // BLOCK_SIZE for m in ctx.gpu_mem]
+        self.fits = self._fits(w, space)
         # link cost of one command and of one page (moved in now, written back later)
         self.cmd_ns = float(calib.transfer_latency_ns)
         self.page_ns = PAGE_SIZE / calib.prefetch_h2d_Bps * 1e9 + PAGE_SIZE / calib.d2h_Bps * 1e9
+
+    def _fits(self, w, space) -> list[bool]:
+        """Per GPU: do all the managed blocks its kernels ever touch fit in its memory beside
+        its device allocations? Then the stock driver never evicts there and only faults each
+        block in once, and neither pre-evicting nor discarding can save anything: a discarded
+        dead block is zero-filled on its next use, a fault the stock driver does not take
+        (it keeps the block), and a reserve of free chunks only evicts blocks needed again."""
+        out = []
+        dev = w.allocations[~w.allocations["managed"]]
+        for g, cap in enumerate(self.cap_blocks):
+            used = np.unique(self.use_b[(self.kernel_gpu[self.use_k] == g) & self.movable[self.use_b]])
+            pinned = set()
+            for rec in dev[dev["gpu"] == g]:
+                for lo, hi in space.local_range(int(rec["addr"]), int(rec["bytes"])):
+                    pinned.add(lo >> PAGE_TO_BLOCK_SHIFT)
+            out.append(len(used) + len(pinned) <= cap)
+        return out
 
     @staticmethod
     def _kernel_runs(runs, ops, kidx) -> tuple[np.ndarray, np.ndarray]:
@@ -173,7 +191,7 @@ class OracleController(Controller):
         if Kind.ALLOC in batch:
             a = batch[Kind.ALLOC]
             dead = a[(a["op"] == AllocOp.BLOCK_INACTIVE) | (a["op"] == AllocOp.FREE)]
-            if len(dead):
+            if len(dead) and not all(self.fits):   # where everything fits, dead blocks stay for reuse
                 out.append(commands(Op.INVALIDATE, dead["addr"], dead["bytes"]))
                 self.n_invalidate += len(dead)
                 dropped = self._blocks_of(dead["addr"], dead["bytes"])
@@ -241,7 +259,7 @@ class OracleController(Controller):
         ub, first = np.unique(bb, return_index=True)
         # plan as far ahead as memory allows, less a reserve kept free so that prefetches
         # never wait for the write-back of the chunk they take
-        reserve = max(2, int(self.cap_blocks[g] * self.reserve_frac))
+        reserve = 0 if self.fits[g] else max(2, int(self.cap_blocks[g] * self.reserve_frac))
         order = np.argsort(first)[: max(1, self.cap_blocks[g] - reserve)]
         ub, uu = ub[order], idx[first[order]]
         missing = ~complete[ub] & ~self.issued[uu]
@@ -254,7 +272,7 @@ class OracleController(Controller):
         # (Belady), all of them used after every block of the window
         n_evict = int(needs_chunk.sum()) + reserve - max(0, int(free))
         out = []
-        if n_evict > 0:
+        if n_evict > 0 and not self.fits[g]:
             cand = np.flatnonzero(holds & self.movable)
             cand = cand[~np.isin(cand, ub)]
             victims = cand[np.argsort(self.key[g, cand], kind="stable")][:n_evict]

@@ -31,14 +31,16 @@ def replay_table(rows: list[ReplayResult], title: str) -> Table:
     the fastest mode in green."""
     t = Table(title=title, title_justify="left", header_style="bold")
     t.add_column("mode", style="bold cyan", no_wrap=True)
-    for name in ("sim time", "speedup", "GPU faults", "batches", "H2D", "D2H", "evictions",
-                 "pf accuracy", "pf coverage"):
+    bound = any(r.pct_of_bound is not None for r in rows)
+    for name in ("sim time", "speedup", *(("% of bound",) if bound else ()), "GPU faults", "batches", "H2D", "D2H",
+                 "evictions", "pf accuracy", "pf coverage"):
         t.add_column(name, justify="right", no_wrap=True)
     best = min(r.time_ns for r in rows) if rows else 0
     for r in rows:
         style = "green" if r.time_ns == best and len(rows) > 1 else None
         t.add_row(
             r.mode, _time(r.time_ns), f"{r.speedup:.2f}×" if r.speedup else "—",
+            *((f"{r.pct_of_bound:.0f} %" if r.pct_of_bound is not None else "—",) if bound else ()),
             _si(r.faults), _si(r.fault_batches), format_bytes(r.bytes_h2d),
             format_bytes(r.bytes_d2h), _si(r.evictions), _pct(r.prefetch_accuracy),
             _pct(r.prefetch_coverage), style=style,

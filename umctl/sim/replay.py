@@ -230,10 +230,26 @@ def replay_results(rows: list[dict], calibration: str) -> list[ReplayResult]:
     return [ReplayResult.from_row(r, calibration) for r in rows]
 
 
-def result_rows(results: list[SimResult]) -> list[dict]:
+def workload_bound(workload: Workload, calib=None):
+    """The lower bound on any replay of ``workload`` (:mod:`umctl.sim.bound`), computed on the
+    workload as given (before a mode's own preparation), or None where the bound does not
+    apply (several GPUs)."""
+    from .bound import replay_bound
+    from .calibration import DEFAULT
+
+    if workload.n_gpus != 1:
+        return None
+    try:
+        return replay_bound(workload, calib if calib is not None else DEFAULT)
+    except ValueError:
+        return None
+
+
+def result_rows(results: list[SimResult], bound=None) -> list[dict]:
     """One JSON-able dict per mode, with speedup over ``none`` (the first row): every figure
     of the simulator's result (more than :class:`~umctl.results.ReplayResult` holds; tests
-    and benchmarks read the rest), for :func:`replay_results`."""
+    and benchmarks read the rest), for :func:`replay_results`; with ``bound``
+    (:func:`workload_bound`), each mode's time as a percentage of it."""
     base = next((r for r in results if r.mode == "none"), results[0])
     rows = []
     for r in results:
@@ -242,5 +258,8 @@ def result_rows(results: list[SimResult]) -> list[dict]:
         d["steady_speedup"] = (base.steady_time_ns / r.steady_time_ns
                                if r.steady_time_ns and base.steady_time_ns else None)
         d["workload"] = r.workload
+        if bound is not None and bound.time_ns > 0:
+            d["bound_s"] = bound.time_ns / 1e9
+            d["pct_of_bound"] = 100.0 * r.time_ns / bound.time_ns
         rows.append(d)
     return rows
