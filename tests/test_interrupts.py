@@ -33,7 +33,7 @@ ENV.pop("UMCTL_DEBUG", None)
 ENV.pop("UMCTL_PROGRESS", None)
 #: a replay of ~2 s on a loaded 2-core machine: ~1.3 s of imports and workload, then ~0.5 s
 #: of simulation recording ~0.5 M events and the trace's close
-REPLAY = ["replay", "bfs", "--iters", "1", "-m", "none"]
+REPLAY = ["replay", "bfs", "--iters", "1", "--no-bound", "-m", "none"]   # the run is the recording
 #: a quicker one for the tests that run the CLI in this process
 SMALL = ["replay", "resnet152", "--iters", "1", "--gpu-mem", "64MiB", "-m", "none"]
 #: `umctl ARGS` through the console script's entry, after telling the parent (fd argv[1]) it is up

@@ -89,3 +89,10 @@ def test_replay_json_gives_each_mode_its_share_of_the_bound(capsys):
         assert r["pct_of_bound"] >= 100.0 and abs(r["pct_of_bound"] - 100 * r["time_s"] / r["bound_s"]) < 1e-6
     assert main(["replay", "mgpu-gemm", "--param", "gpus=2", "-m", "none", "--json"]) == 0
     assert all("bound_s" not in r for r in json.loads(capsys.readouterr().out))
+
+
+def test_no_bound_leaves_the_bound_out(capsys):
+    from umctl.cli.main import main
+
+    assert main(["replay", "gpt2-l", "--iters", "1", "-m", "none", "--no-bound", "--json"]) == 0
+    assert all("pct_of_bound" not in r for r in json.loads(capsys.readouterr().out))

@@ -116,7 +116,7 @@ def _run_replay(target: str, modes: str, overrides: dict[str, str], seed: int, p
                 as_json: bool, record: Optional[str], mode_opts: Optional[List[str]] = None,
                 drain_us: Optional[float] = None, calibration: Optional[str] = None,
                 timeline: Optional[str] = None, calib_set: Optional[List[str]] = None,
-                max_rss: Optional[str] = None, budget: Optional[str] = None) -> None:
+                max_rss: Optional[str] = None, budget: Optional[str] = None, bound: bool = True) -> None:
     from ..controller.options import parse_mode_options
     from ..report.base import get_reporter
     from ..results import ReplayReport
@@ -169,13 +169,17 @@ def _run_replay(target: str, modes: str, overrides: dict[str, str], seed: int, p
     from ..sim.replay import parse_max_rss, workload_bound
     from .progress import Progress as CliProgress
 
-    # the lower bound every mode is measured against (umctl/sim/bound.py): on the workload as
-    # given, before any mode prepares it; the GPU's own size (a soft --budget only adds evictions)
-    bound = workload_bound(workload, calib)
 
     # a bar on a terminal, else a line on stderr about every 10 s (umctl/cli/progress.py);
     # a replay that would not fit in memory is refused before it starts (--max-rss)
     with CliProgress(f"replay {workload.name}", console=err, transient=as_json) as prog:
+        lower = None
+        if bound:
+            # the lower bound every mode is measured against (umctl/sim/bound.py): on the
+            # workload as given, before any mode prepares it, at the GPU's own size (a soft
+            # --budget only adds evictions)
+            with prog.phase("computing the lower bound"):
+                lower = workload_bound(workload, calib)
         for m in mode_list:
             prog.add(m, len(workload.ops))
         results = run_modes(workload, mode_list, seed=seed, progress=prog.update, recorder_for=recorder_for,
@@ -189,7 +193,7 @@ def _run_replay(target: str, modes: str, overrides: dict[str, str], seed: int, p
         title += (f"; under a soft budget of {format_bytes(budget_bytes)} (the live keeper evicts over it, "
                   "the GPU keeps its size)")
     # one typed report, rendered by the reporter each option picks (umctl/report/base.py)
-    report = ReplayReport(replay_results(result_rows(results, bound), calib.name), title=title,
+    report = ReplayReport(replay_results(result_rows(results, lower), calib.name), title=title,
                           workload_name=workload.name,
                           calibration_from=calibration or "umctl/sim/calibration.py", sims=results)
     get_reporter("replay", "json" if as_json else "table").render(report, out)
@@ -260,6 +264,9 @@ def replay(
     max_rss: Optional[str] = typer.Option(None, "--max-rss", help="Refuse up front a replay whose estimated peak "
                                           "memory is over this size (e.g. 4GiB); default: 80% of the memory "
                                           "available now."),
+    bound: bool = typer.Option(True, "--bound/--no-bound", help="Compute the workload's lower bound and each mode's "
+                               "'% of bound' (one GPU; umctl/sim/bound.py). Usually a fraction of one mode's "
+                               "replay; irregular workloads (bfs) take a few times one."),
 ) -> None:
     """Replay a scenario or a recorded trace under controller modes, side by side.
 
@@ -281,7 +288,7 @@ def replay(
     """
     ov = _overrides(oversub, gpu_mem, iters, seed if seed else None, param)
     _run_replay(target, mode, ov, seed, png, as_json, record, mode_opt, drain_us, calibration, timeline, calib_set,
-                max_rss, budget)
+                max_rss, budget, bound)
 
 
 @app.command()

@@ -16,6 +16,23 @@ kernel finishes (its successor's launch). Where the walk has nowhere left to go 
 end block, it moves on to the next kernel (a table trained on one iteration always reaches
 its end; one trained on a partial iteration may not).
 
+Horizon (``horizon``; not in the paper). ``fit``: the walk covers at most ``degree`` (N = 32)
+predicted kernels, and goes on to the next predicted kernel only while the blocks of the
+current kernel and of every kernel it covers -- the union of their UM-block tables, which is
+what those kernels will touch -- fit in the GPU together, less the fault reserve
+(``watermark_blocks``); the first kernel ahead is always walked. The rule: a block prefetched
+for kernel k+j is used only after kernels k .. k+j-1 have run; if their blocks and it cannot be
+on the GPU at once, something needed before it is evicted to make its room and moved twice, or
+it is evicted itself before use. ``fixed``: always N (the paper). ``auto`` (the default): fit
+where pre-eviction is off (``deepum-prefetch``), fixed where it is on. Pre-eviction bounds the
+walk already: it prefetches no more than it can make room for among blocks the next N kernels
+do not expect (§5.1). Without either bound, ``deepum-prefetch`` falls off a cliff where 32
+kernels outgrow the GPU: bert-base at 4x moved 13.5 GiB host-to-GPU for a 2 GiB footprint,
+prefetch accuracy 34 %, 1.15x slower than ``none``; at 6x 435 GiB, 1.5 %, 14.9x
+(docs/evaluation/cliffs.md). ``fit`` with pre-eviction helps a little at fit scale (bert-base 4x)
+but costs ``deepum`` on ResNet-152 at the paper's scale (batch 1280, 3 iterations: 201 s per
+steady iteration against 121 s, 3.0 TB moved against 1.7 TB; not yet explained).
+
 Pre-eviction (§5.1): before prefetches would need memory the GPU no longer has, evict blocks
 that are least recently migrated AND not in the tables of the current and next ``degree``
 predicted kernels. Invalidation (§5.2): a victim inside allocator blocks marked inactive is
@@ -49,6 +66,7 @@ from itertools import islice
 
 import numpy as np
 
+from .. import UmctlError
 from ..events.schema import AllocOp, EventBatch, Kind, Op, commands, fault_block_firsts
 from ..units import BLOCK_SHIFT, BLOCK_SIZE, CPU, block_range
 from .base import Controller, ControllerContext, register
@@ -125,7 +143,7 @@ class DeepUMController(Controller):
                  exec_fallback: bool = True, watermark_blocks: int = 4, max_blocks_per_step: int = 256,
                  whole_fault_blocks: bool = True, whole_tables: bool = False, evict_horizon: int = 512,
                  keeper_invalidate: bool = True, live_invalidate: bool = True, trained_ends: bool = True,
-                 **options):
+                 horizon: str = "auto", **options):
         super().__init__(**options)
         self.num_rows, self.assoc, self.num_succs = int(num_rows), int(assoc), int(num_succs)
         self.degree = int(degree)
@@ -141,6 +159,19 @@ class DeepUMController(Controller):
         self.live_invalidate = bool(live_invalidate)
         #: a fault on a block DeepUM has on its way keeps the table's start/end (module doc)
         self.trained_ends = bool(trained_ends)
+        #: "fit": the walk goes on to the next predicted kernel only while the kernels it covers
+        #: fit in the GPU together; "fixed": always ``degree`` kernels (the paper); "auto": fit
+        #: without pre-eviction, fixed with it (module doc, "Horizon")
+        if horizon not in ("auto", "fit", "fixed"):
+            raise UmctlError(f"-O {self.name}.horizon: must be auto, fit or fixed, got {horizon!r}")
+        self.horizon = horizon
+        self.fit_horizon = horizon == "fit" or (horizon == "auto" and "preevict" not in self.features)
+        self._wcnt = np.zeros(1024, np.int32)     # per dense id: kernels of the window needing it
+        self._win: list[np.ndarray] = []          # dense ids of each kernel in the window
+        self._win_size = 0                        # distinct blocks in the window
+        self._win_owner: Chain | None = None      # the chain the window belongs to
+        self._tkeys: dict[int, tuple[int, np.ndarray]] = {}   # exec id -> (table version, ids)
+        self.capacity: list[int] = []             # blocks per GPU (attach); none known: no fitting
         self.exec_ids = ExecIdTable()
         self.exec_table = ExecCorrelationTable(fallback=exec_fallback)
         self.tables: dict[int, BlockTable] = {}
@@ -172,7 +203,7 @@ class DeepUMController(Controller):
         self.stats_ = {k: 0 for k in ("launches", "predictions", "predicted_right", "chains", "faulted_blocks",
                                        "prefetch_blocks", "preevict_blocks", "invalidate_blocks",
                                        "paused", "prediction_failures", "kept_not_invalidated",
-                                       "keeper_invalidate_blocks")}
+                                       "keeper_invalidate_blocks", "horizon_paused")}
 
     # ------------------------------------------------------------------ set-up
     def applies_to(self, workload) -> str | None:
@@ -300,6 +331,8 @@ class DeepUMController(Controller):
             if c.path and c.path[0] == x:
                 c.path.pop(0)
                 c.paused = False      # the current kernel finished: resume
+                if self._win_owner is c and len(self._win) > 1:
+                    self._win_drop(self._win.pop(0))
             elif c.exec_id != x:
                 # the walk was on a path the program did not take: start over at this kernel
                 self.stats_["prediction_failures"] += 1
@@ -356,6 +389,7 @@ class DeepUMController(Controller):
                 if i >= len(self._res):
                     self._res = np.concatenate([self._res, np.zeros(len(self._res), np.bool_)])
                     self._seen = np.concatenate([self._seen, np.zeros(len(self._seen), np.bool_)])
+                    self._wcnt = np.concatenate([self._wcnt, np.zeros(len(self._wcnt), np.int32)])
                 self._res[i] = b in self.resident
             out[k] = i
         return out
@@ -495,12 +529,57 @@ class DeepUMController(Controller):
         n = self.exec_table.predict(c.hist, c.exec_id)
         if n is None:
             return None  # cannot predict: the walk ends until the next fault
+        if self.fit_horizon and self.capacity and not self._win_fits(c, n, force=not c.path):
+            # the kernels up to n would not fit in the GPU together: prefetching n's blocks
+            # now would evict blocks needed before them; wait until the current kernel ends
+            c.paused = True
+            self.stats_["paused"] += 1
+            self.stats_["horizon_paused"] += 1
+            return c
         c.hist = (c.hist[1], c.hist[2], c.exec_id)
         c.exec_id = n
         c.block = None
         c.seg, c.hop = None, 0
         c.path.append(n)
         return c
+
+    # ------------------------------------------------------------------ horizon
+    def _table_ids(self, exec_id: int) -> np.ndarray:
+        """Dense ids of the blocks in ``exec_id``'s table (cached while the table is unchanged)."""
+        t = self.tables.get(exec_id)
+        if t is None:
+            return np.zeros(0, np.int64)
+        hit = self._tkeys.get(exec_id)
+        if hit is None or hit[0] != t.version:
+            hit = self._tkeys[exec_id] = (t.version, np.unique(self._dense(list(t.keys()))))
+        return hit[1]
+
+    def _win_add(self, ids: np.ndarray) -> None:
+        self._win_size += int(np.count_nonzero(self._wcnt[ids] == 0))
+        self._wcnt[ids] += 1
+        self._win.append(ids)
+
+    def _win_drop(self, ids: np.ndarray) -> None:
+        self._wcnt[ids] -= 1
+        self._win_size -= int(np.count_nonzero(self._wcnt[ids] == 0))
+
+    def _win_fits(self, c: Chain, n: int, force: bool = False) -> bool:
+        """Would the blocks of the current kernel, the kernels on ``c``'s path and kernel ``n``
+        (from their tables) fit in the GPU together, less the fault reserve? Adds ``n`` to the
+        window when they do, or with ``force`` (the first kernel ahead is always walked). The
+        window follows ``c``: a new chain rebuilds it."""
+        if self._win_owner is not c:
+            for ids in self._win:
+                self._wcnt[ids] -= 1
+            self._win, self._win_size, self._win_owner = [], 0, c
+            for x in ([self.cur] if self.cur is not None else []) + c.path:
+                self._win_add(self._table_ids(x))
+        ids = self._table_ids(n)
+        new = int(np.count_nonzero(self._wcnt[ids] == 0))
+        if not force and self._win_size + new > self.capacity[self.gpu] - self.watermark:
+            return False
+        self._win_add(ids)
+        return True
 
     def _predict_on(self, ids: list[int], hist: tuple[int, int, int], cur: int | None, limit: int) -> list[int]:
         """Extend ``ids`` with the kernels the execution-ID table predicts after ``cur`` (its
