@@ -47,12 +47,14 @@ def check_no_mode_beats(workload) -> dict[str, float]:
     """Replay every applicable mode; assert none is faster than the bound. Returns each
     mode's time over the bound."""
     bound = replay_bound(workload)
-    assert bound.time_ns > 0
+    # zero only for a program with nothing to compute and nothing to move (hypothesis finds
+    # one: kernels of zero compute over never-populated pages); still a bound
+    assert bound.time_ns >= 0
     modes = single_gpu_modes(workload)
     assert "none" in modes
     ratios = {}
     for r in run_modes(workload, modes):
-        ratios[r.mode] = r.time_ns / bound.time_ns
+        ratios[r.mode] = r.time_ns / bound.time_ns if bound.time_ns > 0 else float("inf")
         # the simulated clock is in ns and the replay rounds it down to an int
         assert r.time_ns >= int(bound.time_ns) - 1, (
             f"{workload.name}: mode {r.mode} took {r.time_ns} ns, under the bound {bound.time_ns:.0f} ns ({bound})")
