@@ -63,6 +63,17 @@ def keeper_evictions(cmds: np.ndarray, pid: int = 0) -> np.ndarray:
     return e
 
 
+def _faulted_blocks(f: np.ndarray):
+    """Per GPU (the CPU's records left out): (gpu, its faulted 2 MiB blocks in first-fault
+    order, the earliest fault's time)."""
+    for g in np.unique(f["gpu"]).tolist() if len(f) else []:
+        if g < 0:
+            continue
+        sel = f[f["gpu"] == g]
+        blocks, first = np.unique((sel["addr"] >> np.uint64(BLOCK_SHIFT)).astype(np.int64), return_index=True)
+        yield g, blocks[np.argsort(first)].tolist(), int(sel["t_ns"][first].min())
+
+
 class Residency:
     """Which 2 MiB blocks of the target hold GPU memory, per GPU, oldest arrival first."""
 
@@ -158,20 +169,12 @@ class Residency:
             if remote.any():
                 self._demand(f[remote])
                 f = f[~remote]
-        if len(f):
-            for g in np.unique(f["gpu"]).tolist():
-                if g < 0:
-                    continue
-                sel = f[f["gpu"] == g]
-                blocks, first = np.unique((sel["addr"] >> np.uint64(BLOCK_SHIFT)).astype(np.int64), return_index=True)
-                order = np.argsort(first)
-                t = int(sel["t_ns"][first].min())
-                bl = blocks[order].tolist()
-                self._gpu(g)
-                rep = self.reported_at[g]
-                for b in bl:
-                    rep[b] = t
-                self.arrive(g, bl, t)
+        for g, bl, t in _faulted_blocks(f):
+            self._gpu(g)
+            rep = self.reported_at[g]
+            for b in bl:
+                rep[b] = t
+            self.arrive(g, bl, t)
         m = batch[Kind.MIGRATION]
         if len(m):
             # one pass per (GPU, block), not per record: a drain holds thousands of page runs
@@ -220,13 +223,9 @@ class Residency:
 
     def _demand(self, f: np.ndarray) -> None:
         """Faults served remotely: their blocks, where not resident, are the program's demand."""
-        for g in np.unique(f["gpu"]).tolist():
-            if g < 0:
-                continue
-            sel = f[f["gpu"] == g]
-            blocks, first = np.unique((sel["addr"] >> np.uint64(BLOCK_SHIFT)).astype(np.int64), return_index=True)
+        for g, bl, _ in _faulted_blocks(f):
             here = self._gpu(g)
-            self.demand[g] = [b for b in blocks[np.argsort(first)].tolist() if b not in here]
+            self.demand[g] = [b for b in bl if b not in here]
 
     def resident_bytes(self, g: int) -> int:
         return len(self._gpu(g)) * BLOCK_SIZE
