@@ -58,8 +58,18 @@ static cudaEvent_t part_done[MAX_DEV], part_start[MAX_DEV];
 static uintptr_t ro_flagged[MAX_RO];
 static int n_ro;
 static int cfg_place = 1;            /* UMCTL_RT_PLACE */
+/* UMCTL_RT_HALO_MAP: where a banded buffer is mapped on the GPUs next to each band (accessed-by),
+   so that a slab's reads just past its band's edges go over NVLink instead of faulting:
+   2 "window" (default) the 2 MiB-aligned windows of one slab block's share on each side of
+   each of its band's inner edges, 1 "whole" the whole buffer on every GPU, 0 "off" none
+   (a peer's fault on a page preferred elsewhere is then served by a remote mapping, not a
+   migration). */
+static int cfg_halo_map = 2;
 static double cfg_overlap = 0.5;     /* UMCTL_RT_OVERLAP: §6.4's threshold */
 static _Atomic u64 st_ranges, st_one_overlap, st_one_atomics, st_pref, st_accessed, st_pf, st_pf_bytes;
+/* host time inside partitioned launches (UMCTL_RT_STATS): the whole interception, the placement
+   advice, and the prefetch calls, which the driver serves largely in the calling thread */
+static _Atomic u64 st_part_ns, st_place_ns, st_pf_ns;
 static double st_overlap_max;        /* under part_mu */
 
 /* cuMemAdvise's advice (CUmem_advise) */
@@ -71,6 +81,9 @@ static void part_config(void)
 {
     if (getenv("UMCTL_RT_PLACE"))
         cfg_place = env_on("UMCTL_RT_PLACE");
+    const char *hm = getenv("UMCTL_RT_HALO_MAP");
+    if (hm && *hm)
+        cfg_halo_map = !strcmp(hm, "whole") ? 1 : !strcmp(hm, "off") ? 0 : 2;
     const char *v = getenv("UMCTL_RT_OVERLAP");
     if (v && *v) {
         char *end;
@@ -139,14 +152,27 @@ static uintptr_t alloc_base(const void *p, size_t *n)
     return base;
 }
 
+/* Host time in advice calls (UMCTL_RT_STATS): preferred location, accessed-by, read-mostly and
+   the rest. The driver applies advice synchronously over every page already resident, so a
+   whole-buffer accessed-by on a buffer another GPU holds costs mappings of all of it (gesummv's
+   1 GiB matrix, 2 H200s: 185 ms of a 0.7 ms kernel). */
+static _Atomic u64 st_adv_ns[4];
+
 static int mem_advise(uintptr_t p, size_t n, int advice, int dev)
 {
     pthread_once(&driver_once, load_driver);
+    const int64_t t0 = now_ns();
+    int r;
     if (cu_advise_v2) {
         cu_mem_location_t loc = {1 /* device */, dev};
-        return cu_advise_v2((u64)p, n, advice, loc);
+        r = cu_advise_v2((u64)p, n, advice, loc);
+    } else {
+        r = cu_advise ? cu_advise((u64)p, n, advice, dev) : -1;
     }
-    return cu_advise ? cu_advise((u64)p, n, advice, dev) : -1;
+    int k = advice == ADV_SET_PREFERRED ? 0 : advice == ADV_SET_ACCESSED_BY ? 1
+          : (advice == ADV_SET_READ_MOSTLY || advice == ADV_UNSET_READ_MOSTLY) ? 2 : 3;
+    atomic_fetch_add(&st_adv_ns[k], (u64)(now_ns() - t0));
+    return r;
 }
 
 /* Index of a READ_MOSTLY-flagged allocation in ro_flagged, or n_ro when it is not flagged. */
@@ -352,6 +378,30 @@ static struct place *place_of(uintptr_t base, size_t n)
     return &places[n_places++];
 }
 
+/* Accessed-by for the halos of a banded buffer: each local GPU's slab may read one slab
+   block's share of bytes past each inner edge of its band (the convention's halo, as the
+   cluster path assumes too); those windows, widened to whole 2 MiB blocks, are mapped on it. */
+static void halo_map(const struct kbuf *bf, const unsigned *edges, int G)
+{
+    const size_t blk = (size_t)2 << 20;
+    size_t share = (bf->n + edges[G] - 1) / (edges[G] ? edges[G] : 1);
+    for (int k2 = part_first; k2 < part_first + part_local; k2++) {
+        size_t lo = band_edge(bf->n, edges[G], edges[k2]), hi = band_edge(bf->n, edges[G], edges[k2 + 1]);
+        if (hi <= lo)
+            continue;   /* no band here (a buffer smaller than the slabs' pages) */
+        size_t win[2][2] = {{lo > share ? lo - share : 0, lo}, {hi, hi + share < bf->n ? hi + share : bf->n}};
+        for (int w = 0; w < 2; w++) {
+            size_t a = win[w][0] & ~(blk - 1), b = (win[w][1] + blk - 1) & ~(blk - 1);
+            if (b > bf->n)
+                b = bf->n;
+            if (w == 0 ? lo == 0 : hi >= bf->n)
+                continue;   /* the buffer's own ends have no neighbour */
+            if (b > a && mem_advise(bf->base + a, b - a, ADV_SET_ACCESSED_BY, k2 - part_first) == 0)
+                atomic_fetch_add(&st_accessed, 1);
+        }
+    }
+}
+
 /* Up to this many prefetches wait for their slab's launch (bands and duplicates of every
    buffer of one kernel on one local GPU). */
 #define MAX_PF 32
@@ -387,9 +437,13 @@ static void part_place(struct kbuf *bufs, int nb, const unsigned *edges, int G, 
                     if (hi > lo && mem_advise(bf->base + lo, hi - lo, ADV_SET_PREFERRED, k2 - part_first) == 0)
                         atomic_fetch_add(&st_pref, 1);
                 }
-                for (int l = 0; l < part_local; l++)
-                    if (mem_advise(bf->base, bf->n, ADV_SET_ACCESSED_BY, l) == 0)
-                        atomic_fetch_add(&st_accessed, 1);
+                if (cfg_halo_map == 1) {
+                    for (int l = 0; l < part_local; l++)
+                        if (mem_advise(bf->base, bf->n, ADV_SET_ACCESSED_BY, l) == 0)
+                            atomic_fetch_add(&st_accessed, 1);
+                } else if (cfg_halo_map == 2) {
+                    halo_map(bf, edges, G);
+                }
             }
         }
         for (int k2 = part_first; k2 < part_first + part_local; k2++) {
@@ -742,11 +796,13 @@ __attribute__((destructor)) static void part_fini(void)
     if (cfg_stats && cfg_gpus >= 2)
         fprintf(stderr,
                 "umctl_rt_snurhac: ranges=%llu single_overlap=%llu single_atomics=%llu overlap_max=%.2f preferred=%llu "
-                "accessed_by=%llu prefetches=%llu prefetch_mib=%.1f cluster_pages=%llu,%llu,%llu\n",
+                "accessed_by=%llu prefetches=%llu prefetch_mib=%.1f cluster_pages=%llu,%llu,%llu part_ms=%.1f place_ms=%.1f "
+                "prefetch_call_ms=%.1f advise_ms=%.1f,%.1f,%.1f,%.1f\n",
                 (unsigned long long)st_ranges, (unsigned long long)st_one_overlap, (unsigned long long)st_one_atomics,
                 st_overlap_max, (unsigned long long)st_pref, (unsigned long long)st_accessed, (unsigned long long)st_pf,
                 st_pf_bytes / 1048576.0, (unsigned long long)st_cl_compared, (unsigned long long)st_cl_sent,
-                (unsigned long long)st_cl_installed);
+                (unsigned long long)st_cl_installed, st_part_ns / 1e6, st_place_ns / 1e6, st_pf_ns / 1e6,
+                st_adv_ns[0] / 1e6, st_adv_ns[1] / 1e6, st_adv_ns[2] / 1e6, st_adv_ns[3] / 1e6);
 }
 
 static void cl_host_sync(void)
@@ -807,6 +863,7 @@ static int part_launch(const void *f, dim3 g, dim3 b, void **args, size_t smem, 
     /* whatever the program left as its last error is its own; ours are cleared below */
     peek_t peek = LAZY_SYM(real_peek, next_sym("cudaPeekAtLastError"));
     int had_error = peek ? peek() != 0 : 1;
+    const int64_t t_part = now_ns();
     pthread_mutex_lock(&part_mu);
     struct kbuf bufs[32];
     int nb = 0;
@@ -826,6 +883,7 @@ static int part_launch(const void *f, dim3 g, dim3 b, void **args, size_t smem, 
                     tl_internal--;
                 }
                 pthread_mutex_unlock(&part_mu);
+                atomic_fetch_add(&st_part_ns, (u64)(now_ns() - t_part));
                 return 0;   /* the original launch, on the caller's GPU */
             }
             /* on a cluster every node takes part in the kernel's exchange: the whole grid is
@@ -845,10 +903,12 @@ static int part_launch(const void *f, dim3 g, dim3 b, void **args, size_t smem, 
     tl_internal++;
     static struct pf pf[MAX_DEV][MAX_PF];   /* under part_mu */
     int npf[MAX_DEV] = {0};
+    int64_t t_place = now_ns();
     if (v2 && cfg_place)
         part_place(bufs, nb, edges, G, d, pf, npf);
     else
         part_read_only(fi, args, p->ro_mask, d);   /* UMCTL_RT_PLACE=0: READ_MOSTLY alone */
+    atomic_fetch_add(&st_place_ns, (u64)(now_ns() - t_place));
     int ok = get_cudaEventRecord()(part_start[d], s) == 0;
     for (int k = part_first; ok && k < part_first + part_local; k++) {
         int l = k - part_first;   /* the slab's local GPU */
@@ -877,12 +937,14 @@ static int part_launch(const void *f, dim3 g, dim3 b, void **args, size_t smem, 
         /* §6.5.1: this slab's data on its GPU, in stream order before its kernel */
         if (npf[l])
             pthread_once(&driver_once, load_driver);
+        int64_t t_pf = now_ns();
         for (int i = 0; i < npf[l] && cu_prefetch; i++)
             if (cu_prefetch((u64)pf[l][i].p, pf[l][i].n, l, part_stream[l]) == 0) {
                 pf[l][i].pl->fetched |= 1u << l;
                 atomic_fetch_add(&st_pf, 1);
                 atomic_fetch_add(&st_pf_bytes, pf[l][i].n);
             }
+        atomic_fetch_add(&st_pf_ns, (u64)(now_ns() - t_pf));
         tl_internal--;
         seq[l] = report_launch(f, sg, b, args, smem, part_stream[l]);
         tl_internal++;
@@ -921,6 +983,7 @@ static int part_launch(const void *f, dim3 g, dim3 b, void **args, size_t smem, 
         cl_behind = 1;
     }
     pthread_mutex_unlock(&part_mu);
+    atomic_fetch_add(&st_part_ns, (u64)(now_ns() - t_part));
     if (!ok) {
         atomic_fetch_add(&st_part_fallback, 1);
         return 0;

@@ -344,7 +344,8 @@ def parse_drv(drv: list[str], bufs: dict[str, int]) -> list[tuple]:
 def test_placement_follows_the_ranges_once(snu, tmp_path):
     """gemm-like launch over 4 GPUs: B (read whole) is duplicated (READ_MOSTLY) and prefetched
     whole to every GPU; A, C and owner (banded) get their bands' preferred location on the
-    band's GPU, are mapped on every GPU (accessed-by), and each band is prefetched to its GPU.
+    band's GPU, are mapped on the GPUs next to each band over its halo (accessed-by, one block
+    row's share past each inner edge, whole 2 MiB blocks), and each band is prefetched to its GPU.
     Each prefetch is on the slab's stream (of its GPU), after the slab stream's wait on the
     caller's stream and before the slab's launch. The same launch again adds nothing; B then
     written in bands loses READ_MOSTLY and gets its bands placed."""
@@ -374,7 +375,20 @@ def test_placement_follows_the_ranges_once(snu, tmp_path):
     for name in ("A", "C", "owner"):
         pref = sorted((e[3], e[4], e[5]) for e in adv if e[1] == 3 and e[2] == name)
         assert pref == [(lo, hi - lo, g) for g, (lo, hi) in enumerate(bands(sizes[name])) if hi > lo], name
-        assert sorted(e[5] for e in adv if e[1] == 5 and e[2] == name) == [0, 1, 2, 3]   # accessed-by
+        # accessed-by: each GPU maps only the halo windows next to its band's inner edges (one
+        # block row's share each side, widened to whole 2 MiB blocks), not the whole buffer
+        S, blk, share = sizes[name], 2 << 20, -(-sizes[name] // 16)
+        want_acc = []
+        for g, (lo, hi) in enumerate(bands(S)):
+            if hi <= lo:
+                continue
+            if lo > 0:
+                a, b = max(0, lo - share) // blk * blk, min(S, -(-lo // blk) * blk)
+                want_acc.append((a, b - a, g))
+            if hi < S:
+                a, b = hi // blk * blk, min(S, -(-min(S, hi + share) // blk) * blk)
+                want_acc.append((a, b - a, g))
+        assert sorted((e[3], e[4], e[5]) for e in adv if e[1] == 5 and e[2] == name) == sorted(want_acc), name
     pf = [e for e in first if e[0] == "prefetch"]
     for g in range(4):
         mine = [e for e in pf if e[4] == g]
