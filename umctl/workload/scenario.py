@@ -89,6 +89,10 @@ BOUNDS: dict[str, Range] = {
     "bottom_mlp": Range(1, 1 << 20), "top_mlp": Range(1, 1 << 20),
     "table_rows": Range(1, 1 << 32),
     "zipf": Range(0, 10), "alpha": Range(0, 10, lo_open=True),
+    "intermediate": Range(0, 1 << 20), "kv_heads": Range(0, 1024), "experts": Range(0, 1024),
+    "top_k": Range(0, 1024), "skew": Range(0, 10), "patch": Range(1, 8192), "peak_tflops_half": _RATE,
+    "in_channels": Range(1, 65536), "channels": Range(1, 65536), "context_len": Range(1, 1 << 20),
+    "context_dim": Range(1, 65536),
     "peak_tflops": _RATE, "full_peak_tflops": _RATE, "tflops": _RATE,
     "hbm_gbps": _RATE, "full_hbm_gbps": _RATE, "host_gbps": _RATE, "kernel_gbps": _RATE,
     "host_write_gbps": _RATE, "host_compute_gbps": _RATE0, "host_between_gbps": _RATE0,
@@ -500,7 +504,8 @@ def footprint_estimate(info: ScenarioInfo, params: dict[str, Any]) -> float:
             net = embedding.dlrm_net(p) if info.generator == "embedding" else dnn.NETS[p["arch"]](p)
         except (ParamError, KeyError, TypeError, ValueError, ZeroDivisionError):
             return 0.0
-        return float(sum(4 * op.weight + op.out + op.saved for op in net.ops))
+        copies = getattr(net, "copies", lambda op: 1)   # an expert op stands for its router's experts
+        return float(sum(4 * op.weight * copies(op) + op.out + op.saved for op in net.ops))
     # a multigpu program is a single-GPU program (its footprint fits one GPU, however many the
     # machine has); tenants run one job per GPU
     v = params.get("tenants") if info.generator == "tenants" else 1

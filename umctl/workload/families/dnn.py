@@ -16,6 +16,18 @@ and scaled by the same factor, so the compute : transfer ratio is the real model
 ``scale = "full"`` nothing is scaled: every tensor has the size it has in the real fp32 run (so
 ``oversub`` is whatever the model's footprint makes it on ``gpu_mem``), which is the regime the
 papers' tables were measured in (docs/evaluation/fidelity.md).
+
+Beyond DeepUM's fp32 models, the shapes people train now (issue 38 §3): decoder transformers
+with RMSNorm, rotary positions, grouped-query and fused (FlashAttention) attention, SwiGLU MLPs
+and an untied LM head (LLaMA); mixture-of-experts layers whose router sends each iteration's
+batch to ``top_k`` of ``experts`` experts drawn per iteration (Mixtral), so the weights, grads
+and optimizer state an iteration touches change from one iteration to the next; ViTs (patch
+embedding, class token); a diffusion U-Net whose encoder activations stay alive until the
+matching decoder stage concatenates them (:func:`unet_net`); and mixed precision as torch.amp
+runs it (``precision = "bf16"`` or ``"fp16"``): fp32 weights, grads and Adam state, half-width
+activations, and a half copy of every GEMM weight cast each forward and kept until its last
+backward use. Every one is a parameter whose default is the DeepUM models' behaviour, so those
+workloads are unchanged.
 """
 
 from __future__ import annotations
@@ -37,6 +49,9 @@ from .common import (CostModel, Tick, at_least, byte_pages, carve, check, check_
 #: fp32, as the Hugging Face and PyTorch-examples training scripts DeepUM ran use by default.
 F32 = 4
 INDEX_BYTES = 8
+#: Bytes per activation element for ``precision``: torch.amp keeps fp32 master weights, grads
+#: and optimizer state, and computes in a 2-byte type.
+PRECISIONS: dict[str, int] = {"fp32": F32, "bf16": 2, "fp16": 2}
 
 
 class OpKind(enum.Enum):
@@ -65,6 +80,12 @@ class NetOp:
                                     # intermediates of a GELU written as Python ops), read by backward
     inplace: bool = False           # writes its first input's tensor (torchvision's relu_, out += x)
     keeps: bool = True              # backward reads its inputs' activations (an add's does not)
+    backward: float = 1.0           # GEMM without weight: backward flops per input / forward flops
+                                    # (FlashAttention recomputes the scores: 2.5x over one input)
+    experts: int = 0                # router: experts it chooses among (its own weight is plain)
+    top_k: int = 0                  # router: experts chosen per iteration (> 0 marks a router)
+    router: int = -1                # expert op: the router whose choice binds its weight
+    slot: int = -1                  # expert op: which of the router's top_k choices it computes
 
     @property
     def row_bytes(self) -> int:
@@ -73,10 +94,14 @@ class NetOp:
 
 @dataclass
 class Net:
-    """A model in forward order. Layer numbers group parameters for the optimizer step."""
+    """A model in forward order. Layer numbers group parameters for the optimizer step.
+    ``act``: bytes per activation element (weights are always fp32: torch.amp's master
+    weights); ``dtype``: its name, which the weight-cast kernels carry."""
 
     ops: list[NetOp] = field(default_factory=list)
     layer: int = 0
+    act: int = F32
+    dtype: str = "fp32"
 
     def add(self, name: str, kind: OpKind, out: float, inputs: tuple[int, ...] | list[int] = (), **kw) -> int:
         self.ops.append(NetOp(name, kind, self.layer, float(out), tuple(inputs), **kw))
@@ -86,11 +111,17 @@ class Net:
         return self.add(name, OpKind.INPUT, nbytes)
 
     def gemm(self, name: str, inputs: list[int], out: float, flops: float, weight: float = 0.0,
-             shares: int = -1) -> int:
-        return self.add(name, OpKind.GEMM, out, inputs, weight=float(weight), shares=shares, flops=float(flops))
+             shares: int = -1, **kw) -> int:
+        return self.add(name, OpKind.GEMM, out, inputs, weight=float(weight), shares=shares, flops=float(flops),
+                        **kw)
 
     def elem(self, name: str, inputs: list[int], out: float, weight: float = 0.0, saved: float = 0.0) -> int:
         return self.add(name, OpKind.ELEM, out, inputs, weight=float(weight), saved=float(saved))
+
+    def pure(self, name: str, inputs: list[int], out: float) -> int:
+        """An elementwise op whose backward needs none of its inputs (an add, a concatenation,
+        a nearest upsample, an index gather): autograd saves nothing for it."""
+        return self.add(name, OpKind.ELEM, out, inputs, keeps=False)
 
     def inplace(self, name: str, inputs: list[int], keeps: bool = True) -> int:
         """An elementwise op overwriting its first input (its bytes, no new tensor), as autograd
@@ -106,12 +137,29 @@ class Net:
     def next_layer(self) -> None:
         self.layer += 1
 
+    def copies(self, op: NetOp) -> int:
+        """How many tensors an op's weight stands for: an expert op's weight is one of its
+        router's ``experts`` (the one routed to its slot), every other weight is itself."""
+        return self.ops[op.router].experts if op.router >= 0 else 1
+
     @property
     def param_count(self) -> int:
-        return int(sum(op.weight for op in self.ops) // F32)
+        return int(sum(op.weight * self.copies(op) for op in self.ops) // F32)
 
 
 # -- model shapes ----------------------------------------------------------------------------
+def precision_of(p: dict) -> tuple[str, int]:
+    """``precision`` (fp32 unless given) and its bytes per activation element."""
+    name = p.get("precision", "fp32")
+    check(name in PRECISIONS, f"precision must be one of {', '.join(PRECISIONS)} (got {name!r})")
+    return name, PRECISIONS[name]
+
+
+def option(p: dict, key: str, default: str, options: tuple[str, ...]) -> str:
+    """A string parameter that older scenarios leave out (their behaviour is ``default``)."""
+    return choice({key: p.get(key, default)}, key, options)
+
+
 def transformer_net(p: dict) -> Net:
     """GPT-2 / BERT as the Hugging Face models run them (DeepUM Table 2): token + position
     embeddings, ``layers`` blocks (LN, QKV, attention scores and context as batched GEMMs with
@@ -123,40 +171,163 @@ def transformer_net(p: dict) -> Net:
     keeps a one-byte mask per element (a quarter of an fp32 activation), the attention dropout
     also its output; ``gelu = "gelu_new"`` (GPT-2's tanh approximation, written as Python
     tensor ops) keeps three more 4h-wide intermediates for backward (tanh, 0.5x, 1 + tanh), where
-    BERT's fused ``gelu`` keeps only its input."""
-    b, s, h, a, L, V = p["batch"], p["seq_len"], p["hidden"], p["heads"], p["layers"], p["vocab"]
-    head = choice(p, "head", ("lm", "mlm"))
+    BERT's fused ``gelu`` keeps only its input.
+
+    The options below default to GPT-2/BERT, whose programs they leave unchanged:
+
+    * ``norm = "rmsnorm"`` (a weight, no bias), ``bias = false`` (no linear biases),
+      ``position = "rope"`` (no position table; rotary embedding applied to q and k in place,
+      as fused rotary kernels do), ``kv_heads`` (grouped-query attention: K and V for fewer
+      heads), ``intermediate`` (MLP width, 0: 4 x hidden), ``tied = false`` (an LM head with
+      its own vocab x hidden weight): LLaMA, Mistral.
+    * ``attention = "sdpa"``: fused attention (FlashAttention through
+      F.scaled_dot_product_attention) that saves its output and the fp32 log-sum-exp instead of
+      the s x s probabilities, at half the flops when causal (an ``lm`` head), and recomputes
+      the scores in backward (2.5 x the forward flops).
+    * ``mlp = "swiglu"``: gate and up projections, SiLU, product, down projection; autograd
+      keeps the gate output (SiLU's input), the SiLU output and the up output (the product's
+      inputs) and the product (the down projection's input), four intermediate-wide tensors.
+    * ``experts`` > 0: every block's MLP is a mixture of SwiGLU experts (Mixtral): a router
+      GEMM (hidden x experts), softmax + top-k (saving the chosen indices and weights), and per
+      chosen expert a dispatch (index gather of the tokens), the expert's own gate/up/down
+      GEMMs, and a combine (the routing-weighted scatter-add). The router sends the batch to
+      ``top_k`` experts drawn per iteration (see :func:`route`), so each chosen expert runs on
+      the whole batch and the others stay untouched that iteration.
+    * ``embed = "patches"``: a ViT: ``image`` x ``image`` RGB inputs cut into ``patch`` x
+      ``patch`` patches by a strided convolution, a class token and learned position
+      embeddings (seq_len = patches + 1); ``head = "cls"`` classifies the class token.
+    * ``precision = "bf16"`` / ``"fp16"``: activations of 2 bytes (torch.amp; see :func:`trace`
+      for the weight casts). Autocast keeps softmax, the loss' log-softmax and, in real models,
+      the norms and the residual stream in fp32; here only the softmaxes and the loss are fp32,
+      every other activation is half-width (as in a model run under FSDP's or Megatron's mixed
+      precision), which slightly understates the activations of an autocast run."""
+    b, h, a, L = p["batch"], p["hidden"], p["heads"], p["layers"]
+    head = choice(p, "head", ("lm", "mlm", "cls"))
+    embed = option(p, "embed", "tokens", ("tokens", "patches"))
     kinds = {"gelu": p.get("gelu", "gelu"), "dropout": p.get("dropout", True)}
     gelu_saved = {"gelu": 0.0, "gelu_new": 3.0}[choice(kinds, "gelu", ("gelu", "gelu_new"))]
-    mask = 0.25 if kinds["dropout"] else 0.0   # bool mask per fp32 element
-    for key in ("batch", "seq_len", "hidden", "heads", "layers", "vocab"):
+    dtype, e = precision_of(p)
+    mask = 1.0 / e if kinds["dropout"] else 0.0   # bool mask per element
+    norm = option(p, "norm", "layernorm", ("layernorm", "rmsnorm"))
+    mlp = option(p, "mlp", "gelu", ("gelu", "swiglu"))
+    attention = option(p, "attention", "eager", ("eager", "sdpa"))
+    position = option(p, "position", "learned", ("learned", "rope"))
+    bias = bool(p.get("bias", True))
+    tied = bool(p.get("tied", True))
+    for key in ("batch", "hidden", "heads", "layers"):
         at_least(p, key, 1)
+    inter = int(p.get("intermediate", 0)) or 4 * h
+    kv = int(p.get("kv_heads", 0)) or a
+    experts, top_k = int(p.get("experts", 0)), int(p.get("top_k", 0))
+    check(inter >= 1 and 1 <= kv <= a and a % kv == 0, f"kv_heads must divide heads (got {kv} of {a})")
+    check(kv == a or h % a == 0, f"grouped-query attention needs hidden divisible by heads (got {h}, {a})")
+    check(experts == 0 or 1 <= top_k <= experts, f"top_k must be from 1 to experts (got {top_k} of {experts})")
+    if embed == "tokens":
+        at_least(p, "seq_len", 1)
+        at_least(p, "vocab", 1)
+        s, V = p["seq_len"], p["vocab"]
+    else:
+        for key in ("image", "patch", "classes"):
+            at_least(p, key, 1)
+        img, patch = p["image"], p["patch"]
+        check(img % patch == 0, f"image must be a multiple of patch (got {img}, {patch})")
+        s = (img // patch) ** 2 + 1
+    check(head == "cls" or embed == "tokens", "a ViT (embed = patches) needs head = cls")
     T = b * s
-    act = T * h * F32
-    net = Net()
-    tokens = net.input("input_ids", T * INDEX_BYTES)
-    emb = net.gather("embedding_lookup", tokens, rows=V, row_bytes=h * F32, lookups=T, out=act)
-    x = net.elem("add_position_embedding", [emb], act, weight=s * h * F32, saved=mask * act)
+    act = T * h * e
+    net = Net(act=e, dtype=dtype)
+    norm_name, norm_weight = ("layer_norm", 2 * h * F32) if norm == "layernorm" else ("rms_norm", h * F32)
+
+    def residual(y: int, x: int) -> int:
+        if kinds["dropout"]:
+            return net.elem("dropout_add_residual", [y, x], act, saved=mask * act)
+        return net.pure("add_residual", [y, x], act)
+
+    def swiglu(x: int, prefix: str, own: tuple[int, int, int] | None = None, **kw) -> tuple[int, tuple[int, ...]]:
+        """Gate, SiLU, up, product, down (Hugging Face's LlamaMLP order); ``own``: the ops whose
+        weights these use (an expert's later slots use the first slot's). Returns the down
+        projection and the three weight ops."""
+        width = T * inter * e
+        w_in, w_out = h * inter * F32, inter * h * F32
+
+        def lin(name: str, inputs: list[int], out: float, flops: float, weight: float, k: int) -> int:
+            if own is None:
+                return net.gemm(name, inputs, out, flops, weight=weight, **kw)
+            return net.gemm(name, inputs, out, flops, shares=own[k], **kw)
+
+        gate = lin(f"gemm_{prefix}_gate", [x], width, 2 * T * h * inter, w_in, 0)
+        act_ = net.elem("silu", [gate], width)
+        up = lin(f"gemm_{prefix}_up", [x], width, 2 * T * h * inter, w_in, 1)
+        prod = net.elem("mul", [act_, up], width)
+        down = lin(f"gemm_{prefix}_down", [prod], act, 2 * T * inter * h, w_out, 2)
+        return down, (gate, up, down)
+
+    if embed == "tokens":
+        tokens = net.input("input_ids", T * INDEX_BYTES)
+        emb = net.gather("embedding_lookup", tokens, rows=V, row_bytes=h * F32, lookups=T, out=act)
+        x = emb
+        if position == "learned":
+            x = net.elem("add_position_embedding", [emb], act, weight=s * h * F32, saved=mask * act)
+    else:
+        images = net.input("images", b * 3 * img * img * F32)
+        n = s - 1
+        x = net.gemm("conv_patch_embed", [images], b * n * h * e, 2 * b * n * 3 * patch * patch * h,
+                     weight=(3 * patch * patch * h + h) * F32)
+        # the class token (h) is concatenated in front, then the learned positions (s x h) added
+        x = net.elem("add_cls_position_embedding", [x], act, weight=(s * h + h) * F32, saved=mask * act)
+    qkv_width = 3 * h if kv == a else h + 2 * (h // a) * kv
     for _ in range(L):
         net.next_layer()
-        ln1 = net.elem("layer_norm", [x], act, weight=2 * h * F32)
-        qkv = net.gemm("gemm_qkv", [ln1], 3 * act, 2 * T * h * 3 * h, weight=(3 * h * h + 3 * h) * F32)
-        scores = net.gemm("bgemm_attn_scores", [qkv], b * a * s * s * F32, 2 * b * s * s * h)
-        probs = net.elem("softmax_dropout", [scores], b * a * s * s * F32, saved=mask * b * a * s * s * F32)
-        ctx = net.gemm("bgemm_attn_context", [probs, qkv], act, 2 * b * s * s * h)
-        proj = net.gemm("gemm_attn_proj", [ctx], act, 2 * T * h * h, weight=(h * h + h) * F32)
-        r1 = net.elem("dropout_add_residual", [proj, x], act, saved=mask * act)
-        ln2 = net.elem("layer_norm", [r1], act, weight=2 * h * F32)
-        fc1 = net.gemm("gemm_mlp_fc1", [ln2], 4 * act, 8 * T * h * h, weight=(4 * h * h + 4 * h) * F32)
-        gelu = net.elem("gelu", [fc1], 4 * act, saved=gelu_saved * 4 * act)
-        fc2 = net.gemm("gemm_mlp_fc2", [gelu], act, 8 * T * h * h, weight=(4 * h * h + h) * F32)
-        x = net.elem("dropout_add_residual", [fc2, r1], act, saved=mask * act)
+        ln1 = net.elem(norm_name, [x], act, weight=norm_weight)
+        qkv = net.gemm("gemm_qkv", [ln1], T * qkv_width * e, 2 * T * h * qkv_width,
+                       weight=(h * qkv_width + (qkv_width if bias else 0)) * F32)
+        if position == "rope":
+            qkv = net.inplace("apply_rotary", [qkv], keeps=False)
+        if attention == "eager":
+            scores = net.gemm("bgemm_attn_scores", [qkv], b * a * s * s * e, 2 * b * s * s * h)
+            probs = net.elem("softmax_dropout", [scores], b * a * s * s * e, saved=mask * b * a * s * s * e)
+            ctx = net.gemm("bgemm_attn_context", [probs, qkv], act, 2 * b * s * s * h)
+        else:
+            flops = 4 * b * s * s * h * (0.5 if head == "lm" else 1.0)
+            ctx = net.gemm("flash_attention", [qkv], act, flops, saved=b * a * s * F32, backward=2.5)
+        proj = net.gemm("gemm_attn_proj", [ctx], act, 2 * T * h * h, weight=(h * h + (h if bias else 0)) * F32)
+        r1 = residual(proj, x)
+        ln2 = net.elem(norm_name, [r1], act, weight=norm_weight)
+        if experts:
+            router = net.gemm("gemm_router", [ln2], T * experts * e, 2 * T * h * experts, weight=h * experts * F32,
+                              experts=experts, top_k=top_k)
+            # Mixtral: softmax in fp32 over the experts, top-k, renormalised weights
+            routing = net.elem("softmax_topk", [router], T * experts * F32, saved=T * top_k * (INDEX_BYTES + F32))
+            outs: list[int] = []
+            first: tuple[int, ...] | None = None
+            for slot in range(top_k):
+                tokens_in = net.pure("moe_dispatch", [ln2], act)
+                down, weights = swiglu(tokens_in, "expert", first, router=router, slot=slot)
+                first = first or weights
+                outs.append(down)
+            y = net.elem("moe_combine", outs + [routing], act)
+        elif mlp == "swiglu":
+            y, _ = swiglu(ln2, "mlp")
+        else:
+            fc1 = net.gemm("gemm_mlp_fc1", [ln2], T * inter * e, 2 * T * h * inter,
+                           weight=(h * inter + (inter if bias else 0)) * F32)
+            gelu = net.elem("gelu", [fc1], T * inter * e, saved=gelu_saved * (T * inter * e))
+            y = net.gemm("gemm_mlp_fc2", [gelu], act, 2 * T * inter * h, weight=(inter * h + (h if bias else 0)) * F32)
+        x = residual(y, r1)
     net.next_layer()
-    x = net.elem("layer_norm", [x], act, weight=2 * h * F32)
+    x = net.elem(norm_name, [x], act, weight=norm_weight)
     if head == "mlm":
         x = net.gemm("gemm_mlm_transform", [x], act, 2 * T * h * h, weight=(h * h + h) * F32)
         x = net.elem("gelu_layer_norm", [x], act, weight=2 * h * F32)
-    logits = net.gemm("gemm_vocab_head", [x], T * V * F32, 2 * T * h * V, shares=emb)
+    if head == "cls":
+        C = p["classes"]
+        logits = net.gemm("gemm_classifier", [x], b * C * e, 2 * b * h * C, weight=(h * C + C) * F32)
+        net.elem("cross_entropy_loss", [logits], b * C * F32)
+        return net
+    if tied:
+        logits = net.gemm("gemm_vocab_head", [x], T * V * e, 2 * T * h * V, shares=emb)
+    else:
+        logits = net.gemm("gemm_lm_head", [x], T * V * e, 2 * T * h * V, weight=V * h * F32)
     # Hugging Face returns the logits, so they stay alive next to the saved log-probabilities.
     logp = net.elem("log_softmax", [logits], T * V * F32)
     net.elem("nll_loss", [logp], T * F32)
@@ -211,7 +382,148 @@ def resnet_net(p: dict) -> Net:
     return net
 
 
-NETS: dict[str, Callable[[dict], Net]] = {"transformer": transformer_net, "resnet": resnet_net}
+def unet_net(p: dict) -> Net:
+    """A latent-diffusion U-Net as diffusers' UNet2DConditionModel builds it (Stable Diffusion
+    1.5): ``conv_in``; per level of ``channels``, ``layers`` ResNet blocks (GroupNorm, SiLU,
+    3x3 conv, the timestep embedding projected and added, GroupNorm, SiLU, 3x3 conv, a 1x1
+    shortcut where the width changes, residual add), each followed by a spatial transformer
+    where ``attention_levels`` says so (GroupNorm, 1x1 proj_in, self-attention, cross-attention over
+    the ``context_len`` x ``context_dim`` text embedding, GEGLU feed-forward, 1x1 proj_out,
+    residual), and a stride-2 3x3 conv down to the next level; a middle ResNet-transformer-
+    ResNet; the decoder mirrors it with ``layers + 1`` ResNet blocks per level and nearest
+    upsampling + 3x3 conv between levels; GroupNorm, SiLU, ``conv_out``, and the MSE against
+    the noise. The timestep is embedded by a sinusoid and a two-layer MLP (4 x channels[0]).
+
+    Skip connections: the output of conv_in, of every encoder block and of every downsample is
+    kept until the decoder block that concatenates it (``torch.cat([x, skip], dim=1)``), so
+    those activations live from early in the forward to late in it and their gradients, first
+    written by the decoder's concatenation backward at the start of the backward pass, live
+    until the encoder's backward at its end.
+
+    Simplified: the VAE and the CLIP text encoder are frozen and run outside the step (their
+    outputs, the latents, the noise and the text embedding, come in as inputs, as with
+    precomputed embeddings); attention is the fused kernel (xformers / SDPA, as diffusers'
+    training scripts enable); dropout is 0 (SD 1.5's); GroupNorm and LayerNorm save only their
+    input; the (input + h) / 1 of a ResNet block is one add; the layout copies around the
+    transformer (NCHW to tokens and back) are not separate kernels."""
+    B, hw, cin0, heads = p["batch"], p["image"], p["in_channels"], p["heads"]
+    chans, attn, L = list(p["channels"]), list(p["attention_levels"]), p["layers"]
+    ctx_len, ctx_dim = p["context_len"], p["context_dim"]
+    for key in ("batch", "image", "in_channels", "heads", "layers", "context_len", "context_dim"):
+        at_least(p, key, 1)
+    check(len(chans) >= 1 and min(chans) >= 1 and len(attn) == len(chans),
+          "channels needs one width per level and attention_levels one flag per level")
+    check(hw % 2 ** (len(chans) - 1) == 0, f"image must halve {len(chans) - 1} times (got {hw})")
+    dtype, e = precision_of(p)
+    net = Net(act=e, dtype=dtype)
+    tdim = 4 * chans[0]
+
+    def size(c: int, side: int) -> int:
+        return B * c * side * side * e
+
+    def conv(name: str, x: int, ci: int, co: int, side: int, k: int) -> int:
+        """A k x k convolution with bias producing ``co`` channels at ``side`` x ``side``."""
+        return net.gemm(name, [x], size(co, side), 2 * B * side * side * ci * co * k * k,
+                        weight=(ci * co * k * k + co) * F32)
+
+    def linear(name: str, x: int, tokens: int, ci: int, co: int, with_bias: bool = True) -> int:
+        return net.gemm(name, [x], tokens * co * e, 2 * tokens * ci * co,
+                        weight=(ci * co + (co if with_bias else 0)) * F32)
+
+    def resnet(x: int, ci: int, co: int, side: int) -> int:
+        net.next_layer()
+        y = net.elem("group_norm", [x], size(ci, side), weight=2 * ci * F32)
+        y = net.elem("silu", [y], size(ci, side))
+        y = conv("conv3x3", y, ci, co, side, 3)
+        t = net.elem("silu", [temb], B * tdim * e)
+        t = linear("gemm_time_emb_proj", t, B, tdim, co)
+        y = net.pure("add_time_emb", [y, t], size(co, side))
+        y = net.elem("group_norm", [y], size(co, side), weight=2 * co * F32)
+        y = net.elem("silu", [y], size(co, side))
+        y = conv("conv3x3", y, co, co, side, 3)
+        short = conv("conv1x1_shortcut", x, ci, co, side, 1) if ci != co else x
+        return net.pure("add_residual", [y, short], size(co, side))
+
+    def transformer(x: int, c: int, side: int) -> int:
+        net.next_layer()
+        n = side * side
+        T = B * n
+        y = net.elem("group_norm", [x], size(c, side), weight=2 * c * F32)
+        y = conv("conv1x1_proj_in", y, c, c, side, 1)
+        r = y
+        y = net.elem("layer_norm", [r], T * c * e, weight=2 * c * F32)
+        y = linear("gemm_qkv", y, T, c, 3 * c, with_bias=False)
+        y = net.gemm("flash_attention", [y], T * c * e, 4 * B * n * n * c, saved=B * heads * n * F32, backward=2.5)
+        y = linear("gemm_attn_out", y, T, c, c)
+        r = net.pure("add_residual", [y, r], T * c * e)
+        y = net.elem("layer_norm", [r], T * c * e, weight=2 * c * F32)
+        q = linear("gemm_cross_q", y, T, c, c, with_bias=False)
+        kv = linear("gemm_cross_kv", context, B * ctx_len, ctx_dim, 2 * c, with_bias=False)
+        # two inputs: each one's backward recomputes half of the 2.5 x
+        y = net.gemm("flash_attention_cross", [q, kv], T * c * e, 4 * B * n * ctx_len * c,
+                     saved=B * heads * n * F32, backward=1.25)
+        y = linear("gemm_attn_out", y, T, c, c)
+        r = net.pure("add_residual", [y, r], T * c * e)
+        y = net.elem("layer_norm", [r], T * c * e, weight=2 * c * F32)
+        y = linear("gemm_geglu_proj", y, T, c, 8 * c)
+        # hidden * gelu(gate): keeps the projection (both halves) and gelu(gate)
+        y = net.elem("geglu", [y], T * 4 * c * e, saved=T * 4 * c * e)
+        y = linear("gemm_ff_out", y, T, 4 * c, c)
+        r = net.pure("add_residual", [y, r], T * c * e)
+        y = conv("conv1x1_proj_out", r, c, c, side, 1)
+        return net.pure("add_residual", [y, x], size(c, side))
+
+    latents = net.input("noisy_latents", size(cin0, hw) // e * F32)
+    noise = net.input("noise", size(cin0, hw) // e * F32)
+    timesteps = net.input("timesteps", B * INDEX_BYTES)
+    context = net.input("text_embedding", B * ctx_len * ctx_dim * e)
+    t = net.elem("timestep_sinusoid", [timesteps], B * chans[0] * F32)
+    t = linear("gemm_time_linear_1", t, B, chans[0], tdim)
+    t = net.elem("silu", [t], B * tdim * e)
+    temb = linear("gemm_time_linear_2", t, B, tdim, tdim)
+
+    x = conv("conv_in", latents, cin0, chans[0], hw, 3)
+    skips: list[tuple[int, int]] = [(x, chans[0])]
+    c = chans[0]
+    for level, width in enumerate(chans):
+        for _ in range(L):
+            x = resnet(x, c, width, hw)
+            c = width
+            if attn[level]:
+                x = transformer(x, c, hw)
+            skips.append((x, c))
+        if level < len(chans) - 1:
+            net.next_layer()
+            x = net.gemm("conv3x3_downsample", [x], size(c, hw // 2), 2 * B * (hw // 2) ** 2 * c * c * 9,
+                         weight=(c * c * 9 + c) * F32)
+            hw //= 2
+            skips.append((x, c))
+    x = resnet(x, c, c, hw)
+    x = transformer(x, c, hw)
+    x = resnet(x, c, c, hw)
+    for level in range(len(chans) - 1, -1, -1):
+        width = chans[level]
+        for _ in range(L + 1):
+            skip, sc = skips.pop()
+            x = net.pure("concat_skip", [x, skip], size(c + sc, hw))
+            x = resnet(x, c + sc, width, hw)
+            c = width
+            if attn[level]:
+                x = transformer(x, c, hw)
+        if level > 0:
+            net.next_layer()
+            x = net.pure("upsample_nearest", [x], size(c, 2 * hw))
+            hw *= 2
+            x = conv("conv3x3_upsample", x, c, c, hw, 3)
+    net.next_layer()
+    x = net.elem("group_norm", [x], size(c, hw), weight=2 * c * F32)
+    x = net.elem("silu", [x], size(c, hw))
+    x = conv("conv_out", x, c, cin0, hw, 3)
+    net.elem("mse_loss", [x, noise], B * F32)
+    return net
+
+
+NETS: dict[str, Callable[[dict], Net]] = {"transformer": transformer_net, "resnet": resnet_net, "unet": unet_net}
 
 
 # -- one iteration's program -----------------------------------------------------------------
@@ -227,18 +539,26 @@ class Space(enum.Enum):
     S = "sparse_grad"         # sparse embedding gradient values (transient)
     X = "saved_for_backward"  # an op's saved intermediates besides its output (transient)
     H = "host_staging"        # pinned host buffer the data loader fills
+    C = "weight_half"         # mixed precision: a GEMM weight's half copy, cast every forward (transient)
+    Q = "weight_grad_half"    # mixed precision: its half gradient, before the cast back to fp32 (transient)
 
 
-TRANSIENT = (Space.A, Space.D, Space.S, Space.X)
+TRANSIENT = (Space.A, Space.D, Space.S, Space.X, Space.C, Space.Q)
+PARAMETER = (Space.W, Space.G, Space.M, Space.V)
 
 
 @dataclass(frozen=True)
 class Ref:
-    """A tensor (space, owning op); ``rows``: only the table rows looked up this iteration."""
+    """A tensor (space, owning op); ``rows``: only the table rows looked up this iteration.
+    An expert's parameters are named two ways: ``slot`` in the program (the tensors of the
+    expert the router picks for that slot, which change per iteration) and ``expert`` in the
+    layout (expert number ``expert``'s own tensors, which one slot binds to each iteration)."""
 
     space: Space
     op: int
     rows: bool = False
+    slot: int = -1
+    expert: int = -1
 
 
 @dataclass(frozen=True)
@@ -265,10 +585,26 @@ def dense_grad(op: NetOp) -> bool:
     return op.weight > 0 and not (op.kind is OpKind.GATHER and op.sparse)
 
 
+def slots(net: Net, i: int) -> range:
+    """The slots whose tensors stand for owner ``i``'s parameters: its router's ``top_k``
+    choices for an expert's weight, the one tensor (slot -1) otherwise."""
+    op = net.ops[i]
+    return range(net.ops[op.router].top_k) if op.router >= 0 else range(-1, 0)
+
+
 def trace(net: Net, optimizer: str) -> list[Step]:
     """One training iteration, in program order. An in-place op's activation is its first
-    input's tensor (followed to the op that allocated it); its gradient is its own."""
+    input's tensor (followed to the op that allocated it); its gradient is its own.
+
+    An expert op names its parameters by slot (:class:`Ref`), so the program is the same every
+    iteration while the tensors behind the slots change with the routing; the optimizer step
+    of a layer takes only the slots' tensors, as PyTorch's Adam skips parameters whose .grad is
+    None. Under mixed precision (``net.act`` < 4) a GEMM reads a half copy of its weight, cast
+    from the fp32 weight just before its first use in the forward (autocast casts each weight
+    once per forward) and kept until its dgrad; its wgrad writes a half gradient that a cast
+    kernel turns into the fp32 .grad (ToCopyBackward), which the optimizer reads."""
     ops = net.ops
+    half = net.act < F32
     steps: list[Step] = []
     root = list(range(len(ops)))
     for i, op in enumerate(ops):
@@ -278,10 +614,15 @@ def trace(net: Net, optimizer: str) -> list[Step]:
     def act(j: int) -> Ref:
         return Ref(Space.A, root[j])
 
+    def param(space: Space, j: int) -> Ref:
+        """The tensor in ``space`` of the parameters op ``j`` uses (its slot's, for an expert)."""
+        return Ref(space, owner(net, j), slot=ops[j].slot)
+
     for i, op in enumerate(ops):
         if op.kind is OpKind.INPUT:
             steps.append(Step(OpType.HOST_WRITE, "load_batch", i, writes=(Ref(Space.H, i),)))
             steps.append(Step(OpType.COPY, "copy_batch", i, reads=(Ref(Space.H, i),), writes=(Ref(Space.A, i),)))
+    cast: set[Ref] = set()
     for i, op in enumerate(ops):
         if op.kind is OpKind.INPUT:
             continue
@@ -289,8 +630,14 @@ def trace(net: Net, optimizer: str) -> list[Step]:
         w = owner(net, i)
         if op.kind is OpKind.GATHER:
             reads += (Ref(Space.W, i, rows=True),)
+        elif w >= 0 and half and op.kind is OpKind.GEMM:
+            copy = param(Space.C, i)
+            if copy not in cast:
+                cast.add(copy)
+                steps.append(Step(OpType.KERNEL, f"cast_to_{net.dtype}", i, (param(Space.W, i),), (copy,)))
+            reads = (copy,) + reads
         elif w >= 0:
-            reads = (Ref(Space.W, w),) + reads
+            reads = (param(Space.W, i),) + reads
         saved = (Ref(Space.X, i),) if op.saved > 0 else ()
         steps.append(Step(OpType.KERNEL, op.name, i, reads, (act(i),) + saved, op.flops))
 
@@ -315,25 +662,29 @@ def trace(net: Net, optimizer: str) -> list[Step]:
         elif op.kind is OpKind.GEMM and w >= 0:
             if targets:
                 acc, d = grad_of(targets[0])
-                steps.append(Step(OpType.KERNEL, f"{op.name}_dgrad", i, gout + (Ref(Space.W, w),) + acc, (d,),
-                                  op.flops))
-            steps.append(Step(OpType.KERNEL, f"{op.name}_wgrad", i, gout + (act(op.inputs[0]),),
-                              (Ref(Space.G, w),), op.flops))
+                weight = param(Space.C if half else Space.W, i)
+                steps.append(Step(OpType.KERNEL, f"{op.name}_dgrad", i, gout + (weight,) + acc, (d,), op.flops))
+            grad = param(Space.Q if half else Space.G, i)
+            steps.append(Step(OpType.KERNEL, f"{op.name}_wgrad", i, gout + (act(op.inputs[0]),), (grad,), op.flops))
+            if half:
+                steps.append(Step(OpType.KERNEL, "cast_to_fp32", i, (grad,), (param(Space.G, i),)))
         elif op.kind is OpKind.GEMM:
+            saved = (Ref(Space.X, i),) if op.saved > 0 else ()
             for k, j in enumerate(targets):
                 others = tuple(act(o) for o in op.inputs if o != j) or (act(j),)
                 acc, d = grad_of(j)
-                steps.append(Step(OpType.KERNEL, f"{op.name}_backward{k}", i, gout + others + acc, (d,), op.flops))
+                steps.append(Step(OpType.KERNEL, f"{op.name}_backward{k}", i, gout + others + saved + acc, (d,),
+                                  op.flops * op.backward))
         else:
             reads = gout + (tuple(act(j) for j in op.inputs) if op.keeps else ())
-            reads += (Ref(Space.W, w),) if w >= 0 else ()
+            reads += (param(Space.W, i),) if w >= 0 else ()
             reads += (Ref(Space.X, i),) if op.saved > 0 else ()
             writes: tuple[Ref, ...] = ()
             for j in targets:
                 acc, d = grad_of(j)
                 reads += acc
                 writes += (d,)
-            writes += (Ref(Space.G, w),) if w >= 0 else ()
+            writes += (param(Space.G, i),) if w >= 0 else ()
             steps.append(Step(OpType.KERNEL, f"{op.name}_backward", i, reads, writes))
 
     states = OPTIMIZERS[optimizer]
@@ -344,8 +695,8 @@ def trace(net: Net, optimizer: str) -> list[Step]:
     for layer in sorted(by_layer):
         dense = [i for i in by_layer[layer] if dense_grad(ops[i])]
         if dense:
-            reads = tuple(Ref(s, i) for i in dense for s in (Space.W, Space.G) + states)
-            writes = tuple(Ref(s, i) for i in dense for s in (Space.W,) + states)
+            reads = tuple(Ref(s, i, slot=k) for i in dense for k in slots(net, i) for s in (Space.W, Space.G) + states)
+            writes = tuple(Ref(s, i, slot=k) for i in dense for k in slots(net, i) for s in (Space.W,) + states)
             steps.append(Step(OpType.KERNEL, f"{optimizer}_step", dense[0], reads, writes))
         for i in by_layer[layer]:
             if not dense_grad(ops[i]):
@@ -362,6 +713,8 @@ def natural_bytes(net: Net, ref: Ref) -> float:
         return float(op.lookups * op.row_bytes)
     if ref.space in (Space.W, Space.G, Space.M, Space.V):
         return op.weight
+    if ref.space in (Space.C, Space.Q):
+        return op.weight * net.act / F32
     if ref.space is Space.X:
         return op.saved
     return op.out
@@ -434,10 +787,10 @@ def layout(b: WorkloadBuilder, net: Net, steps: list[Step], optimizer: str, foot
     staging buffers."""
     ops = net.ops
     owners = [i for i, op in enumerate(ops) if op.weight > 0]
-    persistent: list[Ref] = [Ref(Space.W, i) for i in owners]
-    persistent += [Ref(Space.G, i) for i in owners if dense_grad(ops[i])]
+    persistent: list[Ref] = [r for i in owners for r in physical(net, Space.W, i, owners)]
+    persistent += [r for i in owners if dense_grad(ops[i]) for r in physical(net, Space.G, i, owners)]
     for s in OPTIMIZERS[optimizer]:
-        persistent += [Ref(s, i) for i in owners if dense_grad(ops[i])]
+        persistent += [r for i in owners if dense_grad(ops[i]) for r in physical(net, s, i, owners)]
     transient = sorted(lifetimes(steps), key=lambda r: (r.space.value, r.op))
     sizes = {r: natural_bytes(net, r) for r in transient}
     assign, block_sizes = plan_pool(steps, sizes)
@@ -459,11 +812,37 @@ def layout(b: WorkloadBuilder, net: Net, steps: list[Step], optimizer: str, foot
     blocks = {r: pool[assign[r]] for r in transient}
     for r in transient:
         tensors[r] = blocks[r].slice(0, int(to_pages(sizes[r], scale)) * PAGE_SIZE)
+    # Routing is per iteration and never part of the steady-state allocator plan: an expert's
+    # activations are its slot's, the same blocks whichever expert fills the slot.
     for i, op in enumerate(ops):
         if op.kind is OpKind.INPUT:
             tensors[Ref(Space.H, i)] = b.alloc(f"staging_{op.name}", int(to_pages(op.out, scale)) * PAGE_SIZE,
                                                managed=False, gpu=-1, pid=pid, emit=True)
     return Layout(scale, tensors, blocks, fp)
+
+
+def physical(net: Net, space: Space, i: int, owners: list[int]) -> list[Ref]:
+    """The tensors behind owner ``i``'s parameters in ``space``, in the order a model's
+    modules allocate them: one for a plain weight; for the first expert op of a router, every
+    expert's tensors of all that router's expert ops, expert by expert (Mixtral's ``experts``
+    ModuleList: expert 0's w1, w2, w3, then expert 1's); none for its other expert ops."""
+    op = net.ops[i]
+    if op.router < 0:
+        return [Ref(space, i)]
+    group = [j for j in owners if net.ops[j].router == op.router]
+    if i != group[0]:
+        return []
+    return [Ref(space, j, expert=e) for e in range(net.ops[op.router].experts) for j in group]
+
+
+def route(rng: np.random.Generator, popularity: np.ndarray, k: int, skew: float) -> np.ndarray:
+    """One iteration's choice of ``k`` distinct experts for a router: drawn without
+    replacement with P(rank r) ~ (r+1)^-skew over the experts ranked by ``popularity`` (a
+    permutation of the experts, fixed per layer: which experts are hot differs by layer);
+    ``skew`` 0 is uniform, a large one picks the same few experts every iteration."""
+    n = len(popularity)
+    p = np.power(np.arange(1, n + 1, dtype=np.float64), -float(skew))
+    return popularity[rng.choice(n, size=k, replace=False, p=p / p.sum())]
 
 
 def lookup_pages(rng: np.random.Generator, op: NetOp, table: Buffer, scale: float, alpha: float) -> np.ndarray:
@@ -483,6 +862,9 @@ def job(b: WorkloadBuilder, params: dict, net: Net, *, footprint: int | None, pi
     optimizer = choice(params, "optimizer", tuple(OPTIMIZERS))
     at_least(params, "host_gbps", 1e-3)
     costs = CostModel.from_params(params)
+    if net.act < F32:
+        # GEMMs at the half-precision (tensor core) rate; elementwise kernels move half the bytes
+        costs = CostModel.from_params({"peak_tflops": params["peak_tflops_half"], "hbm_gbps": params["hbm_gbps"]})
     steps = trace(net, optimizer)
     lay = layout(b, net, steps, optimizer, footprint, pid=pid, gpu=gpu)
     if meta is not None:
@@ -492,7 +874,8 @@ def job(b: WorkloadBuilder, params: dict, net: Net, *, footprint: int | None, pi
     static = {r: buf.page_range() for r, buf in lay.tensors.items()}   # ranges: nothing listed
     durations: list[int] = []
     launches: list[tuple[tuple, tuple[int, int, int]]] = []
-    for st in steps:
+    routed: list[int] = []   # steps touching an expert's parameters: their tensors change per iteration
+    for k, st in enumerate(steps):
         nbytes = sum(natural_bytes(net, r) for r in st.reads + st.writes)
         if st.type is OpType.HOST_WRITE:
             durations.append(int(nbytes / params["host_gbps"] * lay.scale))
@@ -503,14 +886,43 @@ def job(b: WorkloadBuilder, params: dict, net: Net, *, footprint: int | None, pi
         # Launch identity: the op, the tensors' addresses (the same every iteration), and a
         # grid covering the full-size output, as cuBLAS (128x128 tiles) or a 1-D kernel would.
         gemm = st.op >= 0 and net.ops[st.op].kind is OpKind.GEMM
-        out_elements = sum(natural_bytes(net, r) for r in st.writes) / F32
-        args = (st.op,) + tuple(lay.tensors[Ref(r.space, r.op)].addr for r in st.reads + st.writes)
+        out_elements = sum(natural_bytes(net, r) for r in st.writes) / net.act
+        if any(r.slot >= 0 and r.space in PARAMETER for r in st.reads + st.writes):
+            routed.append(k)
+            args: tuple = (st.op,)   # completed per iteration with the routed experts' addresses
+        else:
+            args = (st.op,) + tuple(lay.tensors[Ref(r.space, r.op, slot=r.slot)].addr for r in st.reads + st.writes)
         launches.append((args, grid_for(out_elements, 16384 if gemm else 1024)))
 
+    # Routing: its own random stream, so the embedding lookups are the same with or without it.
+    routers = [i for i, op in enumerate(net.ops) if op.top_k > 0]
+    if routers:
+        skew = float(params.get("skew", 0.0))
+        check(skew >= 0, f"skew must be at least 0 (got {skew})")
+        route_rng = np.random.default_rng([params["seed"], 0x6D6F65])
+        popularity = {i: route_rng.permutation(net.ops[i].experts) for i in routers}
+        bound = sorted({r for k in routed for r in steps[k].reads + steps[k].writes if r.slot >= 0 and
+                        r.space in PARAMETER}, key=lambda r: (r.space.value, r.op, r.slot))
+        if meta is not None:
+            meta["routing"] = []
     gathers = [i for i, op in enumerate(net.ops) if op.kind is OpKind.GATHER]
     rng = np.random.default_rng(params["seed"])
     for it in range(params["iterations"]):
         pages = dict(static)
+        if routers:
+            chosen = {i: route(route_rng, popularity[i], net.ops[i].top_k, skew) for i in routers}
+            if meta is not None:
+                meta["routing"].append([chosen[i].tolist() for i in routers])
+            where: dict[Ref, Buffer] = {}
+            for r in bound:
+                expert = int(chosen[net.ops[r.op].router][r.slot])
+                where[r] = lay.tensors[Ref(r.space, r.op, expert=expert)]
+                pages[r] = static[Ref(r.space, r.op, expert=expert)]
+            for k in routed:
+                st = steps[k]
+                args = (st.op,) + tuple((where[r] if r in where else lay.tensors[Ref(r.space, r.op, slot=r.slot)]).addr
+                                        for r in st.reads + st.writes)
+                launches[k] = (args, launches[k][1])
         for i in gathers:
             table = lay.tensors[Ref(Space.W, i)]
             rows = lookup_pages(rng, net.ops[i], table, lay.scale, params["zipf"])
