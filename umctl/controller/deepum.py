@@ -200,6 +200,9 @@ class DeepUMController(Controller):
         self._unexpected: dict[int, None] | None = None
         self._horizon_cache: dict[int, int] | None = None
         self.fault_queue: dict[int, None] = {}   # faulted blocks to complete, served first
+        #: blocks a subclass knows the next kernels need for certain (``deepum-launch``: named by
+        #: queued launches): never pre-evicted, kept last by the budget keeper; empty here
+        self._protected: set[int] = set()
         self.stats_ = {k: 0 for k in ("launches", "predictions", "predicted_right", "chains", "faulted_blocks",
                                        "prefetch_blocks", "preevict_blocks", "invalidate_blocks",
                                        "paused", "prediction_failures", "kept_not_invalidated",
@@ -265,9 +268,18 @@ class DeepUMController(Controller):
             # a new fault ends the old walk and starts one at the faulted block
             self.chain = Chain(self.cur, self._hist3(), restart)
             self.stats_["chains"] += 1
-        if not self.enabled("prefetch") or (self.chain is None and not self.fault_queue):
+        if not self.enabled("prefetch") or (self.chain is None and not self.fault_queue and not self._has_priority()):
             return None
         return self._step(batch.now_ns)
+
+    # -- hooks for modes that know part of the future for certain (launch.py); none here
+    def _has_priority(self) -> bool:
+        """Whether :meth:`_priority` has blocks to offer (a step is due even without a walk)."""
+        return False
+
+    def _priority(self, limit: int) -> tuple[np.ndarray, np.ndarray]:
+        """Blocks to prefetch before the walk's, in order, with the execution ID each is for."""
+        return np.zeros(0, np.int64), np.zeros(0, np.int64)
 
     @staticmethod
     def _fault_blocks(f: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -526,7 +538,7 @@ class DeepUMController(Controller):
             c.paused = True
             self.stats_["paused"] += 1
             return c
-        n = self.exec_table.predict(c.hist, c.exec_id)
+        n = self._predict_next(c)
         if n is None:
             return None  # cannot predict: the walk ends until the next fault
         if self.fit_horizon and self.capacity and not self._win_fits(c, n, force=not c.path):
@@ -542,6 +554,11 @@ class DeepUMController(Controller):
         c.seg, c.hop = None, 0
         c.path.append(n)
         return c
+
+    def _predict_next(self, c: Chain) -> int | None:
+        """The kernel after ``c.exec_id`` on the walk's path: the execution-ID table's guess
+        (a mode that knows the queued launches says instead, launch.py)."""
+        return self.exec_table.predict(c.hist, c.exec_id)
 
     # ------------------------------------------------------------------ horizon
     def _table_ids(self, exec_id: int) -> np.ndarray:
@@ -635,7 +652,16 @@ class DeepUMController(Controller):
             self.fault_queue.clear()
             cur = self.cur if self.cur is not None else -1
             out.append(commands(Op.PREFETCH, fq << BLOCK_SHIFT, BLOCK_SIZE, dst=g, exec_id=cur, priority=0))
-        if self.chain is not None:
+        first, first_x = self._priority(self.max_blocks) if self._has_priority() else (None, None)
+        if first is not None and len(first):
+            # certain blocks first, then the walk's guesses in what the step has left
+            if self.chain is not None and self.max_blocks > len(first):
+                blocks, execs = self._walk(self.max_blocks - len(first))
+                fresh = ~np.isin(blocks, first)
+                blocks, execs = np.concatenate([first, blocks[fresh]]), np.concatenate([first_x, execs[fresh]])
+            else:
+                blocks, execs = first, first_x
+        elif self.chain is not None:
             blocks, execs = self._walk(self.max_blocks)
         else:
             blocks = execs = np.zeros(0, np.int64)
@@ -652,11 +678,24 @@ class DeepUMController(Controller):
                     k = max(0, len(blocks) - (short - keep))
                     blocks, execs = blocks[:k], execs[:k]
         if len(blocks):
-            out.append(commands(Op.PREFETCH, blocks << BLOCK_SHIFT, BLOCK_SIZE, dst=g, exec_id=execs, priority=1))
+            out.append(self._prefetch_commands(blocks, execs, g))
             for b in blocks.tolist():
                 self._mark(b, now)
             self.stats_["prefetch_blocks"] += len(blocks)
         return np.concatenate(out) if out else None
+
+    def _pick_victims(self, n: int) -> list[int]:
+        """The pre-eviction's choice among resident blocks the next kernels do not expect: the
+        least recently migrated first (§5.1), never a protected one."""
+        if self._protected:
+            prot = self._protected
+            return list(islice((b for b in self._unexpected if b not in prot), n))  # type: ignore[union-attr]
+        return list(islice(self._unexpected, n))  # type: ignore[arg-type]
+
+    def _prefetch_commands(self, blocks: np.ndarray, execs: np.ndarray, g: int) -> np.ndarray:
+        """The step's prefetches: each block whole (DeepUM's unit; a mode that knows which
+        ranges a kernel names may move less, launch.py)."""
+        return commands(Op.PREFETCH, blocks << BLOCK_SHIFT, BLOCK_SIZE, dst=g, exec_id=execs, priority=1)
 
     def _victims(self, n: int) -> tuple[list[np.ndarray], int]:
         """Up to n least recently migrated blocks that the next kernels do not expect:
@@ -664,7 +703,7 @@ class DeepUMController(Controller):
         if self._unexpected is None:
             expected = self._expected()
             self._unexpected = {b: None for b in self.resident if b not in expected}
-        victims = list(islice(self._unexpected, n))
+        victims = self._pick_victims(n)
         if not victims:
             return [], 0
         out = []
@@ -700,6 +739,10 @@ class DeepUMController(Controller):
         rank = self._horizon_cache
         unexpected = [b for b in blocks if b not in rank]
         expected = sorted((b for b in blocks if b in rank), key=lambda b: -rank[b])   # stable: LRU within a rank
+        if self._protected:   # what is known for certain goes last
+            prot = self._protected
+            return ([b for b in unexpected if b not in prot] + [b for b in expected if b not in prot]
+                    + [b for b in blocks if b in prot])
         return unexpected + expected
 
     def eviction_commands(self, cmds: np.ndarray) -> np.ndarray:

@@ -65,6 +65,17 @@ BOUNDS: dict[str, Range] = {
     "overlap_threshold": Range(0, 1),             # a fraction of a kernel's blocks
     "host_copy_gbps": Range(0, 1e4, lo_open=True),
 }
+#: Options of the replay itself rather than of one policy, which every mode takes (``-O KEY=V``
+#: or ``-O MODE.KEY=V``): they reach the simulator in the controller's options
+#: (``Controller.options``, read by :class:`umctl.sim.engine.Simulator`), so that one replay's
+#: modes all run the same program. ``launch_queue``: how many kernel launches the host may have
+#: issued ahead of the GPU (engine.py, "The launch queue"); unset, launches are seen as their
+#: kernels start (the default: every result as before the queue was modelled). The CUDA queue
+#: holds up to ~1024 launches; PyTorch's host usually runs fewer ahead. A mode whose controller
+#: takes no options beyond its own (``harvest``'s) runs without them where ``-O KEY=V`` names no
+#: mode (so ``-m all`` works), and refuses ``-O MODE.KEY=V``.
+REPLAY_OPTIONS: dict[str, "OptionSpec"] = {}
+
 #: Per-mode exceptions to :data:`BOUNDS`: mode name -> option -> range.
 MODE_BOUNDS: dict[str, dict[str, Range]] = {}
 #: What an int option without a declared range may be (booleans and strings have none).
@@ -102,6 +113,15 @@ class OptionSpec:
                                      f"(default {self.default!r}), got {text.strip()!r}")
                 return v
         raise UmctlError(f"{label}: option {self.name} takes {_a(t)} (default {self.default!r}), got {text!r}")
+
+
+REPLAY_OPTIONS["launch_queue"] = OptionSpec("launch_queue", int, None, Range(0, 1 << 20))
+
+
+def _takes_any(cls: type[Controller]) -> bool:
+    """Whether ``cls``'s constructor passes unknown keywords on to Controller (``**options``),
+    as a replay option needs."""
+    return any(p.kind is p.VAR_KEYWORD for p in inspect.signature(cls.__init__).parameters.values())
 
 
 def _a(t: type) -> str:
@@ -156,6 +176,14 @@ def parse_mode_options(items: list[str] | None, modes: list[str], *,
         for m in targets:
             if m not in out:
                 raise UmctlError(f"mode option {item!r} names mode {m!r}, which is not being run")
+        if name in REPLAY_OPTIONS and not any(name in specs[m] for m in targets):
+            able = [m for m in targets if _takes_any(controller_class(m))]
+            if mode and not able:
+                raise UmctlError(f"-O {item}: mode {mode} cannot run with replay option {name}")
+            parsed = REPLAY_OPTIONS[name].parse(value, f"-O {item}")
+            for m in able:
+                out[m][name] = parsed
+            continue
         taking = [m for m in targets if name in specs[m]]
         if not taking:
             have = sorted({n for m in targets for n in specs[m]})

@@ -40,6 +40,13 @@ class Kind(str, enum.Enum):
     CPU_FAULT = "cpu_fault"    # host-side fault on managed memory
     COMMAND = "command"        # controller -> actuator command
     RESULT = "result"          # outcome of a command as executed by an actuator
+    #: what a kernel launch names, as the host issues it: one record per pointer argument's
+    #: address range (``seq`` ties it to the LAUNCH record of the same launch). A side channel
+    #: beside LAUNCH, not new LAUNCH columns: LAUNCH stays the execution-ID transition at the
+    #: kernel's start (what DeepUM's tables are keyed by), while these come when the host
+    #: issues the launch, up to a launch queue ahead of the GPU. Appended last: KIND_CODES of
+    #: the other kinds keep their values.
+    LAUNCH_ARGS = "launch_args"
 
 
 class Access(enum.IntEnum):
@@ -156,6 +163,13 @@ DTYPES: dict[Kind, np.dtype] = {
     Kind.RESULT: np.dtype([
         ("t_ns", i8), ("cmd_id", i8), ("status", u1), ("bytes", u8), ("latency_ns", i8),
     ]),
+    # t_ns: when the host issued the launch; one record per range, in the launch's argument
+    # order; access: Access.WRITE if the kernel writes any of the range, else READ. Only
+    # columns other kinds have (same names, same types): a trace file gains no column.
+    Kind.LAUNCH_ARGS: np.dtype([
+        ("t_ns", i8), ("gpu", i2), ("pid", i4), ("seq", i8), ("exec_hash", u8),
+        ("addr", u8), ("bytes", u8), ("access", u1),
+    ]),
 }
 
 #: Stable small integers for kinds, used where a kind is stored in a numeric column (DROPS).
@@ -214,6 +228,9 @@ class EventBatch:
     now_ns: int = 0
     arrays: dict[Kind, np.ndarray] = field(default_factory=dict)
     names: list[str] = field(default_factory=list)
+    #: where the batch holds the runtime's reports (umctl run --runtime): the time up to which
+    #: that stream is complete (RuntimeSource.watermark_ns); None without one
+    runtime_ns: int | None = None
 
     def __getitem__(self, kind: Kind) -> np.ndarray:
         a = self.arrays.get(kind)

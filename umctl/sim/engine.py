@@ -57,6 +57,18 @@ What is modelled, and why at this grain:
     ``OpType.STREAM_WAIT`` makes the stream wait for the chunked copies issued on it (where the
     mode's runtime keeps the ordinary stream order); a SYNC waits for them too.
 
+  * The launch queue (``launch_queue=Q``, off by default): the host issues kernel launches
+    ahead of the GPU, at most Q launches per GPU issued and not yet started (the host blocks
+    on the Q+1-th: launch k is issued at max(host clock, start of the kernel Q launches before
+    it on that GPU), and the host clock carries that wait). A SYNC, a pageable copy or a host
+    write is a point the host cannot pass before the GPU side does, so no launch after it is
+    issued before it completes: the queue drains there. A controller subscribing to
+    ``Kind.LAUNCH_ARGS`` hears each launch as issued, with the ranges its pointer arguments
+    name (``_launch_ranges``); LAUNCH itself stays the kernel's start (the execution-ID
+    transition). Off (None), launches are seen at the kernel's start and the host never
+    blocks on them, as before the queue was modelled; Q = 0 also shows each launch at its
+    kernel's start (no lookahead) but makes the host wait for it.
+
 Invariants (tests/test_sim_invariants.py): chunks in use never exceed capacity, every faulting
 access completes, bytes are conserved (each migrated byte is counted once per move), the same
 seed gives the same result.
@@ -81,7 +93,7 @@ from ..controller.base import Controller, ControllerContext
 from ..events.schema import Access, Advice, AllocOp, Cause, EventBatch, Kind, Op, Status, empty
 from ..loop.control import ControlLoop
 from ..workload.workload import AccessRuns, Init, OpType, Workload
-from ..units import CPU, GiB, PAGE_SIZE, PAGE_TO_BLOCK_SHIFT, PAGES_PER_BLOCK
+from ..units import CPU, GiB, PAGE_SHIFT, PAGE_SIZE, PAGE_TO_BLOCK_SHIFT, PAGES_PER_BLOCK
 from . import core
 from .calibration import DEFAULT, Calibration
 from .pagespace import PageSpace
@@ -228,6 +240,11 @@ _COLD, _EVICTED, _PREEVICTED, _DISCARDED, _MOVED, _HOST = (core.GONE.index(n) fo
     "cold", "evicted", "preevicted", "discarded", "moved", "host"))
 
 
+#: A kernel touching one allocation in more than this many separate ranges gathers from one
+#: tensor: its launch names the tensor (one range over them), not the rows (_launch_ranges).
+_GATHER_RANGES = 8
+
+
 def _ns(nbytes: float, Bps: float) -> float:
     """Transfer time in ns (the simulated clock) of nbytes at Bps bytes per second."""
     return nbytes / Bps * 1e9
@@ -245,7 +262,7 @@ class Simulator:
     def __init__(self, workload: Workload, controller: Controller, *, calib: Calibration = DEFAULT,
                  seed: int = 0, recorder=None, progress: Callable[[int, int], None] | None = None,
                  controller_delay_ns: int = 20_000, drain_ns: int = 1_000_000, timeline: bool = False,
-                 budget_bytes: int | None = None):
+                 budget_bytes: int | None = None, launch_queue: int | None = None):
         t_init = _time.perf_counter()
         workload = controller.prepare(workload)
         self.w = workload
@@ -374,6 +391,15 @@ class Simulator:
         # a GPU of full size, else it needs no estimate (the model's residency is exact)
         # the model reports every page it brings onto a GPU (MIGRATION records, exact runs), so
         # the budget check need not take an OK prefetch's whole range as arrived
+        # the launch queue (module doc): Simulator(launch_queue=Q), else ``-O launch_queue=Q``
+        # (a replay option every mode takes, umctl/controller/options.py, handed over in the
+        # controller's options); None: not modelled
+        launch_q = launch_queue if launch_queue is not None else (getattr(controller, "options", None) or {}).get(
+            "launch_queue")
+        if launch_q is not None and (isinstance(launch_q, bool) or not isinstance(launch_q, (int, np.integer))
+                                     or launch_q < 0):
+            raise ValueError(f"launch_queue must be a count of launches >= 0, got {launch_q!r}")
+        self.launch_queue = None if launch_q is None else int(launch_q)
         self.loop = ControlLoop(controller, self, n_gpus=G, budget_bytes=budget_bytes, migrations_on=True,
                                 estimate=False, result_arrivals=False)
         self._issue_at = 0.0          # when the commands of the current delivery run
@@ -390,7 +416,11 @@ class Simulator:
             # a controller only the kinds it subscribes to, so what it sees is unchanged
             self.emit |= {Kind.MIGRATION, Kind.EVICTION}
         if recorder is not None:
-            self.emit |= set(Kind)
+            # LAUNCH_ARGS only where asked for (a subscriber, or a launch queue to record): a
+            # recorded trace of the other modes stays what it was
+            self.emit |= set(Kind) - {Kind.LAUNCH_ARGS}
+            if launch_q is not None:
+                self.emit.add(Kind.LAUNCH_ARGS)
         self.out.collect = int(bool(self.emit & {Kind.FAULT, Kind.REPLAY, Kind.MIGRATION, Kind.EVICTION}))
         # fault-path events reach the loop in drains, as on the live path (ring drained every
         # few ms); a loop that needs none of them (a controller, a budget) lets the core run freely
@@ -400,6 +430,7 @@ class Simulator:
         self._launch_idx: list[int] = []   # kernels launched since the last delivery
         self._alloc_idx: list[int] = []    # allocator events since the last delivery
         self._prebuild_records()
+        self._init_launch_queue()
         ctx = ControllerContext(n_gpus=G, gpu_mem=self.loop.controlled_memory(list(workload.gpu_mem)),
                                 free_memory=self.loop.free_memory or self._free_memory,
                                 workload=workload,
@@ -601,6 +632,15 @@ class Simulator:
     def _kernel(self, i: int, op) -> None:
         g, pid, lo, hi, compute = self._kcols[i]
         start = max(self.stream[g], self.host)
+        if self.launch_queue is not None:
+            # the host issued this launch once its queue slot was free (module doc): it waits
+            # for the start of the kernel Q launches before (Q = 0: this one's own start)
+            p = self._qprev_list[i]
+            if p >= 0:
+                self.host = max(self.host, start if p == i else float(self._kstart[p]))
+            self._issue_launches(i, start)
+        elif self._args:
+            self._launch_args_at(i, start)
         self.r.kernels += 1
         self.r.compute_ns += int(compute)
         self.r.accesses += hi - lo
@@ -689,6 +729,169 @@ class Simulator:
         if Kind.LAUNCH in self.emit:
             self._launch_all["t_ns"][i] = int(t)
             self._launch_idx.append(i)
+
+    # ------------------------------------------------------------------ the launch queue
+    def _launch_ranges(self) -> tuple[np.ndarray, np.ndarray]:
+        """What each kernel's launch names: the address ranges of its pointer arguments, as
+        LAUNCH_ARGS records without a time (CSR over operations: op i's are
+        ``recs[ptr[i]:ptr[i + 1]]``), in the order the kernel first touches them.
+
+        A workload has no argument list, so the ranges come from the access stream at tensor
+        grain: the pages a kernel touches, merged into maximal contiguous ranges (a tensor is
+        contiguous, and one a kernel reads in full is one range). A kernel that touches one
+        allocation in more than ``_GATHER_RANGES`` separate pieces is gathering from one tensor
+        (embedding rows, a graph's neighbours): its launch names the tensor's pointer, not the
+        rows, so it gets one range spanning them. Built only when a controller listens."""
+        ops = self.w.ops
+        kern = np.flatnonzero(ops["type"] == OpType.KERNEL)
+        ptr = np.zeros(len(ops) + 1, np.int64)
+        lo_k, hi_k = ops["acc_lo"][kern].astype(np.int64), ops["acc_hi"][kern].astype(np.int64)
+        runs = self.w.acc_runs.cut_at(np.concatenate([lo_k, hi_k]))
+        r0 = np.searchsorted(runs.pos, lo_k, "right") - 1
+        r1 = np.searchsorted(runs.pos, hi_k, "left")
+        cnt = np.where(hi_k > lo_k, r1 - r0, 0)
+        # (kernel, run) pairs: kernels may share stream positions (a trace), so no run is owned
+        kk = np.repeat(np.arange(len(kern)), cnt)
+        rr = np.repeat(r0 - np.concatenate(([0], np.cumsum(cnt)[:-1])), cnt) + np.arange(int(cnt.sum()))
+        plo = runs.page[rr]
+        phi = plo + runs.length[rr]
+        first = runs.pos[rr]
+        wr = runs.write[rr]
+        # merge overlapping or adjacent page ranges per kernel: one key space, kernels apart
+        span = int(phi.max()) + 1 if len(phi) else 1
+        order = np.lexsort((plo, kk))
+        kk, plo, phi, first, wr = kk[order], plo[order], phi[order], first[order], wr[order]
+        key_lo = kk * span + plo
+        key_hi = np.maximum.accumulate(kk * span + phi)
+        new = np.ones(len(kk), np.bool_)
+        new[1:] = key_lo[1:] > key_hi[:-1]
+        starts = np.flatnonzero(new)
+        g_k, g_lo = kk[starts], plo[starts]
+        if len(starts):
+            g_hi = np.maximum.reduceat(phi, starts)
+            g_first = np.minimum.reduceat(first, starts)
+            g_wr = np.maximum.reduceat(wr.astype(np.uint8), starts)
+        else:
+            g_hi, g_first, g_wr = phi, first, wr.astype(np.uint8)
+        # gathers: more than _GATHER_RANGES ranges of one kernel in one allocation -> their span
+        a = self.w.allocations
+        a_order = np.argsort(a["addr"])
+        a_addr = a["addr"][a_order].astype(np.int64)
+        alloc = np.searchsorted(a_addr, g_lo << PAGE_SHIFT, "right") - 1   # -1: outside every allocation
+        key = g_k * (len(a) + 1) + (alloc + 1)
+        uk, inv, per = np.unique(key, return_inverse=True, return_counts=True)
+        many = per[inv] > _GATHER_RANGES
+        if many.any():
+            o = np.argsort(key, kind="stable")
+            ks = key[o]
+            st = np.flatnonzero(np.concatenate(([True], ks[1:] != ks[:-1])))
+            m_lo = np.minimum.reduceat(g_lo[o], st)
+            m_hi = np.maximum.reduceat(g_hi[o], st)
+            m_first = np.minimum.reduceat(g_first[o], st)
+            m_wr = np.maximum.reduceat(g_wr[o], st)
+            m_k = g_k[o][st]
+            coll = per > _GATHER_RANGES           # per unique key, in the same (sorted) order
+            keep = ~many
+            g_k = np.concatenate([g_k[keep], m_k[coll]])
+            g_lo = np.concatenate([g_lo[keep], m_lo[coll]])
+            g_hi = np.concatenate([g_hi[keep], m_hi[coll]])
+            g_first = np.concatenate([g_first[keep], m_first[coll]])
+            g_wr = np.concatenate([g_wr[keep], m_wr[coll]])
+        # a launch that names no managed range is still heard (one empty record): the queue
+        # then shows every launch, in order
+        bare = np.setdiff1d(np.arange(len(kern)), g_k)
+        if len(bare):
+            z = np.zeros(len(bare), np.int64)
+            g_k, g_lo, g_hi = np.concatenate([g_k, bare]), np.concatenate([g_lo, z]), np.concatenate([g_hi, z])
+            g_first = np.concatenate([g_first, z])
+            g_wr = np.concatenate([g_wr, z.astype(g_wr.dtype)])
+        order = np.lexsort((g_first, g_k))     # per kernel, in the order it first touches them
+        g_k, g_lo, g_hi, g_wr = g_k[order], g_lo[order], g_hi[order], g_wr[order]
+        op_of = kern[g_k]
+        recs = empty(Kind.LAUNCH_ARGS, len(g_k))
+        recs["gpu"], recs["pid"] = ops["gpu"][op_of], ops["pid"][op_of]
+        recs["seq"], recs["exec_hash"] = op_of, ops["exec_hash"][op_of]
+        recs["addr"] = (g_lo << PAGE_SHIFT).astype(np.uint64)
+        recs["bytes"] = ((g_hi - g_lo) << PAGE_SHIFT).astype(np.uint64)
+        recs["access"] = np.where(g_wr != 0, int(Access.WRITE), int(Access.READ))
+        np.add.at(ptr, op_of + 1, 1)
+        np.cumsum(ptr, out=ptr)
+        return recs, ptr
+
+    def _init_launch_queue(self) -> None:
+        """Per kernel, the kernel whose start frees its slot in the queue (the Q-th launch
+        before it on its GPU; Q = 0: itself), and the issuer's cursor (module doc)."""
+        ops = self.w.ops
+        q = self.launch_queue
+        self._args = Kind.LAUNCH_ARGS in self.emit
+        if self._args:
+            self._args_all, self._args_ptr = self._launch_ranges()
+        self._future_args: list[tuple[float, np.ndarray]] = []   # issued after the delivery time
+        self._issue_cursor = 0          # every kernel before this op has been issued
+        self._issue_host = 0.0          # the host clock there (the issuer's projection)
+        if q is None:
+            return
+        self._qprev = np.full(len(ops), -1, np.int64)
+        is_k = ops["type"] == OpType.KERNEL
+        for g in np.unique(ops["gpu"][is_k]).tolist():
+            k = np.flatnonzero(is_k & (ops["gpu"] == g))
+            if q == 0:
+                self._qprev[k] = k
+            elif len(k) > q:
+                self._qprev[k[q:]] = k[:-q]
+        self._qprev_list = self._qprev.tolist()
+        # where the host waits for the GPU side: no launch beyond it is issued before the main
+        # walk has passed it (SYNC, a pageable copy, a host write whose time depends on the GPU's)
+        t = ops["type"]
+        self._issue_stop = ((t == OpType.SYNC) | (t == OpType.HOST_WRITE)
+                            | ((t == OpType.COPY) & ~ops["is_async"])).tolist()
+
+    def _launch_args_at(self, i: int, t: float) -> None:
+        """No launch queue: kernel i's launch is heard at its start, with its ranges."""
+        recs = self._args_all[self._args_ptr[i]:self._args_ptr[i + 1]]
+        if len(recs):
+            recs = recs.copy()
+            recs["t_ns"] = int(t)
+            self._emit(Kind.LAUNCH_ARGS, recs)
+
+    def _issue_launches(self, i: int, now: float) -> None:
+        """Kernel i starts at ``now``: issue (as LAUNCH_ARGS records) its launch if the issuer
+        had not yet, then every later launch the host can issue before kernel i ends, in program
+        order: until a stop (``_issue_stop``), or a launch whose queue slot frees only when a
+        kernel not yet started starts. A launch issued after ``now`` (the host clock is later)
+        waits in ``_future_args`` for the delivery that passes its time."""
+        types = self._types
+        qprev = self._qprev_list
+        kstart = self._kstart
+        if self._issue_cursor <= i:
+            self._issue_cursor, self._issue_host = i, self.host
+        j = self._issue_cursor
+        n = len(types)
+        proj = self._issue_host
+        kernel, host_op = int(OpType.KERNEL), int(OpType.HOST)
+        while j < n:
+            typ = types[j]
+            if typ == kernel:
+                p = qprev[j]
+                if j > i and p > i:   # its slot frees only when a kernel not yet started starts
+                    break
+                if p >= 0:
+                    proj = max(proj, now if p == i else float(kstart[p]))
+                if self._args:
+                    recs = self._args_all[self._args_ptr[j]:self._args_ptr[j + 1]]
+                    if len(recs):
+                        recs = recs.copy()
+                        recs["t_ns"] = int(proj)
+                        if proj <= now:
+                            self._emit(Kind.LAUNCH_ARGS, recs)
+                        else:
+                            self._future_args.append((proj, recs))
+            elif j > i and self._issue_stop[j]:
+                break
+            elif typ == host_op:
+                proj += float(self._ops_compute[j])
+            j += 1
+        self._issue_cursor, self._issue_host = j, proj
 
     # ------------------------------------------------------------------ other ops
     def _protect_wait(self, pages: np.ndarray, t0: float, dur: float) -> float:
@@ -861,6 +1064,12 @@ class Simulator:
         if self._launch_idx:
             self._emit(Kind.LAUNCH, self._launch_all[self._launch_idx])
             self._launch_idx = []
+        if self._future_args and self._future_args[0][0] <= t:
+            k = 0
+            while k < len(self._future_args) and self._future_args[k][0] <= t:
+                self._emit(Kind.LAUNCH_ARGS, self._future_args[k][1])
+                k += 1
+            del self._future_args[:k]
         if self._alloc_idx:
             self._emit(Kind.ALLOC, self._alloc_all[self._alloc_idx])
             self._alloc_idx = []
@@ -1154,6 +1363,7 @@ class Simulator:
         # per-op fields as Python scalars once: reading them from the record array cost
         # more than a short kernel's walk
         types, it_list = ops["type"].tolist(), iters.tolist()
+        self._types, self._ops_compute = types, ops["compute_ns"].tolist()
         self._kcols = list(zip(ops["gpu"].tolist(), ops["pid"].tolist(), ops["acc_lo"].tolist(),
                                ops["acc_hi"].tolist(), ops["compute_ns"].astype(np.float64).tolist()))
         kernel = int(OpType.KERNEL)
