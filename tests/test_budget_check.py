@@ -271,3 +271,63 @@ def test_session_summary_says_budget_not_held(capsys, tmp_path):
     assert "budget NOT held" in text and "true peak 128" in text
     meta = read_trace(trace).meta
     assert meta["attach"]["control"]["budget_held"] is False
+
+
+def _advice(t: int, blocks: int) -> np.ndarray:
+    a = empty(Kind.ALLOC, 2)
+    a["t_ns"], a["addr"], a["bytes"], a["managed"] = t, BASE, blocks * BLOCK_SIZE, True
+    a["op"] = [AllocOp.ALLOC, AllocOp.HOST_PREFERRED]
+    return a
+
+
+def _late_advice_run(with_watermark: bool) -> BudgetCheck:
+    """A 64-block allocation advised host-preferred at 5 ms; the program faults on every block
+    from 10 ms on (remote mappings: nothing arrives). The runtime's reports reach umctl 400 ms
+    late (its reader thread starved of the GIL), long past the 100 ms reorder window; the tools
+    ring is drained every 20 ms. The runtime stream's watermark tells how far it is complete."""
+    chk = BudgetCheck(16 * BLOCK_SIZE, reorder_ms=100, migrations_on=True)
+    for step in range(1, 40):
+        now = step * 20 * MS
+        b = batch(now, fault=faults(now - 10 * MS, range(64)))
+        if with_watermark:
+            b.runtime_ns = max(1, now - 400 * MS)   # what the reader had received by then
+        if now - 400 * MS >= 5 * MS and now - 420 * MS < 5 * MS:
+            b.add(Kind.ALLOC, _advice(5 * MS, 64))  # the advice, delivered 400 ms late
+        chk.observe(b)
+    chk.finish(40 * 20 * MS)
+    return chk
+
+
+def test_faults_wait_for_the_runtimes_advice_before_counting_as_arrivals():
+    """Faults on host-preferred memory are remote mappings, not arrivals. When the advice comes
+    on the runtime's stream later than the reorder window, the faults must wait for it (the
+    stream's watermark says it is behind) instead of each counting a one-page block: the MoE
+    false 'NOT held' (2.5 GiB of blocks, 1.4 GiB of pages) on an H100."""
+    held = _late_advice_run(with_watermark=True)
+    v = held.verdict()
+    assert v.held is True and held.peak_blocks == 0 and held.peak_pages == 0
+    assert held.fault_records_mapped == 39 * 64
+    # without the watermark (the old check) the same stream counts the early faults as 64 blocks
+    # of one page each, above the 16-block budget
+    old = _late_advice_run(with_watermark=False)
+    assert old.verdict().held is False and old.peak_blocks == 64 * BLOCK_SIZE and old.peak_pages == 64 * 4096
+
+
+def test_a_runtime_gone_quiet_holds_faults_back_at_most_a_few_seconds():
+    """A watermark that stops (no launches for a long while) must not keep first-touch faults
+    out of the residency for ever: they are counted once FAULT_HOLD_MAX_NS has passed."""
+    from umctl.loop.budget_check import FAULT_HOLD_MAX_NS
+
+    chk = BudgetCheck(16 * BLOCK_SIZE, reorder_ms=100, migrations_on=True)
+    b = batch(20 * MS, fault=faults(10 * MS, range(32)))
+    b.runtime_ns = 1
+    chk.observe(b)
+    t = 20 * MS
+    while t < 10 * MS + FAULT_HOLD_MAX_NS + 200 * MS:
+        t += 100 * MS
+        q = batch(t)
+        q.runtime_ns = 1
+        chk.observe(q)
+        if t < 10 * MS + FAULT_HOLD_MAX_NS:
+            assert chk.blocks.get(0, 0) == 0   # still waiting for the runtime's stream
+    assert chk.blocks[0] == 32                 # counted: first touches populate the GPU

@@ -111,6 +111,9 @@ def test_reports_decode_to_launch_alloc_copy(built):
     h2d = cp[(cp["kind"] == CopyKind.H2D) & (cp["is_async"] == 0)][0]
     assert h2d["dst_addr"] == res["dA"] and h2d["src_addr"] == res["hA"] and h2d["bytes"] == res["bytes"]
     assert Kind.DROPS not in batch and stats(err)["drops"] == "0,0,0"
+    # the stream is complete up to its newest record (the budget check holds faults back to it)
+    newest = max(int(a["t_ns"].max()) for a in (la, al, cp))
+    assert batch.runtime_ns == src.watermark_ns == newest > 0
 
 
 @pytest.mark.parametrize("param_info", [True, False])

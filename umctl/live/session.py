@@ -77,6 +77,8 @@ def merge_launches(batch: EventBatch, launches: LaunchSource | None,
             batch.add(kind, records)
     if lb.names:
         batch.names = lb.names
+    if lb.runtime_ns is not None:
+        batch.runtime_ns = lb.runtime_ns
     return batch, launches
 
 

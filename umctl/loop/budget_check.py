@@ -40,6 +40,16 @@ Contract (what counts, and why):
   above ``budget + slack`` and the excess integrated over time (GiB·s) are taken from it over the
   observed time (first record to the last time applied). A block that comes and goes within one
   application is therefore not seen in the peak: the resolution is one drain.
+* **Faults wait for the runtime's reports.** Whether a GPU fault brought a page in depends on an
+  ALLOC HOST_PREFERRED record that comes on another stream (the runtime's datagrams, read by
+  another thread of umctl) than the fault (the tools ring). Under load that thread fell behind the
+  ring by more than the reorder window (MoE on an H100: deliveries up to 0.8 s late), and faults
+  on ranges whose advice had not arrived yet counted as one-page arrivals: a block each, never
+  departing (2.5 GiB of blocks holding 1.4 GiB of pages, a false "NOT held"). So where a batch
+  says how far the runtime's stream is complete (``EventBatch.runtime_ns``), fault evidence newer
+  than that, less :data:`RUNTIME_MARGIN_NS`, is held back, for at most :data:`FAULT_HOLD_MAX_NS`
+  past the reorder window (a runtime that goes quiet must not hold the faults for ever).
+  Sources without the runtime give no such time and their faults are not held.
 * **Verdict.** ``held`` is None (unverified) when the source delivers no migration events
   (``migrations_on=False``; or, when not told, none was seen: events off, an old driver, a source
   without them) or migration records were dropped. A source that delivers them and reported none
@@ -76,6 +86,11 @@ IN_FLIGHT_BYTES = 64 << 20
 #: time samples kept for the trace / JSON (pairs are merged, keeping the maxima, beyond this)
 MAX_SAMPLES = 2048
 _ALL = np.uint64(0xFFFF_FFFF_FFFF_FFFF)
+#: the runtime flushes its reports every 2 ms (runtime/rt_reports.c): a record stamped this long
+#: before the newest one received has been sent
+RUNTIME_MARGIN_NS = 20_000_000
+#: the longest fault evidence waits for the runtime's stream beyond the reorder window
+FAULT_HOLD_MAX_NS = 3_000_000_000
 
 
 def default_slack(budget_bytes: int, in_flight_bytes: int = IN_FLIGHT_BYTES) -> int:
@@ -210,6 +225,10 @@ class BudgetCheck:
         self._clr_t = np.full(64, np.iinfo(np.int64).min, np.int64)
         self._clr_mask = np.zeros((64, WORDS), np.uint64)
         self._pending: list[tuple[np.ndarray, ...]] = []   # (t, gpu, addr, end, set?, fault?) arrays
+        #: how far the runtime's report stream is complete (module doc, *Faults wait*); None:
+        #: no runtime stream, faults are judged at the reorder window like everything else
+        self.runtime_ns: int | None = None
+        self.faults_held = 0            # fault records held back for the runtime's stream
         #: host-preferred ranges (module doc, *Evidence*): faults there bring nothing in
         self.host_preferred = RangeSet()
         self.fault_records_mapped = 0   # GPU faults on host-preferred pages (not arrivals)
@@ -232,7 +251,13 @@ class BudgetCheck:
     def observe(self, batch: EventBatch) -> None:
         """Take one batch's evidence (module doc) and apply what is older than the reorder
         window."""
+        rt = batch.runtime_ns
+        if rt is not None:
+            self.runtime_ns = max(self.runtime_ns or rt, rt)
         parts: list[tuple[np.ndarray, ...]] = []
+        al = batch[Kind.ALLOC]
+        if len(al):   # first: this batch's advice judges this batch's faults
+            self.host_preferred.observe(al)
         m = batch[Kind.MIGRATION]
         if len(m):
             self.migrations += len(m)
@@ -249,9 +274,16 @@ class BudgetCheck:
         f = batch[Kind.FAULT]
         if len(f):
             f = f[f["gpu"] >= 0]
-            a = f["addr"].astype(np.int64) & ~np.int64(4095)
-            parts.append((f["t_ns"], f["gpu"].astype(np.int64), a, a + 4096, np.ones(len(f), bool),
-                          np.ones(len(f), bool)))
+            fa = f["addr"].astype(np.int64) & ~np.int64(4095)
+            if len(self.host_preferred) and len(fa):
+                # advice already known: mapped, not arrivals (the rest is judged when applied,
+                # after its advice has had time to come)
+                mapped = self.host_preferred.contains(fa)
+                self.fault_records_mapped += int(mapped.sum())
+                f, fa = f[~mapped], fa[~mapped]
+            if len(f):
+                parts.append((f["t_ns"], f["gpu"].astype(np.int64), fa, fa + 4096, np.ones(len(f), bool),
+                              np.ones(len(f), bool)))
         e = batch[Kind.EVICTION]
         if len(e):
             a = (e["addr"].astype(np.int64) >> BLOCK_SHIFT) << BLOCK_SHIFT
@@ -272,10 +304,8 @@ class BudgetCheck:
             if rows:
                 x = np.array(rows, np.int64)
                 parts.append((x[:, 0], x[:, 1], x[:, 2], x[:, 3], np.ones(len(x), bool), np.zeros(len(x), bool)))
-        a = batch[Kind.ALLOC]
-        if len(a):
-            self.host_preferred.observe(a)
-            for t, op, addr, n in zip(a["t_ns"].tolist(), a["op"].tolist(), a["addr"].tolist(), a["bytes"].tolist()):
+        if len(al):
+            for t, op, addr, n in zip(al["t_ns"].tolist(), al["op"].tolist(), al["addr"].tolist(), al["bytes"].tolist()):
                 if op == AllocOp.FREE and n > 0:
                     parts += self._free_ops(t, addr, addr + n)
         d = batch[Kind.DROPS]
@@ -307,8 +337,10 @@ class BudgetCheck:
                  np.zeros(len(sel), bool))]
 
     def finish(self, now_ns: int | None = None) -> None:
-        """Apply everything still held back (the end of the session)."""
+        """Apply everything still held back (the end of the session: every stream is in)."""
         t = max([int(p[0].max()) for p in self._pending if len(p[0])] + [int(now_ns or 0), self.t_applied or 0])
+        if self.runtime_ns is not None:
+            self.runtime_ns = max(self.runtime_ns, t + 1 + RUNTIME_MARGIN_NS)
         self._apply(t + 1)
 
     # -- state ----------------------------------------------------------------------------
@@ -359,6 +391,14 @@ class BudgetCheck:
                 self.late += int(late.sum())
                 t = np.where(late, self.t_applied, t)
         now = t <= horizon
+        if self.runtime_ns is not None and fault.any():
+            # fault evidence waits until the runtime's reports of its time are in (module doc)
+            fault_horizon = min(horizon, max(self.runtime_ns - RUNTIME_MARGIN_NS, horizon - FAULT_HOLD_MAX_NS))
+            wait = now & fault & (torig > fault_horizon)
+            if wait.any():
+                self.faults_held += int(wait.sum())
+                now &= ~wait
+                t = np.where(wait, torig, t)   # a held record keeps its own time
         # records held back keep their own time (a clamped one is due now, never held back)
         self._pending = [tuple(x[~now] for x in (t, g, lo, hi, up, fault))] if (~now).any() else []
         if not now.any():

@@ -206,6 +206,10 @@ class RuntimeSource:
         self._sock: socket.socket | None = None
         self._rcvbuf = rcvbuf
         self.datagrams = 0
+        #: the newest record time received (target's CLOCK_MONOTONIC, as the tools API's): the
+        #: runtime flushes every 2 ms, so its stream is complete up to about here. The budget
+        #: check holds fault evidence back to it (umctl/loop/budget_check.py, *Faults wait*)
+        self.watermark_ns: int | None = None
         #: pid -> the address its runtime sends from (autobound when UMCTL_RT_CONTROL=1): where
         #: requests for that process go
         self.peers: dict[int, bytes | str] = {}
@@ -253,6 +257,10 @@ class RuntimeSource:
             if addr and len(data) >= HEADER_DTYPE.itemsize:
                 self.peers[int(np.frombuffer(data, HEADER_DTYPE, count=1)[0]["pid"])] = addr
             for k, a in parts:
+                if k in (Kind.LAUNCH, Kind.ALLOC, Kind.COPY) and len(a):
+                    t = int(a["t_ns"].max())
+                    if t > 0 and (self.watermark_ns is None or t > self.watermark_ns):
+                        self.watermark_ns = t
                 if k == DISCARD_DONE_KIND:   # one datagram answers one request
                     w = self._waiting.pop(int(a["id"][0]), None) if len(a) else None
                     if w is not None:
@@ -304,7 +312,7 @@ class RuntimeSource:
         with self._lock:
             pend, self._pending = self._pending, {}
         now = time.monotonic_ns()
-        batch = EventBatch(now_ns=now, names=self.names)
+        batch = EventBatch(now_ns=now, names=self.names, runtime_ns=self.watermark_ns)
         for k, parts in pend.items():
             recs = np.concatenate(parts) if len(parts) > 1 else parts[0]
             if k is Kind.LAUNCH:
