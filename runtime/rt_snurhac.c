@@ -530,9 +530,27 @@ static void part_forget(const void *p)
    (4 KiB each); kind 4 (no fields) "bring only the ranges listed"; kind 3 a range of `size`
    pages from `page`; kind 2 the end. Answer: u32 count of runs, then {i64 id; u32 first page;
    u32 pages} + 4 KiB a page. The diffs are taken after synchronising the caller's stream (before)
-   and this node's slab streams (after); the twins and diffs are host reads of managed memory,
-   which on a real GPU migrates every compared page to the host and back at each kernel (tested
-   on the fake CUDA runtime only). */
+   and this node's slab streams (after).
+
+   Reading managed memory for the diff: a host load of a GPU-resident managed page faults it to
+   the host (a few GB/s, one fault group at a time) and the next kernel faults it back, so every
+   compared page would make a round trip at every kernel (the likeliest reason gemm 4096 took 5 s
+   over 4 ranks of one H200 host, 69 ms in one process). The diff instead copies the compared bytes with the real cudaMemcpy
+   (cudaMemcpyDefault) into a pinned staging buffer, UMCTL_RT_CLUSTER_CHUNK bytes (default 64 MiB)
+   at a time, and compares the stage with the twin: the copy engine reads the pages where they
+   are and nothing migrates. Installed pages are written the same way (host to device). Without
+   the entry point, with UMCTL_RT_CLUSTER_COPY=0, or after a copy failed, host loads and stores.
+   What is compared:
+     'E': under UMP2 a banded buffer only in the pages this node's slabs touch (cl_range, what
+       'B' scopes): the convention says its slabs write nothing else, and after 'B' every twin
+       equals the program's memory, so nothing else can differ; anything else the kernel may
+       write whole. A node with no slab of the kernel compares nothing (kernels kept on one GPU
+       run on node 0 alone);
+     'B' and 'S': every twin whole, on every node. The host's writes into managed memory are
+       plain stores the runtime does not see (initialisation on the host, a result read and
+       rewritten), so there is no cheaper bound that stays correct: node 0 must find them to send
+       them, and the other nodes, running the same host code, must fold them into their twins, or
+       a later 'E' would send them as the kernel's changes over newer bytes of other nodes. */
 #define CL_PAGE 4096
 #define CL_RUN 256   /* pages a run record carries at most */
 struct cl_rec { int64_t id; uint64_t size; uint32_t page, kind; };
@@ -541,8 +559,17 @@ static int cl_fd = -1, cl_node;
 static int cl_behind;   /* a partitioned kernel ended since this node's data was last made current */
 static struct cl_twin cl_tw[MAX_RO];
 static int cl_ntw;
-static unsigned char *cl_buf;   /* a run's bytes on their way (2 x CL_RUN pages), under part_mu */
+static unsigned char *cl_buf;   /* installed pages on their way (2 x CL_RUN pages), under part_mu */
+static unsigned char *cl_stage; /* compared bytes copied out of managed memory (cl_chunk), under part_mu */
+static size_t cl_chunk = (size_t)64 << 20;   /* UMCTL_RT_CLUSTER_CHUNK, whole pages */
+static int cl_copy = 1;         /* UMCTL_RT_CLUSTER_COPY: read and write managed memory with cudaMemcpy */
+/* per twin, the pages [cl_lo, cl_hi) the 'E' after this 'B' compares */
+static size_t cl_lo[MAX_RO], cl_hi[MAX_RO];
 static _Atomic u64 st_cl_compared, st_cl_sent, st_cl_installed;
+/* UMCTL_RT_STATS: host time in 'B', 'E' and 'S', of it blocked on the agent's answer, and in the
+   cudaMemcpy copies of managed memory (with their bytes: read for the diffs, written by installs;
+   host loads and stores are not counted) */
+static _Atomic u64 st_cl_ns[3], st_cl_wait_ns, st_cl_copy_ns, st_cl_rd_bytes, st_cl_wr_bytes;
 
 static pthread_once_t cl_once = PTHREAD_ONCE_INIT;
 static void cl_config(void)
@@ -550,6 +577,10 @@ static void cl_config(void)
     const char *v = getenv("UMCTL_RT_CLUSTER_FD");
     cl_fd = v && *v ? atoi(v) : -1;
     cl_node = (int)env_size("UMCTL_RT_NODE", 0);
+    if (getenv("UMCTL_RT_CLUSTER_COPY"))
+        cl_copy = env_on("UMCTL_RT_CLUSTER_COPY");
+    size_t c = env_size("UMCTL_RT_CLUSTER_CHUNK", cl_chunk) / CL_PAGE * CL_PAGE;
+    cl_chunk = c ? c : CL_PAGE;
 }
 
 /* once: host syncs ask from any thread, outside part_mu */
@@ -573,13 +604,63 @@ static int cl_io(int wr, void *p, size_t n)
     return 0;
 }
 
-static unsigned char *cl_run_buf(void)
+/* A host buffer of n bytes for copies of managed memory: pinned where the copies go through
+   cudaMemcpy (a copy from pageable memory is staged by the driver, at a fraction of the speed;
+   portable: any of the node's GPUs copies), else ordinary memory. Once, under part_mu. */
+static unsigned char *cl_host_buf(size_t n)
 {
-    if (!cl_buf && !(cl_buf = malloc(2 * CL_RUN * CL_PAGE))) {
+    void *p = NULL;
+    if (cl_copy && get_cudaHostAlloc()) {
+        tl_internal++;
+        if (get_cudaHostAlloc()(&p, n, 1 /* portable */) != 0)
+            p = NULL;
+        if (!p && get_cudaGetLastError())
+            get_cudaGetLastError()();   /* our attempt must not leave an error behind */
+        tl_internal--;
+    }
+    if (!p && !(p = malloc(n))) {
         fprintf(stderr, "umctl runtime: out of memory for the cluster agent's pages\n");
         _exit(70);
     }
-    return cl_buf;
+    return p;
+}
+
+static unsigned char *cl_run_buf(void)
+{
+    return cl_buf ? cl_buf : (cl_buf = cl_host_buf(2 * CL_RUN * CL_PAGE));
+}
+
+static unsigned char *cl_stage_buf(void)
+{
+    return cl_stage ? cl_stage : (cl_stage = cl_host_buf(cl_chunk));
+}
+
+/* n bytes between managed memory and one of our host buffers (`to_managed`: which way), through
+   the real cudaMemcpy (the copy engine reads or writes GPU-resident pages in place; synchronous
+   here: the staging buffer is pinned, and a copy out of pageable memory into the device is
+   waited for below), else host loads and stores. A failing copy makes every later one a host
+   access, once said. */
+static void cl_move(void *dst, const void *src, size_t n, int to_managed)
+{
+    if (!n)
+        return;
+    if (cl_copy && get_cudaMemcpy()) {
+        int64_t t0 = now_ns();
+        tl_internal++;
+        cudaError_t e = get_cudaMemcpy()(dst, src, n, cudaMemcpyDefault);
+        if (e != 0 && get_cudaGetLastError())
+            get_cudaGetLastError()();
+        tl_internal--;
+        atomic_fetch_add(&st_cl_copy_ns, (u64)(now_ns() - t0));
+        if (e == 0) {
+            atomic_fetch_add(to_managed ? &st_cl_wr_bytes : &st_cl_rd_bytes, n);
+            return;
+        }
+        fprintf(stderr, "umctl runtime: cudaMemcpy of managed memory for the cluster agent failed (error %d): "
+                        "host loads and stores from now on\n", e);
+        cl_copy = 0;
+    }
+    memcpy(dst, src, n);
 }
 
 /* The managed allocations now, with their twins (a new one's twin is zeros: fresh UM). */
@@ -610,48 +691,66 @@ static void cl_refresh(void)
         }
 }
 
-/* One run of changed pages [p0, p0 + np) of twin t: its new and old bytes, one record. */
-static void cl_send_run(struct cl_twin *t, size_t p0, size_t np)
+static const unsigned char cl_zeros[CL_PAGE];
+
+/* One run of changed pages [p0, p0 + np) of twin t, one record: their new bytes (`cur`, the
+   stage) then their old ones (the twin), each padded to whole pages. */
+static void cl_send_run(struct cl_twin *t, size_t p0, size_t np, const unsigned char *cur)
 {
-    unsigned char *buf = cl_run_buf();
-    memset(buf, 0, 2 * np * CL_PAGE);
-    size_t off = p0 * CL_PAGE, len = t->n - off < np * CL_PAGE ? t->n - off : np * CL_PAGE;
-    memcpy(buf, (unsigned char *)t->addr + off, len);
-    memcpy(buf + np * CL_PAGE, t->twin + off, len);
+    size_t off = p0 * CL_PAGE, len = t->n - off < np * CL_PAGE ? t->n - off : np * CL_PAGE, pad = np * CL_PAGE - len;
     struct cl_rec r = {t->id, np, (uint32_t)p0, 5};
     cl_io(1, &r, sizeof r);
-    cl_io(1, buf, 2 * np * CL_PAGE);
+    cl_io(1, (void *)cur, len);
+    cl_io(1, (void *)cl_zeros, pad);
+    cl_io(1, t->twin + off, len);
+    cl_io(1, (void *)cl_zeros, pad);
     atomic_fetch_add(&st_cl_sent, np);
 }
 
-/* The pages of the twins whose `skip` is 0 that differ from the program's memory: sent as runs
-   (when `send`), and the twins updated. */
-static void cl_send_diff(int send, const unsigned char *skip)
+/* The pages [p0, p1) of twin t that differ from the program's memory: sent as runs (when `send`),
+   and the twin updated. The pages come through the stage a chunk at a time; a run ends at a
+   chunk's end (a run is any number of consecutive pages to the agent). */
+static void cl_diff(struct cl_twin *t, size_t p0, size_t p1, int send)
 {
-    for (int k = 0; k < cl_ntw; k++) {
-        struct cl_twin *t = &cl_tw[k];
-        if (!t->twin || (skip && skip[k]))
-            continue;
-        size_t pages = (t->n + CL_PAGE - 1) / CL_PAGE, run0 = 0, nrun = 0;
-        atomic_fetch_add(&st_cl_compared, pages);
-        for (size_t pg = 0; pg <= pages; pg++) {
+    unsigned char *stage = cl_stage_buf();
+    const size_t per = cl_chunk / CL_PAGE;
+    for (size_t c0 = p0; c0 < p1; c0 += per) {
+        size_t c1 = p1 - c0 < per ? p1 : c0 + per;
+        size_t off = c0 * CL_PAGE, end = c1 * CL_PAGE < t->n ? c1 * CL_PAGE : t->n;
+        cl_move(stage, (unsigned char *)t->addr + off, end - off, 0);
+        atomic_fetch_add(&st_cl_compared, c1 - c0);
+        size_t run0 = 0, nrun = 0;
+        for (size_t pg = c0; pg <= c1; pg++) {
             int changed = 0;
-            if (pg < pages) {
-                size_t off = pg * CL_PAGE, len = t->n - off < CL_PAGE ? t->n - off : CL_PAGE;
-                unsigned char *cur = (unsigned char *)t->addr + off;
-                changed = memcmp(cur, t->twin + off, len) != 0;
+            if (pg < c1) {
+                size_t o = pg * CL_PAGE, len = end - o < CL_PAGE ? end - o : CL_PAGE;
+                changed = memcmp(stage + (o - off), t->twin + o, len) != 0;
             }
             if (changed && !nrun)
                 run0 = pg;
             nrun += changed;
             if ((!changed || nrun == CL_RUN) && nrun) {
+                size_t o = run0 * CL_PAGE, len = end - o < nrun * CL_PAGE ? end - o : nrun * CL_PAGE;
                 if (send)
-                    cl_send_run(t, run0, nrun);
-                size_t off = run0 * CL_PAGE, len = t->n - off < nrun * CL_PAGE ? t->n - off : nrun * CL_PAGE;
-                memcpy(t->twin + off, (unsigned char *)t->addr + off, len);
+                    cl_send_run(t, run0, nrun, stage + (o - off));
+                memcpy(t->twin + o, stage + (o - off), len);
                 nrun = 0;
             }
         }
+    }
+}
+
+/* The twins whose `skip` is 0, whole or (`scoped`) in their pages [cl_lo, cl_hi): cl_diff. */
+static void cl_send_diff(int send, const unsigned char *skip, int scoped)
+{
+    for (int k = 0; k < cl_ntw; k++) {
+        struct cl_twin *t = &cl_tw[k];
+        if (!t->twin || (skip && skip[k]))
+            continue;
+        size_t pages = (t->n + CL_PAGE - 1) / CL_PAGE;
+        size_t p0 = scoped ? cl_lo[k] : 0, p1 = scoped && cl_hi[k] < pages ? cl_hi[k] : pages;
+        if (p1 > p0)
+            cl_diff(t, p0, p1, send);
     }
 }
 
@@ -660,7 +759,10 @@ static void cl_install(void)
 {
     uint32_t count = 0;
     unsigned char *buf = cl_run_buf();
-    cl_io(0, &count, sizeof count);
+    int64_t t0 = now_ns();
+    cl_io(0, &count, sizeof count);   /* the agent answers once the cluster is where we are */
+    atomic_fetch_add(&st_cl_wait_ns, (u64)(now_ns() - t0));
+    int copied = 0;
     for (uint32_t i = 0; i < count; i++) {
         struct { int64_t id; uint32_t page, n; } h;
         cl_io(0, &h, sizeof h);
@@ -672,11 +774,21 @@ static void cl_install(void)
                     size_t off = (size_t)(h.page + done) * CL_PAGE;
                     size_t len = cl_tw[k].n - off < (size_t)np * CL_PAGE ? cl_tw[k].n - off : (size_t)np * CL_PAGE;
                     memcpy(cl_tw[k].twin + off, buf, len);
-                    memcpy((unsigned char *)cl_tw[k].addr + off, buf, len);
+                    cl_move((unsigned char *)cl_tw[k].addr + off, buf, len, 1);
+                    copied = 1;
                 }
             done += np;
         }
         atomic_fetch_add(&st_cl_installed, h.n);
+    }
+    /* a copy into the device from pageable memory (no pinned buffer) may return before its DMA
+       ends, on the legacy stream, which the slabs' non-blocking streams do not wait for */
+    if (copied && cl_copy && get_cudaStreamSynchronize()) {
+        int64_t t1 = now_ns();
+        tl_internal++;
+        get_cudaStreamSynchronize()(NULL);
+        tl_internal--;
+        atomic_fetch_add(&st_cl_copy_ns, (u64)(now_ns() - t1));
     }
 }
 
@@ -724,10 +836,11 @@ static void cl_range(const struct cl_twin *t, int band, const unsigned *edges, i
 }
 
 /* 'B' or 'S': allocations (with this kernel's read-only codes), the host's changes, what this
-   node's slabs touch (UMP2), install. */
+   node's slabs touch (UMP2), install. A 'B' also sets the pages its 'E' compares (cl_lo, cl_hi). */
 static unsigned char cl_code[MAX_RO];
 static void cl_begin(char type, struct finfo *fi, void **args, const struct umctl_part *p, const unsigned *edges)
 {
+    int64_t t0 = now_ns();
     cl_refresh();
     cl_codes(fi, args, p, cl_code);
     cl_io(1, &type, 1);
@@ -735,54 +848,71 @@ static void cl_begin(char type, struct finfo *fi, void **args, const struct umct
         struct cl_rec r = {cl_tw[k].id, cl_tw[k].n, cl_code[k], 0};
         cl_io(1, &r, sizeof r);
     }
-    cl_send_diff(cl_node == 0, NULL);
+    cl_send_diff(cl_node == 0, NULL, 0);
+    /* no slab of the kernel here (one kept on one GPU runs on node 0 alone): it changes nothing */
+    int mine = edges && edges[part_first + part_local] > edges[part_first];
+    for (int k = 0; k < cl_ntw; k++)
+        cl_lo[k] = 0, cl_hi[k] = mine ? (cl_tw[k].n + CL_PAGE - 1) / CL_PAGE : 0;
     if (p && p->magic == UMCTL_PART_MAGIC2 && edges) {
         struct cl_rec scoped = {-1, 0, 0, 4};
         cl_io(1, &scoped, sizeof scoped);
         for (int k = 0; k < cl_ntw; k++) {
             if (!cl_code[k])
                 continue;   /* not passed to this kernel */
-            int band = 0;
+            /* banded only if every pointer the kernel gets into it is: one passed whole as well
+               may be read and written anywhere */
+            int band = 0, whole = 0;
             for (int i = 1; i < 32 && args; i++) {
                 size_t n = 0;
-                if (((p->band_mask >> i) & 1) && args[i] && alloc_base(*(void **)args[i], &n) == cl_tw[k].addr)
+                if (!(((p->ro_mask | p->wr_mask) >> i) & 1) || !args[i] ||
+                    alloc_base(*(void **)args[i], &n) != cl_tw[k].addr)
+                    continue;
+                if ((p->band_mask >> i) & 1)
                     band = 1;
+                else
+                    whole = 1;
             }
             size_t p0, p1;
-            cl_range(&cl_tw[k], band, edges, cfg_gpus, &p0, &p1);
+            cl_range(&cl_tw[k], band && !whole, edges, cfg_gpus, &p0, &p1);
             if (p1 > p0) {
                 struct cl_rec r = {cl_tw[k].id, p1 - p0, (uint32_t)p0, 3};
                 cl_io(1, &r, sizeof r);
             }
+            /* UMP2: the slabs write a banded buffer in their bands only, within what they touch */
+            if (mine)
+                cl_lo[k] = p0, cl_hi[k] = p1;
         }
     }
     struct cl_rec end = {-1, 0, 0, 2};
     cl_io(1, &end, sizeof end);
     cl_install();
+    atomic_fetch_add(&st_cl_ns[type == 'B' ? 0 : 2], (u64)(now_ns() - t0));
 }
 
-/* 'E': what this node's slabs changed in the buffers the kernel may write. */
+/* 'E': what this node's slabs changed in the buffers the kernel may write, in the pages its 'B'
+   said they may write (cl_lo, cl_hi). */
 static void cl_end(const struct umctl_part *p)
 {
+    int64_t t0 = now_ns();
     unsigned char skip[MAX_RO];
     int v2 = p && p->magic == UMCTL_PART_MAGIC2;
     for (int k = 0; k < cl_ntw; k++)
         skip[k] = cl_code[k] == 1 || (v2 && cl_code[k] == 0);
     char type = 'E';
     cl_io(1, &type, 1);
-    cl_send_diff(1, skip);
+    cl_send_diff(1, skip, 1);
     struct cl_rec end = {-1, 0, 0, 2};
     cl_io(1, &end, sizeof end);
     cl_install();
+    atomic_fetch_add(&st_cl_ns[1], (u64)(now_ns() - t0));
 }
 
 /* The host is about to read what the kernels wrote: it waited for the GPU (cudaDeviceSynchronize,
    cudaStreamSynchronize, cudaEventSynchronize: PASS_SYNC / PASS_WAIT below) or copies managed
    data to the host (copy_host_sync). Brings the pages other nodes wrote in the partitioned kernels
    since the last time ('S'), once: further waits before the next partitioned kernel find nothing
-   new and cost nothing (an 'S' reads every managed byte on the host to diff it against its twin,
-   which on a real GPU migrates every managed page to the host, then faults in every page the node
-   lacks, a lock and a page request per 2 MiB block). Nor is there anything to bring before the
+   new and cost nothing (an 'S' copies every managed byte out to diff it against its twin, then
+   the agent faults in every page the node lacks, a lock and a page request per 2 MiB block). Nor is there anything to bring before the
    first partitioned kernel, and an 'S' there would be wrong: node 0's copies in may not have
    reached its agent yet, and the agent would hand back zeros over this node's own copies in.
    Not collective: the agent fetches the pages from the nodes holding them, point to point, while
@@ -797,12 +927,15 @@ __attribute__((destructor)) static void part_fini(void)
         fprintf(stderr,
                 "umctl_rt_snurhac: ranges=%llu single_overlap=%llu single_atomics=%llu overlap_max=%.2f preferred=%llu "
                 "accessed_by=%llu prefetches=%llu prefetch_mib=%.1f cluster_pages=%llu,%llu,%llu part_ms=%.1f place_ms=%.1f "
-                "prefetch_call_ms=%.1f advise_ms=%.1f,%.1f,%.1f,%.1f\n",
+                "prefetch_call_ms=%.1f advise_ms=%.1f,%.1f,%.1f,%.1f cl_ms=%.1f,%.1f,%.1f cl_wait_ms=%.1f cl_copy_ms=%.1f "
+                "cl_copy_mib=%.1f,%.1f\n",
                 (unsigned long long)st_ranges, (unsigned long long)st_one_overlap, (unsigned long long)st_one_atomics,
                 st_overlap_max, (unsigned long long)st_pref, (unsigned long long)st_accessed, (unsigned long long)st_pf,
                 st_pf_bytes / 1048576.0, (unsigned long long)st_cl_compared, (unsigned long long)st_cl_sent,
                 (unsigned long long)st_cl_installed, st_part_ns / 1e6, st_place_ns / 1e6, st_pf_ns / 1e6,
-                st_adv_ns[0] / 1e6, st_adv_ns[1] / 1e6, st_adv_ns[2] / 1e6, st_adv_ns[3] / 1e6);
+                st_adv_ns[0] / 1e6, st_adv_ns[1] / 1e6, st_adv_ns[2] / 1e6, st_adv_ns[3] / 1e6, st_cl_ns[0] / 1e6,
+                st_cl_ns[1] / 1e6, st_cl_ns[2] / 1e6, st_cl_wait_ns / 1e6, st_cl_copy_ns / 1e6, st_cl_rd_bytes / 1048576.0,
+                st_cl_wr_bytes / 1048576.0);
 }
 
 static void cl_host_sync(void)

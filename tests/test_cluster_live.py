@@ -138,15 +138,18 @@ def test_umctl_run_hosts_refusals_are_one_line(capsys, args, msg):
 from test_snurhac_runtime import snu  # noqa: E402,F401 - the fake-CUDA program with the UMP2 convention
 
 
-def run_snu_cluster(snu, tmp_path, script: str, nodes: int = 2, mb: int = 2):
+def run_snu_cluster(snu, tmp_path, script: str, nodes: int = 2, mb: int = 2, extra: dict | None = None,
+                    err: list | None = None):
     env = {k: v for k, v in os.environ.items() if not k.startswith(("UMCTL_RT_", "LD_PRELOAD", "FAKE_"))}
     env.update(MPI_ENV, FAKE_LIBCUDA=str(snu["libcuda"]), FAKE_DEVICES="1", UMCTL_RT_LIBCUDA=str(snu["libcuda"]),
-               UMCTL_RT_STATS="1", SNU_MB=str(mb))
+               UMCTL_RT_STATS="1", SNU_MB=str(mb), **(extra or {}))
     p = subprocess.run([MPIRUN, "--oversubscribe", "-n", str(nodes), sys.executable, "-m", "umctl.cluster.live",
                         "--gpus", "1", "--um-space", str(64 << 20), "--timeout", "20", "--stats", str(tmp_path / "st"),
                         "--library", str(built_lib(snu)), "--", str(snu["snuprog"]), "ranges", script],
                        env=env, capture_output=True, text=True, timeout=120)
     assert p.returncode == 0, p.stderr[-3000:]
+    if err is not None:
+        err.append(p.stderr)
     sums = [ln.split()[1] for ln in p.stderr.splitlines() if ln.startswith("CSUM ")]
     rt = [dict(kv.split("=", 1) for kv in ln.split()[1:]) for ln in p.stderr.splitlines()
           if ln.startswith("umctl_rt_snurhac:")]
@@ -158,6 +161,23 @@ def built_lib(snu):
     return snu["lib"]
 
 
+P = (2 << 20) // 4096   # pages of A, B and C (SNU_MB=2); owner is one page
+#: pages of C a node's slabs touch under UMP2: 8 of the grid's 16 block rows, and one row of halo
+BAND = 9 * P // 16
+
+
+def compared(rt) -> list[int]:
+    return [int(r["cluster_pages"].split(",")[0]) for r in rt]
+
+
+def snu_plain_sum(snu, script: str) -> str:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("UMCTL_RT_", "LD_PRELOAD", "FAKE_"))}
+    env.update(FAKE_LIBCUDA=str(snu["libcuda"]), SNU_MB="2")
+    plain = subprocess.run([str(snu["snuprog"]), "ranges", script], env=env, capture_output=True, text=True,
+                           timeout=60, check=True)
+    return json.loads(next(ln for ln in plain.stdout.splitlines() if ln.startswith("RESULT "))[7:])["c_sum"]
+
+
 def test_ranges_bring_a_node_only_what_its_slabs_touch(snu, tmp_path):
     """The same kernels over 2 nodes, without (UMPT) and with (UMP2) the convention's ranges:
     the host reads back the same C as the run without umctl on both nodes. With the ranges a node
@@ -165,12 +185,9 @@ def test_ranges_bring_a_node_only_what_its_slabs_touch(snu, tmp_path):
     UMPT node, which gets every page of every buffer it lacks. After each kernel only the buffers
     it may write are compared with their twins (A and B are marked read-only): per launch the 'B'
     compares every buffer, the 'E' owner and C, and the host's read after the last kernel every
-    buffer once."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("UMCTL_RT_", "LD_PRELOAD", "FAKE_"))}
-    env.update(FAKE_LIBCUDA=str(snu["libcuda"]), SNU_MB="2")
-    plain = subprocess.run([str(snu["snuprog"]), "ranges", "vvvv"], env=env, capture_output=True, text=True,
-                           timeout=60, check=True)
-    want = json.loads(next(ln for ln in plain.stdout.splitlines() if ln.startswith("RESULT "))[7:])["c_sum"]
+    buffer once. With the ranges the 'E' compares owner and C only in the node's band (C's half
+    and a block row of halo), not whole: it fails if a page outside the band is compared."""
+    want = snu_plain_sum(snu, "vvvv")
     s1, rt1, st1 = run_snu_cluster(snu, tmp_path, "vvvv")
     s2, rt2, st2 = run_snu_cluster(snu, tmp_path, "gggg")
     assert s1 == [want] * 2 and s2 == [want] * 2
@@ -179,9 +196,41 @@ def test_ranges_bring_a_node_only_what_its_slabs_touch(snu, tmp_path):
     # C, written by the kernel before); with the ranges its own band (+ a block's share of halo)
     # is all it needs, and it has it
     assert st2[1]["pages_sent_at_launch"] < 0.8 * st1[1]["pages_sent_at_launch"]
-    P = (2 << 20) // 4096          # pages of A, B and C; owner is one page
-    compared = [int(r["cluster_pages"].split(",")[0]) for r in rt1]
-    assert compared == [4 * (1 + 3 * P) + 4 * (1 + P) + (1 + 3 * P)] * 2
+    assert compared(rt1) == [4 * (1 + 3 * P) + 4 * (1 + P) + (1 + 3 * P)] * 2
+    assert compared(rt2) == [4 * (1 + 3 * P) + 4 * (1 + BAND) + (1 + 3 * P)] * 2
+
+
+@pytest.mark.parametrize("mode", ["copy", "small-chunks", "host", "copy-fails"])
+def test_the_diff_copies_managed_memory_out_with_cudamemcpy(snu, tmp_path, mode):
+    """The twins are compared with copies of the managed bytes the runtime makes with the real
+    cudaMemcpy into a pinned stage (on a GPU: the copy engine reads GPU-resident pages where they
+    are, no page migrates to the host), and installed pages are written back the same way: every
+    compared byte is copied out once. In chunks of 3 pages (runs end at a chunk's end), with the
+    copies turned off (UMCTL_RT_CLUSTER_COPY=0) or failing (the fake runtime's copies to pinned
+    memory fail: the runtime says so once and uses host loads and stores), the same results and
+    the same pages compared, and no copy counted. The stats line gives the time in each phase."""
+    extra = {"copy": {}, "small-chunks": {"UMCTL_RT_CLUSTER_CHUNK": str(3 * 4096)},
+             "host": {"UMCTL_RT_CLUSTER_COPY": "0"}, "copy-fails": {"FAKE_PINNED_COPY_FAILS": "1"}}[mode]
+    err: list[str] = []
+    sums, rt, st = run_snu_cluster(snu, tmp_path, "gggg", extra=extra, err=err)
+    assert sums == [snu_plain_sum(snu, "gggg")] * 2
+    assert compared(rt) == [4 * (1 + 3 * P) + 4 * (1 + BAND) + (1 + 3 * P)] * 2
+    failed = err[0].count("cudaMemcpy of managed memory for the cluster agent failed")
+    assert failed == (2 if mode == "copy-fails" else 0)     # once a node
+    for r in rt:
+        b, e, s_ = map(float, r["cl_ms"].split(","))
+        assert b > 0 and e > 0 and s_ > 0 and float(r["cl_wait_ms"]) <= b + e + s_
+        rd, wr = map(float, r["cl_copy_mib"].split(","))
+        installed = int(r["cluster_pages"].split(",")[2])
+        if mode in ("copy", "small-chunks"):
+            # owner's 256 bytes and 3 x 2 MiB at each 'B' and at the 'S', owner and C's band at each 'E'
+            want = (5 * (256 + 3 * (2 << 20)) + 4 * (256 + BAND * 4096)) / 2**20
+            assert abs(rd - want) < 0.06, (rd, want)
+            assert (wr > 0) == (installed > 0) and wr <= installed * 4096 / 2**20 + 0.05
+            assert float(r["cl_copy_ms"]) >= 0
+        else:
+            assert (rd, wr) == (0.0, 0.0)
+    assert sum(int(r["cluster_pages"].split(",")[2]) for r in rt) > 0   # pages did cross
 
 
 def test_a_rank_a_gpu_gets_its_own_gpus():

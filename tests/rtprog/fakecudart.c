@@ -177,7 +177,16 @@ API int cudaFree(void *p) { return p ? drop(p) : 0; }
 API int cudaFreeHost(void *p) { return drop(p); }
 
 static int copy(void *d, const void *s, size_t n) { __sync_fetch_and_add(&fake_copies, 1); memmove(d, s, n); return 0; }
-API int cudaMemcpy(void *d, const void *s, size_t n, int kind) { (void)kind; return copy(d, s, n); }
+/* FAKE_PINNED_COPY_FAILS: a synchronous copy to or from pinned memory fails (cudaErrorInvalidValue,
+   left as the last error), so that a caller's fallback for a copy it cannot make is tested */
+static int pinned(const void *p) { int i = find(p); return i >= 0 && tab[i].type == T_HOST; }
+API int cudaMemcpy(void *d, const void *s, size_t n, int kind)
+{
+    (void)kind;
+    if (getenv("FAKE_PINNED_COPY_FAILS") && (pinned(d) || pinned(s)))
+        return (last_error = 1);
+    return copy(d, s, n);
+}
 
 /* the fake copy engine: deferred copies out of pinned memory, in order per stream */
 static pthread_mutex_t ce_mu = PTHREAD_MUTEX_INITIALIZER;
