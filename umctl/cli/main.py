@@ -72,6 +72,8 @@ _SUBCOMMANDS: dict[str, tuple[str, str, dict]] = {
     "run": ("live_cmd", "run_command", {"context_settings": {"allow_extra_args": True,
                                                             "ignore_unknown_options": True}}),
     "sweep": ("sweep_cmd", "sweep_command", {}),
+    "capture": ("capture_cmd", "capture_command", {}),
+    "advise": ("advise_cmd", "advise_command", {}),
     "scenarios": ("scenarios_cmd", "scenarios_command",
                   {"help": "List the built-in scenarios and their parameters.\n\n"
                            "Example: [bold]umctl scenarios --family dnn[/bold]"}),
@@ -123,7 +125,7 @@ def _run_replay(target: str, modes: str, overrides: dict[str, str], seed: int, p
     from ..sim.calibration import DEFAULT as DEFAULT_CALIBRATION
     from ..sim.calibration import Calibration
     from ..sim.replay import parse_modes, replay_results, result_rows, run_modes
-    from ..workload.target import resolve_target
+    from ..workload.workfile import resolve as resolve_target   # scenarios, traces and .umw captures
 
     check_output_path(png, "figure")
     check_output_path(timeline, "timeline")
@@ -230,7 +232,7 @@ def _jsonable(d: dict) -> dict:
 @app.command()
 def replay(
     target: str = typer.Argument(..., help="Scenario name (see `umctl scenarios`), scenario file "
-                                 "(file.toml or file.toml:name) or trace file (.parquet)."),
+                                 "(file.toml or file.toml:name), trace file (.parquet) or captured model (.umw, umctl capture)."),
     mode: str = typer.Option("none,oracle", "--mode", "-m", help="Comma-separated controller modes, or 'all'."),
     oversub: Optional[float] = typer.Option(None, help="Oversubscription: managed footprint / GPU memory, in (0, 64]."),
     gpu_mem: Optional[str] = typer.Option(None, "--gpu-mem", help="Simulated GPU memory, e.g. 1GiB (64 KiB to 64 TiB)."),

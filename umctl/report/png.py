@@ -17,7 +17,7 @@ from ..sim.engine import SimResult  # noqa: E402
 from ..units import GiB  # noqa: E402
 
 
-def _save(fig, path: str, what: str = "figure") -> None:
+def save_figure(fig, path: str, what: str = "figure") -> None:
     """Write ``fig`` to ``path`` as a PNG, under exactly that name (an explicit format: matplotlib
     appends ".png" to a name without an ending otherwise), and close it. An OSError (a full
     disk, a directory that went away) is one line naming the file: the replay before it may
@@ -78,7 +78,7 @@ def replay_png(results: list[SimResult], rows: list[ReplayResult], path: str, ti
     a.set_title("faults over time")
     a.legend()
     fig.tight_layout()
-    _save(fig, path)
+    save_figure(fig, path)
 
 
 def sweep_png(sweeps: dict[str, list[dict]], path: str, title: str) -> None:
@@ -100,7 +100,7 @@ def sweep_png(sweeps: dict[str, list[dict]], path: str, title: str) -> None:
         a.set_title(what)
     fig.suptitle(title, fontsize=11)
     fig.tight_layout()
-    _save(fig, path)
+    save_figure(fig, path)
 
 
 def timeline_png(results: list[SimResult], path: str, title: str, *, titles: list[str] | None = None) -> None:
@@ -133,7 +133,7 @@ def timeline_png(results: list[SimResult], path: str, title: str, *, titles: lis
         a.grid(axis="x", alpha=0.3)
     axes[-1, 0].set_xlabel("simulated time (ms); colours: buffers; red: host waiting on a write-protected page")
     fig.tight_layout()
-    _save(fig, path, "timeline")
+    save_figure(fig, path, "timeline")
 
 
 def _needs_sims(report: ReplayReport, what: str) -> list[SimResult]:

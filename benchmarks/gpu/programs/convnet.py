@@ -72,5 +72,24 @@ def main() -> None:
     C.finish_training("convnet", total, losses, list(model.parameters()) + list(model.buffers()))
 
 
+def make_step(batch: int, device, blocks: str = "3,4,6,3", width: int = 64, image: int = 224, classes: int = 1000):
+    """The step main() runs, for ``umctl capture``/``umctl advise`` (the defaults are main()'s):
+    ``umctl capture benchmarks/gpu/programs/convnet.py:make_step --batch 24 -o c.umw``. Images
+    come from torch.randn (main() draws them from a seeded CUDA generator)."""
+    model = resnet([int(x) for x in blocks.split(",")], width, classes).to(device)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9, foreach=False)
+    lossf = nn.CrossEntropyLoss()
+
+    def step() -> None:
+        x = torch.randn(batch, 3, image, image, device=device)
+        y = torch.randint(0, classes, (batch,), device=device)
+        opt.zero_grad(set_to_none=False)
+        loss = lossf(model(x), y)
+        loss.backward()
+        opt.step()
+
+    return model, step
+
+
 if __name__ == "__main__":
     main()

@@ -82,5 +82,58 @@ def main() -> None:
     C.finish_training("moe", total, losses, params, touched=sum(steady) / len(steady))
 
 
+def make_step(batch: int, device, d_model: int = 1024, hidden: int = 4096, experts: int = 16, layers: int = 3,
+              noise: float = 0.25, clusters: int = 8):
+    """The step main() runs, for ``umctl capture``/``umctl advise``, with ``batch`` tokens (main()'s
+    --tokens, default 2048): ``umctl capture benchmarks/gpu/programs/moe.py:make_step --batch 2048
+    -o m.umw``. The other defaults are main()'s. A capture cannot see the clustered routing that
+    main() produces (a handful of experts per step): it routes tokens uniformly over all experts
+    (docs/guide/advise.md)."""
+    nn = torch.nn
+    d, E = d_model, experts
+
+    class Layer(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.router = nn.Linear(d, E, bias=False, device=device)
+            self.norm = nn.LayerNorm(d, device=device)
+            self.up = nn.ParameterList([nn.Parameter(torch.randn(hidden, d, device=device) / d ** 0.5)
+                                        for _ in range(E)])
+            self.down = nn.ParameterList([nn.Parameter(torch.randn(d, hidden, device=device) / hidden ** 0.5)
+                                          for _ in range(E)])
+
+        def forward(self, x):
+            h = self.norm(x)
+            gate = self.router(h).softmax(-1)
+            p, e = gate.max(-1)
+            out = torch.zeros_like(x)
+            for j in torch.unique(e).tolist():
+                idx = (e == j).nonzero().squeeze(1)
+                y = F.gelu(h[idx] @ self.up[j].t()) @ self.down[j].t()
+                out = out.index_copy(0, idx, y * p[idx, None])
+            return x + out
+
+    model = nn.ModuleList([Layer() for _ in range(layers)])
+    head = nn.Linear(d, 1).to(device)
+    params = list(model.parameters()) + list(head.parameters())
+    opt = torch.optim.SGD(params, lr=1e-3, foreach=False)
+
+    def step() -> None:
+        centres = torch.randn(clusters, d, device=device) * 3
+        which = torch.randint(0, clusters, (batch,), device=device)
+        x = centres[which] + noise * torch.randn(batch, d, device=device)
+        y = torch.randn(batch, 1, device=device)
+        opt.zero_grad(set_to_none=True)
+        h = x
+        for layer in model:
+            h = layer(h)
+        loss = F.mse_loss(head(h), y)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, 1.0, foreach=False)
+        opt.step()
+
+    return nn.ModuleDict({"layers": model, "head": head}), step
+
+
 if __name__ == "__main__":
     main()

@@ -46,5 +46,38 @@ def main() -> None:
     C.finish_training("transformer", total, losses, list(model.parameters()))
 
 
+def make_step(batch: int, device, d_model: int = 1024, heads: int = 16, layers: int = 4, ff: int = 4096,
+              vocab: int = 8192, seq: int = 256):
+    """The step main() runs, for ``umctl capture``/``umctl advise`` (the defaults are main()'s):
+    ``umctl capture benchmarks/gpu/programs/transformer.py:make_step --batch 8 -o t.umw``.
+    Token batches come from torch.randint (main() draws them from a seeded CUDA generator), and
+    attention is the math path, as main() sets it (C.setup)."""
+    for name in ("enable_flash_sdp", "enable_mem_efficient_sdp", "enable_cudnn_sdp"):
+        fn = getattr(torch.backends.cuda, name, None)
+        if fn is not None:
+            fn(False)
+    layer = torch.nn.TransformerEncoderLayer(d_model, heads, ff, dropout=0.0, batch_first=True)
+    model = torch.nn.ModuleDict({
+        "emb": torch.nn.Embedding(vocab, d_model),
+        "enc": torch.nn.TransformerEncoder(layer, layers, enable_nested_tensor=False),
+        "head": torch.nn.Linear(d_model, vocab),
+    }).to(device)
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-4, foreach=False)
+    mask = torch.nn.Transformer.generate_square_subsequent_mask(seq, device=device)
+
+    def step() -> None:
+        start = torch.randint(0, vocab, (batch, 1), device=device)
+        inc = torch.randint(1, 4, (batch, seq + 1), device=device)
+        tokens = (start + torch.cumsum(inc, 1)) % vocab
+        x, y = tokens[:, :-1], tokens[:, 1:]
+        h = model["enc"](model["emb"](x), mask=mask, is_causal=True)
+        loss = torch.nn.functional.cross_entropy(model["head"](h).reshape(-1, vocab), y.reshape(-1))
+        opt.zero_grad(set_to_none=False)
+        loss.backward()
+        opt.step()
+
+    return model, step
+
+
 if __name__ == "__main__":
     main()

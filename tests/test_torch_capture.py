@@ -1,0 +1,262 @@
+"""umctl capture: a PyTorch step recorded on the meta device, laid out by the caching allocator,
+saved as .umw and replayed (umctl/workload/capture/, umctl/workload/workfile.py)."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from umctl import UmctlError  # noqa: E402
+from umctl.cli.main import main  # noqa: E402
+from umctl.events.schema import AllocOp  # noqa: E402
+from umctl.workload import workfile  # noqa: E402
+from umctl.workload.capture import capture, capture_workload  # noqa: E402
+from umctl.workload.capture.allocator import CachingAllocator, round_size  # noqa: E402
+from umctl.workload.capture.build import build_workload, plan  # noqa: E402
+from umctl.workload.capture.cost import H100_SXM_PEAK, KernelCost  # noqa: E402
+from umctl.workload.capture.recorder import ALLOC, OP  # noqa: E402
+from umctl.workload.workload import OpType  # noqa: E402
+
+MiB = 1 << 20
+COST = KernelCost(H100_SXM_PEAK)
+
+
+def linear_adam(batch: int, device):
+    """One 1024 x 1024 fp32 weight (4 MiB), Adam; the step drops its activations before
+    opt.step, so the peak is in Adam: weight, gradient, exp_avg, exp_avg_sq, and Adam's two
+    parameter-sized temporaries (sqrt(v), then its quotient) alive at once: 6 x 4 MiB."""
+    model = torch.nn.Linear(1024, 1024, bias=False).to(device)
+    opt = torch.optim.Adam(model.parameters())
+
+    def step():
+        opt.zero_grad(set_to_none=True)
+        x = torch.randn(batch, 1024, device=device)
+        loss = (model(x) ** 2).sum()
+        del x
+        loss.backward()
+        del loss
+        opt.step()
+
+    return model, step
+
+
+def kept_step(log):
+    return log.events[log.step_starts[-1]:log.end]
+
+
+def test_footprint_of_a_linear_layer_under_adam_is_what_it_is_by_hand():
+    cap = capture(linear_adam, 1)
+    w = build_workload(cap.log, name="t", gpu_mem=1 << 30, cost=COST)
+    P = 1024 * 1024 * 4
+    fp = w.meta["footprint"]
+    assert fp["parameters"] == P and fp["gradients"] == P
+    assert fp["optimizer_state"] == 2 * P                  # exp_avg, exp_avg_sq (step counters live on the host)
+    assert fp["activations_peak"] == 2 * P                 # sqrt(v) and sqrt(v)/bias_correction
+    assert fp["peak_allocated"] == P + P + 2 * P + 2 * P
+    # large-pool requests under 10 MiB take 20 MiB segments: 4 tensors in the first, the
+    # gradient and Adam's temporaries in the next ones
+    assert fp["reserved"] % (2 * MiB) == 0 and fp["reserved"] >= fp["peak_allocated"]
+    assert w.peak_managed_bytes == fp["reserved"]
+    assert cap.param_count == 1024 * 1024
+
+
+def test_in_place_ops_are_recorded_as_writes_of_what_they_read():
+    def make(batch, device):
+        def step():
+            x = torch.randn(batch, 256, device=device)
+            x.add_(1.0)
+            torch.relu_(x)
+            return x.sum()
+        return step
+
+    log = capture(make, 64).log
+    ops = {v.name: v for k, v in kept_step(log) if k == OP}
+    for name in ("aten.add_.Tensor", "aten.relu_.default"):
+        rec = ops[name]
+        assert [s for s, *_ in rec.writes] == [s for s, *_ in rec.reads][:1], name
+        assert rec.writes[0][2] - rec.writes[0][1] == 64 * 256 * 4
+    # views move no data: no kernel for them
+    assert not any(k == OP and v.name.startswith(("aten.view", "aten.t.", "aten.detach")) for k, v in kept_step(log))
+
+
+def test_a_freed_activation_block_is_reused_best_fit():
+    def make(batch, device):
+        def step():
+            a = torch.randn(batch, 1024, 1024, device=device)   # 4 MiB per batch row
+            b = a * 2
+            del a
+            c = b + 1                                             # takes a's block back
+            return c
+        return step
+
+    log = capture(make, 1).log
+    step = kept_step(log)
+    born = [sid for k, sid in step if k == ALLOC]
+    _, _, where, _ = plan(log, 1)
+    a, b, c = born[:3]
+    assert where[(c, 0)] == where[(a, 0)] != where[(b, 0)]
+
+
+def test_the_allocator_rounds_splits_and_merges_like_pytorch():
+    al = CachingAllocator()
+    assert round_size(1) == 512 and round_size(513) == 1024
+    p1, new = al.malloc("a", 100)          # small pool: a 2 MiB segment
+    assert new and al.segments[0].size == 2 * MiB and p1.offset == 0 and p1.size == 512
+    p2, new = al.malloc("b", 3 * MiB)      # large, under 10 MiB: a 20 MiB segment
+    assert new and al.segments[1].size == 20 * MiB
+    p3, new = al.malloc("c", 3 * MiB)
+    assert not new and p3.segment == p2.segment and p3.offset == 3 * MiB
+    al.free("b")
+    p4, new = al.malloc("d", 2 * MiB)      # best fit: the freed 3 MiB block (smaller than the tail)
+    assert not new and p4.offset == 0 and p4.size == 3 * MiB   # 1 MiB remainder is not split off
+    big, new = al.malloc("e", 30 * MiB + 1)
+    assert new and al.segments[-1].size == 32 * MiB
+    al.free("c"), al.free("d")
+    assert al.segments[1].sizes == {0: 20 * MiB}   # merged back into one free block
+
+
+def test_the_steady_step_has_the_same_addresses_every_iteration():
+    w = capture_workload(linear_adam, 8, gpu_mem=1 << 30, iterations=3)[0]
+    k = w.ops[w.ops["type"] == OpType.KERNEL]
+    per = [k["exec_hash"][k["iteration"] == i] for i in range(3)]
+    assert len(per[0]) > 0 and all(np.array_equal(per[0], p) for p in per[1:])
+    mem = w.ops[w.ops["type"] == OpType.MEM]
+    assert (mem["mem_op"] == AllocOp.BLOCK_INACTIVE).any() and (mem["mem_op"] == AllocOp.BLOCK_ACTIVE).any()
+    # MEM ALLOC of segments only before the first iteration (the plan is steady)
+    assert set(mem["iteration"][mem["mem_op"] == AllocOp.ALLOC].tolist()) == {0}
+
+
+def test_the_workload_file_round_trips(tmp_path):
+    w = capture_workload(linear_adam, 4, gpu_mem=64 * MiB)[0]
+    path = str(tmp_path / "lin.umw")
+    workfile.save(w, path)
+    v = workfile.load(path)
+    assert np.array_equal(v.ops, w.ops) and np.array_equal(v.allocations, w.allocations)
+    for a in ("page", "length", "write"):
+        assert np.array_equal(getattr(v.acc_runs, a), getattr(w.acc_runs, a))
+    assert v.names == w.names and v.gpu_mem == w.gpu_mem and v.name == w.name
+    assert v.meta["footprint"] == w.meta["footprint"] and v.params == w.params
+
+
+def test_replay_runs_a_captured_file_and_refuses_a_corrupt_one(tmp_path, capsys):
+    w = capture_workload(linear_adam, 4, gpu_mem=64 * MiB)[0]
+    path = str(tmp_path / "lin.umw")
+    workfile.save(w, path)
+    assert main(["replay", path, "-m", "none,deepum", "--gpu-mem", "16MiB", "--json"]) == 0
+    assert '"deepum"' in capsys.readouterr().out
+    data = open(path, "rb").read()
+    for name, blob in (("cut.umw", data[: len(data) // 2]), ("junk.umw", b"not a workload")):
+        bad = tmp_path / name
+        bad.write_bytes(blob)
+        capsys.readouterr()
+        assert main(["replay", str(bad), "-m", "none"]) == 2
+        errtext = capsys.readouterr().err.strip()
+        assert errtext.startswith("umctl: error:") and len(errtext.splitlines()) == 1, errtext
+    with pytest.raises(UmctlError, match="does not apply"):
+        workfile.resolve(path, {"iterations": "2"})
+
+
+def test_routing_of_unknown_scores_is_uniform_and_data_dependent_sizes_follow():
+    """A top-2 mixture of 8 experts, routed as Mixtral's eager path does (one_hot, where,
+    index): every expert gets tokens * 2 / 8 rows."""
+    T, D, E, K = 64, 48, 8, 2
+
+    def make(batch, device):
+        router = torch.nn.Linear(D, E).to(device)
+        experts = torch.nn.ModuleList(torch.nn.Linear(D, D) for _ in range(E)).to(device)
+
+        def step():
+            x = torch.randn(batch, D, device=device)
+            _, idx = torch.topk(router(x).softmax(-1), K, dim=-1)
+            mask = torch.nn.functional.one_hot(idx, num_classes=E).permute(2, 1, 0)
+            out = torch.zeros_like(x)
+            for e in torch.unique(idx).tolist():
+                pos, tok = torch.where(mask[e])
+                out.index_add_(0, tok, experts[e](x[tok]))
+            out.sum().backward()
+        return (router, step)
+
+    log = capture(make, T).log
+    mm = [v for k, v in kept_step(log) if k == OP and v.name == "aten.addmm.default"]
+    sizes = Counter(v.writes[0][2] - v.writes[0][1] for v in mm)
+    assert sizes[T * K // E * D * 4] == E            # one expert GEMM per expert, each T*K/E rows
+    assert sizes[T * E * 4] == 1                     # and the router
+    assert any("uniform" in n for n in log.notes)
+
+
+def test_attention_and_dropout_take_the_cuda_kernels():
+    def make(batch, device):
+        q = torch.randn(batch, 4, 128, 32, device=device, requires_grad=True)
+
+        def step():
+            y = torch.nn.functional.scaled_dot_product_attention(q, q, q, is_causal=True, dropout_p=0.1)
+            torch.nn.functional.dropout(y, 0.1, True).sum().backward()
+        return step
+
+    names = {v.name for k, v in kept_step(capture(make, 2).log) if k == OP}
+    assert "aten._scaled_dot_product_efficient_attention.default" in names
+    assert "aten.native_dropout.default" in names and "aten.bmm.default" not in names
+
+
+def test_errors_are_one_line():
+    with pytest.raises(UmctlError, match="no such file"):
+        capture("/nonexistent/model.py:make_step", 1)
+    with pytest.raises(UmctlError, match="expected FILE.py:FUNCTION"):
+        capture("model.py", 1)
+
+    def broken(batch, device):
+        raise RuntimeError("boom\nsecond line")
+
+    with pytest.raises(UmctlError, match="raised RuntimeError: boom second line"):
+        capture(broken, 1)
+    with pytest.raises(UmctlError, match="positive integer"):
+        capture(linear_adam, 0)
+
+
+def test_a_tiny_gpt2_from_transformers_captures():
+    pytest.importorskip("transformers")
+    w, cap = capture_workload("examples/torch/gpt2_step.py:make_step", 2, gpu_mem=1 << 30, iterations=1)
+    assert cap.param_count == 1_478_144
+    fp = w.meta["footprint"]
+    assert fp["parameters"] >= cap.param_count * 4 and fp["gradients"] == fp["parameters"]
+    assert fp["optimizer_state"] == 2 * fp["parameters"]
+    names = set(w.names)
+    assert "aten._scaled_dot_product_efficient_attention.default" in names
+    assert "aten.native_dropout.default" in names and "aten.mm.default" in names
+    assert w.meta["kernels_per_iteration"] > 100 and w.meta["flops_per_iteration"] > 0
+
+
+@pytest.mark.parametrize("experts", ["grouped_mm", "eager"])
+def test_a_tiny_mixtral_routes_uniformly(experts):
+    """transformers' Mixtral, both expert implementations: the grouped GEMM (one kernel for all
+    experts; its meta kernel takes bf16 only) and the eager loop over the experts hit."""
+    pytest.importorskip("transformers")
+    from transformers import MixtralConfig, MixtralForCausalLM
+
+    def make(batch, device, seq=32):
+        cfg = MixtralConfig(vocab_size=256, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                            num_attention_heads=4, num_key_value_heads=2, num_local_experts=4,
+                            num_experts_per_tok=2, max_position_embeddings=seq)
+        cfg._experts_implementation = experts
+        model = MixtralForCausalLM(cfg).to(device)
+        opt = torch.optim.AdamW(model.parameters())
+
+        def step():
+            x = torch.randint(0, 256, (batch, seq), device=device)
+            model(input_ids=x, labels=x).loss.backward()
+            opt.step()
+            opt.zero_grad()
+        return model, step
+
+    log = capture(make, 2).log
+    assert any("uniform" in n for n in log.notes)
+    ops = [v for k, v in kept_step(log) if k == OP]
+    if experts == "grouped_mm":
+        assert any(v.name == "aten._grouped_mm.default" and v.flops > 0 for v in ops)
+    else:   # 64 tokens x top-2 over 4 experts: 32 rows per expert, each expert's GEMMs
+        rows = Counter((v.writes[0][2] - v.writes[0][1]) // (2 * 96 * 4) for v in ops if v.name == "aten.mm.default")
+        assert rows[32] >= 4 * 2
