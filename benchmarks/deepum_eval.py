@@ -13,7 +13,8 @@ queue short), so deepum can fault less than it. What the oracle leaves is mostly
 still in flight: the link and the room the GPU-to-host write-back makes. The last columns charge
 deepum's steady faults to their causes (umctl.sim.core.FAULT_CAUSES): prefetches still in
 flight when the kernel got there, blocks DeepUM's pre-eviction sent away that came back, and
-the rest (driver evictions, discards, first touches).
+the rest (driver evictions, discards, first touches). "% of bound": each mode's whole-run
+time over the workload's provable lower bound (umctl/sim/bound.py; 100 % is optimal).
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from umctl import UmctlError
 from umctl.sim.core import FAULT_CAUSES
 from umctl.sim.engine import SimResult
 from umctl.controller.options import parse_mode_options
-from umctl.sim.replay import run_modes
+from umctl.sim.replay import run_modes, workload_bound
 from umctl.workload.scenario import load_scenario
 
 MODES = ["none", "deepum", "oracle"]
@@ -71,7 +72,7 @@ def main() -> None:
     t = Table(title=title, title_justify="left")
     for col in ("scenario", "oversub", "none faults/iter", "deepum faults/iter", "faults removed",
                 "oracle removed", "deepum speedup", "oracle speedup", "of oracle's", "steady: deepum", "oracle",
-                "of oracle's", "deepum left: late", "pre-evicted", "other"):
+                "of oracle's", "deepum left: late", "pre-evicted", "other", "% of bound: none", "deepum", "oracle"):
         t.add_column(col, justify="right")
     late_i, pre_i = FAULT_CAUSES.index("late_prefetch"), FAULT_CAUSES.index("preevicted")
     for name in args.scenarios.split(","):
@@ -79,7 +80,9 @@ def main() -> None:
             ov = {**params, "oversub": ratio, "iterations": str(args.iters)}
             if args.gpu_mem:
                 ov["gpu_mem"] = args.gpu_mem
-            n, d, o = run_modes(load_scenario(name, ov), MODES, mode_options=options)
+            w = load_scenario(name, ov)
+            lower = workload_bound(w)
+            n, d, o = run_modes(w, MODES, mode_options=options)
             (nf, nt, _), (df, dt, dc), (of, ot, _) = (steady(r, args.skip) for r in (n, d, o))
             sp_d, sp_o = n.time_ns / d.time_ns, n.time_ns / o.time_ns
             ss_d, ss_o = nt / dt, nt / ot
@@ -90,7 +93,9 @@ def main() -> None:
                       else ["—"] * 3)
             t.add_row(name, ratio, f"{nf:,.0f}", f"{df:,.0f}", f"{100 * (1 - df / nf):.1f} %",
                       f"{100 * (1 - of / nf):.1f} %", f"{sp_d:.2f}×", f"{sp_o:.2f}×", f"{100 * frac:.0f} %",
-                      f"{ss_d:.2f}×", f"{ss_o:.2f}×", f"{100 * sfrac:.0f} %", *shares)
+                      f"{ss_d:.2f}×", f"{ss_o:.2f}×", f"{100 * sfrac:.0f} %", *shares,
+                      *[f"{100 * r.time_ns / lower.time_ns:.0f} %" if lower is not None and lower.time_ns else "—"
+                        for r in (n, d, o)])
     Console(width=240).print(t)
 
 

@@ -19,6 +19,7 @@ import statistics
 from umctl.controller import make_controller
 from umctl.sim.calibration import DEFAULT
 from umctl.sim.engine import simulate
+from umctl.sim.replay import workload_bound
 from umctl.workload.scenario import load_scenario
 
 #: program shapes of the family (hum-async is hum-sync's CUDA-async version, so not a shape)
@@ -28,7 +29,7 @@ SHAPES = ["hum-sync", "hum-gemm", "hum-hostcompute", "hum-copybound", "hum-vecto
 def run_shape(name: str, calib, timeline: bool = False) -> dict:
     sync = load_scenario(name, {"async_copy": "false", "mixed_copies": "false"})
     hand = load_scenario(name, {"async_copy": "true"})
-    out = {"shape": name}
+    out = {"shape": name, "bound": workload_bound(sync, calib)}
     for label, w, mode in (("cuda", sync, "none"), ("cuda_async", hand, "none"),
                            ("hum_no_sched", sync, "hum-no-sched"), ("hum", sync, "hum")):
         r = simulate(w, make_controller(mode), calib=calib, timeline=timeline)
@@ -46,7 +47,7 @@ def main() -> None:
           f"2 MiB at {calib.prefetch_h2d_Bps / 1e9:.1f} GB/s per chunk, cudaMemcpy pageable "
           f"{calib.pageable_copy_Bps / 1e9:.1f} GB/s, pinned {calib.pinned_copy_Bps / 1e9:.1f} GB/s\n")
     hdr = (f"| {'program':<16} | {'CUDA':>9} | {'CUDA-async':>10} | {'HUM-no-sched':>12} | {'HUM':>9} "
-           f"| {'async ×':>7} | {'no-sched ×':>10} | {'HUM ×':>6} | {'HUM/async':>9} | {'wp wait':>8} |")
+           f"| {'async ×':>7} | {'no-sched ×':>10} | {'HUM ×':>6} | {'HUM/async':>9} | {'wp wait':>8} | {'HUM % of bound':>14} |")
     print(hdr)
     print("|" + "|".join("-" * (len(c)) for c in hdr.split("|")[1:-1]) + "|")
     sp: dict[str, list[float]] = {"async": [], "nosched": [], "hum": [], "vs_async": []}
@@ -58,8 +59,10 @@ def main() -> None:
         sp["hum"].append(c / u)
         sp["vs_async"].append(h / u)
         wp = r["hum"].write_protect_wait_ns / 1e6
+        b = r["bound"]
+        pct = f"{100 * r['hum'].time_ns / b.time_ns:.0f} %" if b is not None and b.time_ns else "—"
         print(f"| {name:<16} | {c:7.1f}ms | {h:8.1f}ms | {n:10.1f}ms | {u:7.1f}ms | {c / h:6.2f}× | {c / n:9.2f}× "
-              f"| {c / u:5.2f}× | {h / u:8.2f}× | {wp:6.1f}ms |")
+              f"| {c / u:5.2f}× | {h / u:8.2f}× | {wp:6.1f}ms | {pct:>14} |")
     m = {k: statistics.mean(v) for k, v in sp.items()}
     g = {k: statistics.geometric_mean(v) for k, v in sp.items()}
     print(f"\naverage speedup over CUDA (arithmetic / geometric): CUDA-async {m['async']:.2f}× / {g['async']:.2f}×, "

@@ -187,6 +187,10 @@ class BudgetVerdict:
     dropped_migrations: int = 0
     #: GPU faults on host-preferred pages: served remotely, so not counted as arrivals
     faults_mapped_remote: int = 0
+    #: GPU faults counted as arrivals (first touches of pages not reported host-preferred)
+    fault_arrivals: int = 0
+    #: blocks holding some but not all of their pages at the end of the run
+    partial_blocks: int = 0
     why: str = ""
 
     def as_dict(self) -> dict:
@@ -229,6 +233,7 @@ class BudgetCheck:
         #: no runtime stream, faults are judged at the reorder window like everything else
         self.runtime_ns: int | None = None
         self.faults_held = 0            # fault records held back for the runtime's stream
+        self.fault_arrivals = 0         # fault records counted as arrivals (first touches)
         #: host-preferred ranges (module doc, *Evidence*): faults there bring nothing in
         self.host_preferred = RangeSet()
         self.fault_records_mapped = 0   # GPU faults on host-preferred pages (not arrivals)
@@ -404,6 +409,7 @@ class BudgetCheck:
         if not now.any():
             self._account(horizon)
             return
+        self.fault_arrivals += int((now & fault).sum())
         t, g, lo, hi, up, torig = t[now], g[now], lo[now], hi[now], up[now], torig[now]
         # split every range at block boundaries
         b0, b1 = lo >> BLOCK_SHIFT, (hi - 1) >> BLOCK_SHIFT
@@ -515,7 +521,17 @@ class BudgetCheck:
             time_over_frac=round(frac, 6), over_peak_bytes=self.over_peak,
             over_gib_s=round(self.over_byte_ns / 1e9 / (1 << 30), 6), held=held, observed_s=round(observed / 1e9, 6),
             migrations_seen=self.migrations, late_records=self.late, dropped_migrations=self.dropped_migrations,
-            faults_mapped_remote=self.fault_records_mapped, why=why)
+            faults_mapped_remote=self.fault_records_mapped, fault_arrivals=self.fault_arrivals,
+            partial_blocks=self.partial_blocks(), why=why)
+
+    def partial_blocks(self) -> int:
+        """Blocks on the judged GPUs holding some but not all of their pages now: what makes
+        the block-granular residency exceed the page-granular one."""
+        n = len(self._slot)
+        if not n:
+            return 0
+        pop = _popcount(self._bits[:n])
+        return int(((pop > 0) & (pop < PAGES) & np.isin(self._slot_gpu[:n], self.gpus)).sum())
 
 
 __all__ = ["BudgetCheck", "BudgetVerdict", "RangeSet", "default_slack", "MAX_OVER_FRAC", "IN_FLIGHT_BYTES"]

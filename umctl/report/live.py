@@ -142,8 +142,13 @@ def budget_check_line(v: dict) -> str:
             f"{100 * v['time_over_frac']:.1f} % of {v['observed_s']:.1f} s")
     if v["held"]:
         return f"{head}on: budget held; {true} ({v['migrations_seen']:,} migration events)"
+    why = ""
+    if v.get("partial_blocks"):
+        # what makes blocks exceed pages: first touches counted from faults, late records
+        why = (f"; {v['partial_blocks']:,} blocks partly resident at the end, {v.get('fault_arrivals', 0):,} faults "
+               f"counted as first touches, {v.get('late_records', 0):,} late records")
     return (f"{head}on: [bold red]budget NOT held[/bold red]: {true}, by up to {format_bytes(v['over_peak_bytes'])} "
-            f"({v['over_gib_s']:.2f} GiB·s over)")
+            f"({v['over_gib_s']:.2f} GiB·s over){why}")
 
 
 class SessionTextReporter:
