@@ -331,3 +331,26 @@ def test_a_runtime_gone_quiet_holds_faults_back_at_most_a_few_seconds():
         if t < 10 * MS + FAULT_HOLD_MAX_NS:
             assert chk.blocks.get(0, 0) == 0   # still waiting for the runtime's stream
     assert chk.blocks[0] == 32                 # counted: first touches populate the GPU
+
+
+def test_a_late_prefetch_result_does_not_revive_a_block_evicted_in_pieces():
+    """umctl's prefetch of block 0 lands (the driver's record at 10 ms; its RESULT, stamped at
+    completion, 150 ms) and the block is evicted at 200-202 ms, which the driver reports as three
+    records, one run of pages each. The RESULT reaches the check after the departures were
+    applied (the control loop lagged). It must not bring back the pages of the first two
+    records: the block is gone, not partly resident (what the first rule, masking by the newest
+    departure record alone, left behind)."""
+    chk = BudgetCheck(BLOCK_SIZE, reorder_ms=100, migrations_on=True)
+    cmd = empty(Kind.COMMAND, 1)
+    cmd["cmd_id"], cmd["op"], cmd["addr"], cmd["bytes"], cmd["dst"] = 1, Op.PREFETCH, BASE, BLOCK_SIZE, 0
+    chk.observe(batch(12 * MS, migration=mig(10 * MS, [0]), command=cmd))
+    third = BLOCK_SIZE // 3 // 4096 * 4096
+    pieces = [mig(200 * MS + i * MS, [0], src=0, dst=CPU, nbytes=n, off=o)
+              for i, (o, n) in enumerate([(0, third), (third, third), (2 * third, BLOCK_SIZE - 2 * third)])]
+    chk.observe(batch(400 * MS, migration=np.concatenate(pieces)))
+    res = empty(Kind.RESULT, 1)
+    res["t_ns"], res["cmd_id"], res["status"], res["bytes"] = 150 * MS, 1, Status.OK, BLOCK_SIZE
+    chk.observe(batch(700 * MS, result=res))
+    chk.finish(800 * MS)
+    assert chk.late >= 1                      # the RESULT came after its time was applied
+    assert chk.blocks[0] == 0 and chk.pages[0] == 0 and chk.partial_blocks() == 0

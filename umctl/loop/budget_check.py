@@ -32,7 +32,8 @@ Contract (what counts, and why):
   are held back ``reorder_ms`` and applied in time order; a record later than that is applied at
   the oldest time still open (counted in ``late_records``), except for the pages a newer record of
   the other direction has already settled: a late arrival does not resurrect pages that the
-  block's latest applied departure (newer than it) removed, and a late departure does not remove
+  block's departures newer than it removed (all the records of its latest eviction: the driver
+  reports one eviction in several, a run of pages each), and a late departure does not remove
   pages that an arrival newer than it brought (the union of the block's arrivals: when in doubt,
   residency stays). Residency is a step function whose
   value changes once per application (one per :meth:`observe`, i.e. per drain: the records
@@ -456,17 +457,23 @@ class BudgetCheck:
         self._account(horizon, changed=True)
 
     def _remember(self, rows: np.ndarray, t: np.ndarray, up: np.ndarray, masks: np.ndarray) -> None:
-        """Per slot: newest arrival time and all arrived pages; newest departure and its pages."""
+        """Per slot: newest arrival time and all arrived pages; newest departure time and the pages
+        of every departure since the block last arrived."""
         if up.any():
             np.maximum.at(self._set_t, rows[up], t[up])
             np.bitwise_or.at(self._set_mask, rows[up], masks[up])
         down = np.flatnonzero(~up)
         for k in down[np.argsort(t[down], kind="stable")].tolist():
             r = rows[k]
-            if t[k] > self._clr_t[r]:
-                self._clr_t[r], self._clr_mask[r] = t[k], masks[k]
-            elif t[k] == self._clr_t[r]:
-                self._clr_mask[r] |= masks[k]
+            if t[k] >= self._clr_t[r]:
+                # the driver reports one eviction of a block in several records (one per run of
+                # resident pages): the departure on record is all of them since the block last
+                # arrived, so a late arrival older than them cannot bring back the earlier pieces
+                if self._set_t[r] > self._clr_t[r]:
+                    self._clr_mask[r] = masks[k]
+                else:
+                    self._clr_mask[r] |= masks[k]
+                self._clr_t[r] = t[k]
 
     def _account(self, horizon: int, changed: bool = False) -> None:
         """The residency now holds from the last application to ``horizon``."""
