@@ -57,6 +57,18 @@ them, so a wrong start learned early is corrected. (Keeping them for every block
 knows did as well at full scale but let a wrong start stand for good: ResNet-152 scaled at
 ``peak_tflops=2`` kept 5-10x more faults.) ``-O deepum.trained_ends=false`` is the literal
 reading.
+
+Whole faulted blocks (``whole_fault_blocks``; the paper's fault queue holds UM blocks, so a
+faulted block comes whole). A launch that repeats an execution ID already seen means the program
+has entered its loop; once a kernel name has done that, a launch of the same name with
+arguments never seen before is data-dependent (a mixture of experts' router picked another
+expert), and the rest of the blocks it faults on holds what was *not* picked. With
+``adaptive_whole`` (the default) such a novel launch's faulted blocks are not completed. Dense
+models never launch one, and are unchanged bit for bit (gpt2-l, bert-base, resnet152); on
+mixtral-8x7b the worst cells over ``none`` across oversubscription 1.25-4 went from 1.08× to
+1.07× (deepum), 1.11× to 1.08× (deepum-preevict) and 1.17× to 1.11× (deepum-prefetch)
+(``benchmarks/cliff_grid.py``; at 1.5, deepum 1.08× to 1.01×). Live,
+where the runtime does not name a kernel (name_id -1), the rule stays off.
 """
 
 from __future__ import annotations
@@ -143,7 +155,7 @@ class DeepUMController(Controller):
                  exec_fallback: bool = True, watermark_blocks: int = 4, max_blocks_per_step: int = 256,
                  whole_fault_blocks: bool = True, whole_tables: bool = False, evict_horizon: int = 512,
                  keeper_invalidate: bool = True, live_invalidate: bool = True, trained_ends: bool = True,
-                 horizon: str = "auto", **options):
+                 horizon: str = "auto", adaptive_whole: bool = True, **options):
         super().__init__(**options)
         self.num_rows, self.assoc, self.num_succs = int(num_rows), int(assoc), int(num_succs)
         self.degree = int(degree)
@@ -151,6 +163,11 @@ class DeepUMController(Controller):
         self.max_blocks = int(max_blocks_per_step)   # prefetch commands per event batch at most
         self.whole_fault_blocks = bool(whole_fault_blocks)  # migrate a faulted block whole
         self.whole_tables = bool(whole_tables)  # also prefetch blocks the walk did not reach
+        #: no whole-block completion for a kernel launched with arguments never seen before once
+        #: its name has begun repeating (module doc, *Whole faulted blocks*)
+        self.adaptive_whole = bool(adaptive_whole)
+        self._repeating: set[int] = set()   # kernel names (name_id) with a repeated execution ID
+        self._novel = False                 # the current kernel is a novel launch of such a name
         #: how many predicted kernels ahead the live budget keeper looks to rank its victims
         self.evict_horizon = int(evict_horizon)
         #: live: the budget keeper's dead victims are invalidated too (the driver's evictions)
@@ -321,7 +338,17 @@ class DeepUMController(Controller):
         self._expected_cache = None
         self._unexpected = None
         self._horizon_cache = None
+        n_ids = len(self.exec_ids)
         x = self.exec_ids.get(int(ev["exec_hash"]))
+        if self.adaptive_whole and int(ev["name_id"]) >= 0:
+            name = int(ev["name_id"])
+            if len(self.exec_ids) == n_ids:
+                self._repeating.add(name)
+                self._novel = False
+            else:
+                self._novel = name in self._repeating
+        else:
+            self._novel = False
         self.gpu = int(ev["gpu"])
         if self.cur is not None and self.last_block is not None:
             t = self._table(self.cur)
@@ -368,7 +395,7 @@ class DeepUMController(Controller):
         self.last_known = known
         self._unmark(b)
         self._mark(b, t)
-        if self.whole_fault_blocks:
+        if self.whole_fault_blocks and not self._novel:
             self.fault_queue[b] = None  # DeepUM's fault queue holds UM blocks: the whole block comes
         return True
 
