@@ -154,10 +154,12 @@ def test_admission_never_lets_the_gpu_hold_more_than_the_budget(mode, seed, dela
 def test_without_the_runtimes_host_preferred_record_the_check_counts_faults_as_arrivals():
     """The check trusts no mechanism it has no evidence of: the same run, but the runtime never
     reported the range host-preferred (advice failed), so every fault counts as an arrival and
-    the residency it sees goes over the budget."""
-    _, lc, _, _ = drive("none", budget_blocks=12, steps=120, seed=0, delay=2, report_preferred=False)
+    the residency it sees is above what the GPU held (until the keeper's pre-evictions, done,
+    take those blocks away again)."""
+    peak, lc, _, _ = drive("none", budget_blocks=12, steps=120, seed=0, delay=2, report_preferred=False)
     v = lc.check.verdict()
-    assert v.held is False and v.true_peak_bytes > 12 * BLOCK_SIZE and v.faults_mapped_remote == 0
+    assert v.faults_mapped_remote == 0 and v.fault_arrivals > 0
+    assert v.true_peak_bytes > max(peak, 12) * BLOCK_SIZE
 
 
 def test_newest_demand_first_predictions_beyond_room_deferred_room_made_once():

@@ -354,3 +354,42 @@ def test_a_late_prefetch_result_does_not_revive_a_block_evicted_in_pieces():
     chk.finish(800 * MS)
     assert chk.late >= 1                      # the RESULT came after its time was applied
     assert chk.blocks[0] == 0 and chk.pages[0] == 0 and chk.partial_blocks() == 0
+
+
+def test_a_done_preevict_removes_pages_that_left_without_a_migration_record():
+    """Live, the runtime discards a dead block's pages and the actuator then pre-evicts it: the
+    discarded pages move without a copy, and the driver reports a migration only for the rest.
+    An OK PREEVICT says the whole range left the GPU; without that, the discarded half stayed
+    counted for ever (a block-granular overshoot of whole blocks)."""
+    chk = BudgetCheck(BLOCK_SIZE, reorder_ms=100, migrations_on=True)
+    chk.observe(batch(12 * MS, migration=mig(10 * MS, [0, 1])))
+    cmd = empty(Kind.COMMAND, 1)
+    cmd["t_ns"], cmd["cmd_id"], cmd["op"], cmd["addr"], cmd["bytes"], cmd["dst"] = 50 * MS, 7, Op.PREEVICT, BASE, \
+        2 * BLOCK_SIZE, CPU
+    half = mig(60 * MS, [0, 1], src=0, dst=CPU, nbytes=BLOCK_SIZE // 2)   # the copied halves only
+    res = empty(Kind.RESULT, 1)
+    res["t_ns"], res["cmd_id"], res["status"], res["latency_ns"] = 61 * MS, 7, Status.OK, 11 * MS
+    chk.observe(batch(70 * MS, command=cmd, migration=half, result=res))
+    chk.finish(300 * MS)
+    assert chk.blocks[0] == 0 and chk.pages[0] == 0
+    # the same stream without the RESULT: the discarded halves stay counted
+    old = BudgetCheck(BLOCK_SIZE, reorder_ms=100, migrations_on=True)
+    old.observe(batch(12 * MS, migration=mig(10 * MS, [0, 1])))
+    old.observe(batch(70 * MS, command=cmd, migration=half))
+    old.finish(300 * MS)
+    assert old.blocks[0] == 2 and old.pages[0] == 512
+
+
+def test_a_page_back_while_the_preevict_ran_stays_counted():
+    """A page that arrived after the pre-eviction began (a fault, a prefetch) is resident: the
+    RESULT's departure is placed when the ioctl began, and the newer arrival wins."""
+    chk = BudgetCheck(BLOCK_SIZE, reorder_ms=100, migrations_on=True)
+    chk.observe(batch(12 * MS, migration=mig(10 * MS, [0])))
+    cmd = empty(Kind.COMMAND, 1)
+    cmd["cmd_id"], cmd["op"], cmd["addr"], cmd["bytes"], cmd["dst"] = 8, Op.PREEVICT, BASE, BLOCK_SIZE, CPU
+    back = mig(55 * MS, [0], nbytes=4096)
+    res = empty(Kind.RESULT, 1)
+    res["t_ns"], res["cmd_id"], res["status"], res["latency_ns"] = 61 * MS, 8, Status.OK, 11 * MS
+    chk.observe(batch(70 * MS, command=cmd, migration=back, result=res))
+    chk.finish(300 * MS)
+    assert chk.pages[0] == 1

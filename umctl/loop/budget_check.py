@@ -24,7 +24,10 @@ Contract (what counts, and why):
   and reports nothing; ``result_arrivals=False`` for a source that reports every page it brings
   in, as the simulator does). Departures: MIGRATION records with the GPU as ``src`` (our
   pre-evictions, the driver's evictions), EVICTION records (a replay's driver evictions: the
-  whole chunk), and ALLOC FREE records (every GPU). Nothing else removes a page: a discard
+  whole chunk), ALLOC FREE records (every GPU), and umctl's own PREEVICT commands whose RESULT is
+  OK or SKIPPED (every GPU but the destination, from when the ioctl began: a migrate away leaves
+  nothing behind, and live the pages the runtime discarded move without a copy and without a
+  migration record; ``result_arrivals=False`` turns this off with the arrivals). Nothing else removes a page: a discard
   (INVALIDATE) reports no event, so invalidated pages stay counted until they move or are freed
   (the check errs towards "not held", never towards "held").
 * **Time.** Every record is placed at its own ``t_ns`` (arrivals at the copy's begin, departures
@@ -238,7 +241,8 @@ class BudgetCheck:
         #: host-preferred ranges (module doc, *Evidence*): faults there bring nothing in
         self.host_preferred = RangeSet()
         self.fault_records_mapped = 0   # GPU faults on host-preferred pages (not arrivals)
-        self._cmds: dict[int, tuple[int, int, int]] = {}   # PREFETCH cmd_id -> (addr, bytes, dst)
+        #: PREFETCH/STAGE/PREEVICT cmd_id -> (addr, bytes, dst, whether it moves data away)
+        self._cmds: dict[int, tuple[int, int, int, bool]] = {}
         self.blocks: dict[int, int] = {}                  # gpu -> resident blocks
         self.pages: dict[int, int] = {}                   # gpu -> resident pages
         self.t0: int | None = None
@@ -299,13 +303,34 @@ class BudgetCheck:
         for cid, op, addr, n, dst in zip(c["cmd_id"].tolist(), c["op"].tolist(), c["addr"].tolist(),
                                          c["bytes"].tolist(), c["dst"].tolist()):
             if op in (Op.PREFETCH, Op.STAGE) and dst >= 0 and cid >= 0 and self.result_arrivals:
-                self._cmds[cid] = (addr, n, dst)
+                self._cmds[cid] = (addr, n, dst, False)
+            elif op == Op.PREEVICT and cid >= 0 and self.result_arrivals:
+                self._cmds[cid] = (addr, n, dst, True)
         r = batch[Kind.RESULT]
         if len(r) and self._cmds:
             rows = []
-            for t, cid, st in zip(r["t_ns"].tolist(), r["cmd_id"].tolist(), r["status"].tolist()):
+            for t, cid, st, lat in zip(r["t_ns"].tolist(), r["cmd_id"].tolist(), r["status"].tolist(),
+                                       r["latency_ns"].tolist()):
                 cmd = self._cmds.pop(cid, None)
-                if cmd is not None and st == Status.OK:
+                if cmd is None:
+                    continue
+                if cmd[3]:
+                    # a pre-eviction done (or with nothing left to do): the range is on no GPU but
+                    # its destination. The driver reports no migration for pages the runtime had
+                    # discarded (they move without a copy), so without this they would stay counted.
+                    # Placed when the ioctl began (RESULT time less its latency): a page that came
+                    # back while it ran keeps its newer arrival
+                    if st in (Status.OK, Status.SKIPPED):
+                        # every GPU known, not only those with pages applied: the range's arrival
+                        # may still be held back in the reorder window
+                        n_slots = len(self._slot)
+                        gpus = (set(self.gpus) | set(self._slot_gpu[:n_slots].tolist())) - {cmd[2]}
+                        k = len(gpus)
+                        if k:
+                            parts.append((np.full(k, t - max(0, lat), np.int64), np.array(sorted(gpus), np.int64),
+                                          np.full(k, cmd[0], np.int64), np.full(k, cmd[0] + cmd[1], np.int64),
+                                          np.zeros(k, bool), np.zeros(k, bool)))
+                elif st == Status.OK:
                     rows.append((t, cmd[2], cmd[0], cmd[0] + cmd[1]))
             if rows:
                 x = np.array(rows, np.int64)
