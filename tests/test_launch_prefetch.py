@@ -400,3 +400,59 @@ def test_launch_queue_reaches_the_simulator(moe):
     assert a.time_ns == b.time_ns and a.faults == b.faults
     with pytest.raises(ValueError, match="launch_queue"):
         Simulator(moe, make_controller("none"), launch_queue=-1)
+
+
+def test_the_queue_stays_in_launch_order_when_records_arrive_out_of_order():
+    """A launch issued after a kernel started is delivered after records emitted at once, so a
+    batch can list later launches first (host work between launches, Q = 2): the mode's queue,
+    which its window and walk follow, must still be in launch order."""
+    from umctl.controller.launch import DeepUMLaunchController
+    from umctl.sim.engine import Simulator
+    from umctl.units import MiB
+    from umctl.workload.workload import Init, WorkloadBuilder
+
+    b = WorkloadBuilder("q", gpu_mem=64 * MiB)
+    bufs = [b.alloc(f"b{k}", 2 * MiB, init=Init.HOST) for k in range(8)]
+    for k in range(8):
+        b.kernel("k", reads=[bufs[k]], writes=[], compute_ns=100_000, args=(k,))
+        b.host(30_000)
+    orders: list[list[int]] = []
+    arrivals: list[list[int]] = []
+
+    class Spy(DeepUMLaunchController):
+        name = "spy-launch"
+
+        def _enqueue(self, a):
+            arrivals.append(a["seq"].tolist())
+            super()._enqueue(a)
+            orders.append(list(self._queue))
+
+    Simulator(b.build(), Spy(), launch_queue=2).run()
+    assert any(x != sorted(x) for x in arrivals)          # the records did come out of order
+    assert orders and all(o == sorted(o) for o in orders)
+
+
+def test_queued_launches_do_not_hide_novel_ones_from_deepums_completion_rule():
+    """deepum-launch numbers a queued launch's execution ID before its kernel starts; DeepUM's
+    novel-launch rule (no whole-block completion for a repeating kernel's unseen arguments) must
+    judge by launches that ran, so it sees the same novel launches with or without a queue."""
+    from umctl.controller.deepum import DeepUMController
+
+    w = moe_workload(iters=6)
+
+    def novel_count(ctl_cls, q):
+        seen = []
+
+        class Spy(ctl_cls):
+            name = f"spy-{ctl_cls.name}"
+
+            def _launch(self, ev):
+                super()._launch(ev)
+                seen.append(self._novel)
+
+        Simulator(w, Spy(), launch_queue=q).run()
+        return sum(seen)
+
+    base = novel_count(DeepUMController, None)
+    assert base > 0
+    assert novel_count(DeepUMLaunchController, 8) == base

@@ -168,6 +168,7 @@ class DeepUMController(Controller):
         self.adaptive_whole = bool(adaptive_whole)
         self._repeating: set[int] = set()   # kernel names (name_id) with a repeated execution ID
         self._novel = False                 # the current kernel is a novel launch of such a name
+        self._launched: set[int] = set()    # execution hashes launched so far
         #: how many predicted kernels ahead the live budget keeper looks to rank its victims
         self.evict_horizon = int(evict_horizon)
         #: live: the budget keeper's dead victims are invalidated too (the driver's evictions)
@@ -338,17 +339,19 @@ class DeepUMController(Controller):
         self._expected_cache = None
         self._unexpected = None
         self._horizon_cache = None
-        n_ids = len(self.exec_ids)
-        x = self.exec_ids.get(int(ev["exec_hash"]))
+        h = int(ev["exec_hash"])
+        x = self.exec_ids.get(h)
         if self.adaptive_whole and int(ev["name_id"]) >= 0:
+            # launched before (not merely looked up: deepum-launch numbers queued launches early)
             name = int(ev["name_id"])
-            if len(self.exec_ids) == n_ids:
+            if h in self._launched:
                 self._repeating.add(name)
                 self._novel = False
             else:
                 self._novel = name in self._repeating
         else:
             self._novel = False
+        self._launched.add(h)
         self.gpu = int(ev["gpu"])
         if self.cur is not None and self.last_block is not None:
             t = self._table(self.cur)

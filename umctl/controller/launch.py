@@ -127,6 +127,9 @@ class DeepUMLaunchController(DeepUMController):
             self.stats_["launch_heard"] += 1
             heard = True
         if heard:
+            # in launch order: a launch issued later than a kernel's start is delivered after
+            # records emitted at once, so a batch may list later launches first
+            self._queue = dict(sorted(self._queue.items()))
             self._queue_changed()
 
     def _queue_changed(self) -> None:
