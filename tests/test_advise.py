@@ -136,3 +136,36 @@ def test_the_guide_runs_as_written(tmp_path, capsys, monkeypatch):
         capsys.readouterr()
         assert main(shlex.split(cmd)[1:]) == 0, cmd
     assert (tmp_path / "gpt2.umw").is_file() and (tmp_path / "advise.png").is_file()
+
+
+def test_gpu_sizes_below_2_mib_are_refused(entry, capsys, tmp_path):
+    _one_line_error(capsys, ["advise", f"{entry}:make_step", "--gpu-mem", "1MiB"], "at least 2 MiB")
+    _one_line_error(capsys, ["capture", f"{entry}:make_step", "-b", "2", "--gpu-mem", "1MiB", "-o",
+                             str(tmp_path / "m.umw")], "at least 2 MiB")
+
+
+def test_the_table_says_no_mode_faster_and_keeps_its_title_short(capsys):
+    from umctl.cli.advise_cmd import advise_table
+
+    def row(fits, rec):
+        modes = {m: {"step_s": 0.01, "samples_per_s": 100.0, "pct_of_bound": 100.0} for m in ("none", "deepum")}
+        return {"batch": 4, "footprint_bytes": 1 << 30, "oversub": 2.0 if not fits else 0.5, "fits": fits,
+                "recommended": rec, "modes": modes}
+
+    capsys.readouterr()
+    advise_table([row(False, "none"), row(True, "none")], ["none", "deepum"], "m", 1 << 30, "h100")
+    text = capsys.readouterr().out
+    assert "no mode faster" in text and "(fits)" in text and "× none" not in text
+    title = text.splitlines()[0]
+    assert title.strip().endswith("predicted steady step time"), title
+    assert "% of its lower bound" in text   # the % column's caption, under the table
+
+
+def test_capture_without_a_model_labels_persistent_tensors(tmp_path, capsys):
+    p = tmp_path / "nomodel.py"
+    p.write_text(MLP.replace("    return model, step\n", "    return step\n", 1))
+    capsys.readouterr()
+    assert main(["capture", f"{p}:make_step", "-b", "2", "-o", str(tmp_path / "m.umw")]) == 0
+    text = capsys.readouterr().out
+    assert "persistent tensors (parameters, gradients, optimizer state)" in text
+    assert "optimizer state, buffers" not in text

@@ -43,7 +43,7 @@ def test_degree_is_parsed_against_the_declaration():
     ("deepum.whole_tables=maybe", "option whole_tables takes a bool"),
     ("oracle.reserve_frac=lots", "option reserve_frac takes a float"),
     ("deepum.options=1", "no mode among deepum takes option 'options'"),   # the **options catch-all is no option
-    ("deepum.nope=1", "no mode among deepum takes option 'nope' (options: assoc,"),
+    ("deepum.nope=1", "no mode among deepum takes option 'nope' (options: adaptive_whole, assoc,"),
     ("hum.degree=1", "names mode 'hum', which is not being run"),
     ("degree", "bad mode option 'degree'"),
 ])

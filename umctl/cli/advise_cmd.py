@@ -102,7 +102,7 @@ def advise_command(
     if as_json:
         print(json.dumps(rows, indent=2, default=float))
     else:
-        _table(rows, modes, name, size, calib.name)
+        advise_table(rows, modes, name, size, calib.name)
         notes = {line for r in rows for line in assumption_lines(r["assumptions"])}
         for line in sorted(notes):
             err.print(line, highlight=False, soft_wrap=True)
@@ -111,10 +111,12 @@ def advise_command(
         err.print(f"wrote {png}")
 
 
-def _table(rows: list[dict], modes: list[str], name: str, size: int, calib: str) -> None:
-    t = Table(title=f"{name} on a {format_bytes(size)} GPU ({calib}): predicted steady step time (whole replay's % of its "
-                    "lower bound, cold first step included: first touches cost faults the bound does not count)",
-              title_justify="left")
+def advise_table(rows: list[dict], modes: list[str], name: str, size: int, calib: str) -> None:
+    t = Table(title=f"{name} on a {format_bytes(size)} GPU ({calib}): predicted steady step time",
+              title_justify="left",
+              caption="(%): the whole replay's time as % of its lower bound, cold first step included "
+                      "(first touches cost faults the bound does not count)",
+              caption_justify="left")
     t.add_column("batch", justify="right")
     t.add_column("footprint", justify="right")
     t.add_column("oversub", justify="right")
@@ -129,7 +131,12 @@ def _table(rows: list[dict], modes: list[str], name: str, size: int, calib: str)
             pct = f" ({v['pct_of_bound']:.0f} %)" if v["pct_of_bound"] is not None else ""
             cells.append(f"{_ms(v['step_s'])}{pct}")
         rec = r["recommended"]
-        why = " (fits)" if r["fits"] else f" ({r['modes']['none']['step_s'] / r['modes'][rec]['step_s']:.2f}× none)"
+        if r["fits"]:
+            why = " (fits)"
+        elif rec == "none":   # oversubscribed, and no mode a live run can use beats none
+            why = " (no mode faster)"
+        else:
+            why = f" ({r['modes']['none']['step_s'] / r['modes'][rec]['step_s']:.2f}× none)"
         sps = r["modes"][rec]["samples_per_s"]
         t.add_row(str(r["batch"]), format_bytes(r["footprint_bytes"]), f"{r['oversub']:.2f}×", *cells,
                   f"[bold]{rec}[/bold]{why}", f"{sps:,.1f}" if sps else "—")

@@ -24,8 +24,8 @@ def gpu_size(text: str, flag: str = "--gpu-mem") -> int:
         n = parse_size(text)
     except ValueError as e:
         raise UmctlError(f"{flag} {text}: {e}") from None
-    if n < 64 << 10:
-        raise UmctlError(f"{flag} {text}: must be at least 64 KiB")
+    if n < 2 << 20:   # one 2 MiB block: the smallest GPU the allocator's segments can live on
+        raise UmctlError(f"{flag} {text}: must be at least 2 MiB")
     return n
 
 
@@ -61,11 +61,14 @@ def footprint_table(w, title: str) -> Table:
     t = Table(title=title, title_justify="left", show_header=False)
     t.add_column("what")
     t.add_column("value", justify="right")
-    rows = [("parameters", fp.get("parameters")), ("gradients", fp.get("gradients")),
-            ("optimizer state, buffers", fp.get("optimizer_state")),
-            ("activations, temporaries (at peak)", fp.get("activations_peak")),
-            ("allocated at peak", fp.get("peak_allocated")),
-            ("reserved (allocator segments: the managed footprint)", fp.get("reserved"))]
+    if w.meta.get("has_model", True):
+        rows = [("parameters", fp.get("parameters")), ("gradients", fp.get("gradients")),
+                ("optimizer state, buffers", fp.get("optimizer_state"))]
+    else:   # make_step returned only the step: parameters are not told from the rest
+        rows = [("persistent tensors (parameters, gradients, optimizer state)", fp.get("optimizer_state"))]
+    rows += [("activations, temporaries (at peak)", fp.get("activations_peak")),
+             ("allocated at peak", fp.get("peak_allocated")),
+             ("reserved (allocator segments: the managed footprint)", fp.get("reserved"))]
     for label, v in rows:
         if v is not None:
             t.add_row(label, format_bytes(v))

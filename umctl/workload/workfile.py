@@ -24,6 +24,8 @@ SUFFIX = ".umw"
 FORMAT = "umctl-workload"
 VERSION = 1
 _MAGIC = b"PK\x03\x04"
+#: the smallest GPU a captured workload replays on (one 2 MiB block: the allocator's segments)
+MIN_GPU_MEM = 2 << 20
 
 
 def is_workfile(target: str) -> bool:
@@ -84,7 +86,7 @@ def load(path: str) -> Workload:
         raise UmctlError(f"{path}: not a readable umctl workload file ({_why(e)})") from None
     try:
         return _from_arrays(data)
-    except (KeyError, ValueError, TypeError) as e:
+    except (KeyError, ValueError, TypeError, AttributeError, IndexError, OverflowError) as e:
         raise UmctlError(f"{path}: corrupt umctl workload file ({_why(e)})") from None
 
 
@@ -93,8 +95,15 @@ def _why(e: BaseException) -> str:
     return text[:200]
 
 
-def _json(data: dict, key: str):
+def _array(data: dict, key: str) -> np.ndarray:
     a = data[key]
+    if not isinstance(a, np.ndarray) or a.ndim != 1:
+        raise ValueError(f"{key} is not an array")
+    return a
+
+
+def _json(data: dict, key: str):
+    a = _array(data, key)
     if a.dtype != np.uint8:
         raise ValueError(f"{key} is not text")
     try:
@@ -107,14 +116,14 @@ def _from_arrays(data: dict) -> Workload:
     tag = _json(data, "format")
     if not isinstance(tag, dict) or tag.get("format") != FORMAT:
         raise ValueError("no umctl workload format tag")
-    if tag.get("version") != VERSION:
+    if type(tag.get("version")) is not int or tag.get("version") != VERSION:
         raise ValueError(f"format version {tag.get('version')!r}, this umctl reads {VERSION}")
-    ops, allocs = data["ops"], data["allocations"]
+    ops, allocs = _array(data, "ops"), _array(data, "allocations")
     if ops.dtype != OP_DTYPE or ops.ndim != 1:
         raise ValueError("the op table has the wrong columns")
     if allocs.dtype != ALLOCATION_DTYPE or allocs.ndim != 1:
         raise ValueError("the allocation table has the wrong columns")
-    page, length, write = data["run_page"], data["run_length"], data["run_write"]
+    page, length, write = _array(data, "run_page"), _array(data, "run_length"), _array(data, "run_write")
     if page.dtype != np.int64 or length.dtype != np.int64 or write.dtype != np.bool_:
         raise ValueError("the access runs have the wrong types")
     runs = AccessRuns(page, length, write)   # ValueError: lengths differ, an empty run
@@ -132,13 +141,52 @@ def _from_arrays(data: dict) -> Workload:
             raise ValueError("an op or allocation names no entry of the name table")
     gpu_mem = info.get("gpu_mem")
     n_gpus = info.get("n_gpus")
-    if not isinstance(n_gpus, int) or not isinstance(gpu_mem, list) or not all(isinstance(x, int) and x > 0 for x in gpu_mem):
+    if (type(n_gpus) is not int or not isinstance(gpu_mem, list)
+            or not all(type(x) is int and x > 0 for x in gpu_mem)):
         raise ValueError("bad GPU count or sizes")
+    for key in ("params", "meta"):
+        if not isinstance(info.get(key) or {}, dict):
+            raise ValueError(f"the {key} are not a mapping")
     acc_win = data.get("acc_win")
+    if acc_win is not None:
+        acc_win = _array(data, "acc_win")
+        if not np.issubdtype(acc_win.dtype, np.integer) or len(acc_win) != runs.n_accesses:
+            raise ValueError("acc_win is not one integer per access")
+    _check_references(ops, allocs, runs)
     w = Workload(info["name"], ops, None, None, allocs, names, n_gpus, gpu_mem, dict(info.get("params") or {}),
                  dict(info.get("meta") or {}), None, acc_win, acc_runs=runs)
     w.validate()
     return w
+
+
+def _check_references(ops: np.ndarray, allocs: np.ndarray, runs: AccessRuns) -> None:
+    """Every allocator event names an allocation, every access lies in one, and no
+    allocation reaches past the address space."""
+    from ..units import PAGE_SHIFT
+    from .workload import OpType
+
+    if len(allocs) and (allocs["bytes"] >= 1 << 56).any():
+        raise ValueError("an allocation is larger than an address space")
+    mem = ops[ops["type"] == OpType.MEM]
+    if len(mem) and not np.isin(mem["alloc_id"], allocs["alloc_id"]).all():
+        raise ValueError("an allocator event names no allocation of the file")
+    if not len(runs.page):
+        return
+    lo = (allocs["addr"] >> np.uint64(PAGE_SHIFT)).astype(np.int64)
+    hi = lo + ((allocs["bytes"] + np.uint64((1 << PAGE_SHIFT) - 1)) >> np.uint64(PAGE_SHIFT)).astype(np.int64)
+    if not len(lo):
+        raise ValueError("the file has accesses but no allocations")
+    order = np.argsort(lo, kind="stable")
+    lo, hi = lo[order], np.maximum.accumulate(hi[order])
+    # one interval per stretch of touching allocations (a run may cross from one into the next)
+    start = np.ones(len(lo), bool)
+    start[1:] = lo[1:] > hi[:-1]
+    first = np.flatnonzero(start)
+    lo, hi = lo[first], np.maximum.reduceat(hi, first)
+    i = np.searchsorted(lo, runs.page, side="right") - 1
+    ok = (i >= 0) & (runs.page + runs.length <= hi[np.maximum(i, 0)])
+    if not ok.all():
+        raise ValueError(f"an access (page {int(runs.page[~ok][0]):#x}) lies outside every allocation")
 
 
 def resolve(target: str, overrides: dict[str, str] | None = None) -> Workload:
@@ -161,14 +209,18 @@ def resolve(target: str, overrides: dict[str, str] | None = None) -> Workload:
     try:
         if gpu_mem is not None:
             size = parse_size(gpu_mem)
-            if size < 16 * 4096:
-                raise ValueError("must be at least 64 KiB")
+            if size < MIN_GPU_MEM:
+                raise ValueError("must be at least 2 MiB")
             w.gpu_mem = [size] * w.n_gpus
         elif oversub is not None:
             ratio = float(oversub)
             if not 0 < ratio <= 64:
                 raise ValueError("must be in (0, 64]")
-            w.gpu_mem = [max(16 * 4096, int(w.peak_managed_bytes / ratio))] * w.n_gpus
+            size = int(w.peak_managed_bytes / ratio)
+            if size < MIN_GPU_MEM:
+                raise ValueError(f"gives a GPU of {size:,} bytes for a {w.peak_managed_bytes:,}-byte footprint; "
+                                 "it must be at least 2 MiB")
+            w.gpu_mem = [size] * w.n_gpus
     except ValueError as e:
         flag = "--gpu-mem" if gpu_mem is not None else "--oversub"
         raise UmctlError(f"{flag} {gpu_mem if gpu_mem is not None else oversub}: {e}") from None

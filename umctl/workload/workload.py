@@ -294,8 +294,19 @@ class Workload:
             raise ValueError("an operation's access range is outside the access stream")
         if self.n_gpus < 1 or len(self.gpu_mem) != self.n_gpus:
             raise ValueError("gpu_mem must give one capacity per GPU")
-        if (ops["gpu"] >= self.n_gpus).any():
+        # -1 is "no GPU" (host work, allocator events from a trace) or "every GPU" (a SYNC); a
+        # kernel runs on one of the workload's GPUs (the simulator indexes its state by it)
+        if (ops["gpu"] >= self.n_gpus).any() or (ops["gpu"] < np.where(ops["type"] == OpType.KERNEL, 0, -1)).any():
             raise ValueError("an operation names a GPU the workload does not have")
+        known = np.array([int(t) for t in OpType])
+        if len(ops) and not np.isin(ops["type"], known).all():
+            raise ValueError(f"an operation has an unknown type ({int(ops['type'][~np.isin(ops['type'], known)][0])})")
+        mem = ops[ops["type"] == OpType.MEM]
+        if len(mem) and not np.isin(mem["mem_op"], np.array([int(m) for m in AllocOp])).all():
+            raise ValueError("an allocator event has an unknown operation")
+        if self.acc_win is not None and (not isinstance(self.acc_win, np.ndarray)
+                                         or not np.issubdtype(self.acc_win.dtype, np.integer)):
+            raise ValueError("acc_win is not an integer array")
 
 
 class WorkloadBuilder:

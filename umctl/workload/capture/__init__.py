@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import gc
 import time
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -62,12 +63,22 @@ def capture(entry: str | Callable, batch: int, *, warmup: int = 1, seed: int = 0
     step kept. CaptureError (one line) for a missing torch, a bad entry or a failing step."""
     torch = import_torch()
     from .cudalike import cuda_kernel_choices
-    from .entry import _one_line, load_entry
-    from .recorder import Recorder
+    from .entry import entry_scope
+
     if not isinstance(batch, int) or isinstance(batch, bool) or batch < 1:
         raise CaptureError(f"batch must be a positive integer (got {batch!r})")
     label = entry if isinstance(entry, str) else getattr(entry, "__name__", "make_step")
-    fn = load_entry(entry) if isinstance(entry, str) else entry
+    # the kernel choices (autocast among them) apply from the import of the entry's file on
+    # (``from torch import autocast`` binds at import); its folder stays on sys.path throughout
+    with cuda_kernel_choices(), (entry_scope(entry) if isinstance(entry, str) else nullcontext(entry)) as fn:
+        return _capture(torch, fn, label, batch, warmup, seed)
+
+
+def _capture(torch, fn: Callable, label: str, batch: int, warmup: int, seed: int) -> Capture:
+    from .cudalike import AutocastRequests, autocast_notes
+    from .entry import _one_line
+    from .recorder import ALLOC, OP, Recorder
+
     t0 = time.perf_counter()
     torch.manual_seed(seed)
     rec = Recorder()
@@ -75,16 +86,19 @@ def capture(entry: str | Callable, batch: int, *, warmup: int = 1, seed: int = 0
     settings = {"tf32_matmul": torch.get_float32_matmul_precision() != "highest"
                 or bool(torch.backends.cuda.matmul.allow_tf32),
                 "tf32_conv": bool(torch.backends.cudnn.allow_tf32)}
+    model = None
     try:
-        with cuda_kernel_choices(), rec:
+        with rec:
             try:
                 with meta:   # everything make_step builds defaults to meta: no memory of its size
                     result = fn(batch, meta)
             except CaptureError:
                 raise
+            except SystemExit as e:
+                raise CaptureError(f"{label}: make_step called sys.exit({e.code!r})") from None
             except Exception as e:
                 raise CaptureError(f"{label}: make_step({batch}, device) raised {type(e).__name__}: "
-                                f"{_one_line(e)}") from None
+                                   f"{_one_line(e)}") from None
             model, step = _unpack(result, label)
             del result
             hooks = _grad_hooks(torch, model, rec, warmup)
@@ -96,29 +110,37 @@ def capture(entry: str | Callable, batch: int, *, warmup: int = 1, seed: int = 0
                     out = step()
                 except CaptureError:
                     raise
+                except SystemExit as e:
+                    raise CaptureError(f"{label}: step {k + 1} at batch {batch} called sys.exit({e.code!r})") from None
                 except Exception as e:
                     raise CaptureError(f"{label}: step {k + 1} at batch {batch} raised {type(e).__name__}: "
-                                    f"{_one_line(e)}") from None
+                                       f"{_one_line(e)}") from None
                 del out
             rec.close()
     finally:
         rec.closed = True
         for h in locals().get("hooks", ()):
             h.remove()
+    log = rec.log
+    if not any(kind in (ALLOC, OP) for kind, _ in log.events[log.step_starts[-1]:log.end]):
+        raise CaptureError(f"{label}: the step put nothing on the device: does make_step create its tensors "
+                           "on `device`?")
+    log.notes.update(autocast_notes(AutocastRequests.seen))
     # what to call parameters and gradients in the report (tensors on meta only)
     params, count = set(), 0
-    if isinstance(model, torch.nn.Module):
+    log.has_model = isinstance(model, torch.nn.Module)
+    if log.has_model:
         for p in model.parameters():
             count += p.numel()
             if p.is_meta:
                 params.add(rec.sid_of(p))
-    rec.log.params = params
+    log.params = params
     # the tensors the step kept alive stay so until the capture is dropped; the settings of
     # the kernels' precision are the program's, as make_step left them
     settings = {"tf32_matmul": torch.get_float32_matmul_precision() != "highest"
                 or bool(torch.backends.cuda.matmul.allow_tf32),
                 "tf32_conv": bool(torch.backends.cudnn.allow_tf32)} | {"before_make_step": settings}
-    return Capture(rec.log, label, batch, time.perf_counter() - t0, count, torch.__version__, settings)
+    return Capture(log, label, batch, time.perf_counter() - t0, count, torch.__version__, settings)
 
 
 def _grad_hooks(torch, model, rec, kept: int) -> list:

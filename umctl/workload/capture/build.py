@@ -69,7 +69,11 @@ def plan(log: CaptureLog, iterations: int) -> tuple[CachingAllocator, list[_Plan
     step, born, pair = _roles(log)
     alloc = CachingAllocator()
     where: dict[tuple[int, int], Placement] = {}
+    # a zero-byte storage gets no block from PyTorch's allocator (nor a kernel's access)
+    empty = {s.sid for s in log.storages if s.nbytes == 0}
     for kind, sid in log.events[:s0]:
+        if kind in (ALLOC, FREE) and sid in empty:
+            continue
         if kind == ALLOC:
             where[(sid, 0)], _ = alloc.malloc((sid, 0), log.storages[sid].nbytes)
         elif kind == FREE and (sid, 0) in alloc.live:
@@ -88,6 +92,8 @@ def plan(log: CaptureLog, iterations: int) -> tuple[CachingAllocator, list[_Plan
     for r in range(iterations):
         alloc.peak_allocated = alloc.allocated
         for kind, v in step:
+            if kind in (ALLOC, FREE) and v in empty:
+                continue
             if kind == ALLOC:
                 k = key(v, r)
                 p, new_seg = alloc.malloc(k, log.storages[v].nbytes)
@@ -173,7 +179,7 @@ def build_workload(log: CaptureLog, *, name: str, gpu_mem: int, iterations: int 
         b.sync(0)   # each iteration ends on a synchronisation (the next one's data loading)
     w = b.build()
     info = dict(meta or {})
-    sizes = {sid: round_size(s.nbytes) for sid, s in enumerate(log.storages)}
+    sizes = {sid: round_size(s.nbytes) if s.nbytes else 0 for sid, s in enumerate(log.storages)}
     start = {k[0] for k in st["live_at_start"]}
     end = {sid for sid, s in enumerate(log.storages) if not s.freed}
     params = sum(sizes[s] for s in log.params)
@@ -185,7 +191,7 @@ def build_workload(log: CaptureLog, *, name: str, gpu_mem: int, iterations: int 
                    "optimizer_state": int(kept),
                    "activations_peak": max(0, int(st["peak_allocated"] - params - grads - kept))},
         kernels_per_iteration=kernels, flops_per_iteration=flops, compute_ns_per_iteration=int(compute_ns),
-        iterations=iterations, assumptions=dict(log.notes),
+        iterations=iterations, assumptions=dict(log.notes), has_model=bool(getattr(log, "has_model", True)),
     )
     w.meta.update(info)
     w.meta["footprint_oversub"] = w.peak_managed_bytes / max(1, int(gpu_mem))

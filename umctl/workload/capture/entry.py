@@ -23,7 +23,8 @@ import importlib
 import importlib.util
 import os
 import sys
-from typing import Callable
+from contextlib import contextmanager
+from typing import Callable, Iterator
 
 from .errors import CaptureError
 
@@ -38,8 +39,19 @@ def split_entry(spec: str) -> tuple[str, str]:
 
 def load_entry(spec: str) -> Callable:
     """The function ``spec`` names; a one-line CaptureError for a missing file or module, an
-    import that fails, or a name that is not a function in it."""
+    import that fails, or a name that is not a function in it. A file's folder stays on
+    ``sys.path`` only while importing it: :func:`entry_scope` keeps it there for a capture."""
+    with entry_scope(spec) as fn:
+        return fn
+
+
+@contextmanager
+def entry_scope(spec: str) -> Iterator[Callable]:
+    """:func:`load_entry`'s function, with the file's folder on ``sys.path`` until the block ends
+    (make_step and step may import the file's neighbours as late as they like, as ``python3
+    file.py`` allows)."""
     where, name = split_entry(spec)
+    folder = None
     if where.endswith(".py") or os.sep in where or "/" in where:
         if not os.path.isfile(where):
             raise CaptureError(f"{where}: no such file")
@@ -49,25 +61,40 @@ def load_entry(spec: str) -> Callable:
             raise CaptureError(f"{where}: not a Python file")
         module = importlib.util.module_from_spec(loader_spec)
         folder = os.path.dirname(os.path.abspath(where))
-        added = folder not in sys.path
-        if added:   # the file's own imports of its neighbours (as `python3 file.py` allows)
+        if folder in sys.path:
+            folder = None
+        else:   # the file's own imports of its neighbours (as `python3 file.py` allows)
             sys.path.insert(0, folder)
         try:
-            loader_spec.loader.exec_module(module)
-        except CaptureError:
-            raise
-        except BaseException as e:
-            raise CaptureError(f"{where}: importing it failed: {type(e).__name__}: {_one_line(e)}") from None
+            # registered before it runs, as an import does: dataclasses (and pickling, typing's
+            # string annotations) look the module up in sys.modules while it executes
+            previous = sys.modules.get(mod_name)
+            sys.modules[mod_name] = module
+            try:
+                loader_spec.loader.exec_module(module)
+            except BaseException as e:
+                if previous is not None:
+                    sys.modules[mod_name] = previous
+                else:
+                    sys.modules.pop(mod_name, None)
+                if isinstance(e, CaptureError):
+                    raise
+                raise CaptureError(f"{where}: importing it failed: {type(e).__name__}: {_one_line(e)}") from None
+            yield _function(module, where, name)
         finally:
-            if added:
+            if folder is not None and folder in sys.path:
                 sys.path.remove(folder)
-    else:
-        try:
-            module = importlib.import_module(where)
-        except ModuleNotFoundError as e:
-            raise CaptureError(f"{where}: no such module ({_one_line(e)})") from None
-        except BaseException as e:
-            raise CaptureError(f"{where}: importing it failed: {type(e).__name__}: {_one_line(e)}") from None
+        return
+    try:
+        module = importlib.import_module(where)
+    except ModuleNotFoundError as e:
+        raise CaptureError(f"{where}: no such module ({_one_line(e)})") from None
+    except BaseException as e:
+        raise CaptureError(f"{where}: importing it failed: {type(e).__name__}: {_one_line(e)}") from None
+    yield _function(module, where, name)
+
+
+def _function(module, where: str, name: str) -> Callable:
     fn = getattr(module, name, None)
     if fn is None:
         raise CaptureError(f"{where}: has no function {name!r}")

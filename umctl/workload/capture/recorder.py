@@ -85,6 +85,7 @@ class CaptureLog:
     notes: dict = field(default_factory=dict)
     params: set[int] = field(default_factory=set)
     grads: set[int] = field(default_factory=set)
+    has_model: bool = True   # make_step returned (model, step): parameters and gradients are known
 
 
 def _span(t: torch.Tensor, nbytes: int) -> tuple[int, int] | None:
