@@ -43,9 +43,11 @@ LINE = {signal.SIGINT: "umctl: interrupted", signal.SIGTERM: "umctl: interrupted
 CODE = {signal.SIGINT: 130, signal.SIGTERM: 143}
 
 
-def run_replay(tmp: Path, sig: int | None = None, delay: float = 0.0, args=REPLAY):
+def run_replay(tmp: Path, sig: int | None = None, delay: float = 0.0, args=REPLAY, when_recording: bool = False):
     """Run ``umctl replay ... --record tmp/x.parquet``, signalled ``delay`` s after the child's
-    interpreter is up. Returns (status, stderr, seconds from up to exit)."""
+    interpreter is up, or (``when_recording``) as soon as its ``.partial`` file appears: a point
+    inside the recording whatever the machine's load. Returns (status, stderr, seconds from up
+    to exit)."""
     r, w = os.pipe()
     p = subprocess.Popen([sys.executable, "-c", CHILD, str(w), *args, "--record", str(tmp / "x.parquet")],
                          stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=ENV, pass_fds=(w,))
@@ -56,7 +58,12 @@ def run_replay(tmp: Path, sig: int | None = None, delay: float = 0.0, args=REPLA
         os.close(r)
     t0 = time.monotonic()
     if sig is not None:
-        time.sleep(delay)
+        if when_recording:
+            partial = tmp / "x.parquet.partial"
+            while not partial.exists() and p.poll() is None and time.monotonic() - t0 < 120:
+                time.sleep(0.001)
+        else:
+            time.sleep(delay)
         p.send_signal(sig)   # a no-op once it has exited
     err = p.communicate(timeout=120)[1]
     return p.returncode, err, time.monotonic() - t0
@@ -123,6 +130,12 @@ def test_replay_record_interrupted_at_many_points(tmp_path, clean_run, sig, caps
         tmp.mkdir()
         rc, err, _ = run_replay(tmp, sig, frac * clean_run)
         seen.append((frac, rc, check_outcome(tmp, sig, rc, err, capsys)))
+    # and once as soon as the recording has begun: the times above depend on the machine's load
+    # (under a full parallel suite none of them may land inside the recording)
+    tmp = tmp_path / "recording"
+    tmp.mkdir()
+    rc, err, _ = run_replay(tmp, sig, when_recording=True)
+    seen.append(("recording", rc, check_outcome(tmp, sig, rc, err, capsys)))
     # the times are spread enough to interrupt the recording itself (a .partial), and early
     # ones stop it before anything was written
     print(sig.name, seen)   # (fraction, status, outcome) with -s
