@@ -20,7 +20,7 @@ from typing import Callable
 
 from .. import UmctlError
 from ..controller.base import Controller, controller_class, make_controller
-from ..controller.options import parse_mode_options
+from ..controller.options import REPLAY_OPTIONS, parse_mode_options
 from ..events.schema import Kind
 from .interfaces import Actuator, LaunchSource, Source
 
@@ -128,8 +128,6 @@ class ControlSpec:
             raise UmctlError(f"--mode {self.label} needs --spare-gpus N (the neighbour GPUs whose spare memory it "
                              "uses) and --budget")
         parsed = parse_mode_options(options, [self.mode], degree=degree)
-        from ..controller.options import REPLAY_OPTIONS
-
         replay_only = sorted(set(parsed[self.mode]) & set(REPLAY_OPTIONS))
         if replay_only:   # options of the simulator (the launch queue): a live program has its own
             raise UmctlError(f"-O {replay_only[0]} is an option of umctl replay's simulator, not of a live run")

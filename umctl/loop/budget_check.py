@@ -227,7 +227,8 @@ class BudgetCheck:
         self._slot_gpu = np.zeros(64, np.int64)
         self._slot_block = np.zeros(64, np.int64)
         # per slot: the newest arrival time and the union of arrived pages; the newest departure
-        # time and its pages (module doc, *Time*: what a late record may not undo)
+        # time and the pages of every departure since the block last arrived (module doc, *Time*:
+        # what a late record may not undo)
         self._set_t = np.full(64, np.iinfo(np.int64).min, np.int64)
         self._set_mask = np.zeros((64, WORDS), np.uint64)
         self._clr_t = np.full(64, np.iinfo(np.int64).min, np.int64)
@@ -236,7 +237,6 @@ class BudgetCheck:
         #: how far the runtime's report stream is complete (module doc, *Faults wait*); None:
         #: no runtime stream, faults are judged at the reorder window like everything else
         self.runtime_ns: int | None = None
-        self.faults_held = 0            # fault records held back for the runtime's stream
         self.fault_arrivals = 0         # fault records counted as arrivals (first touches)
         #: host-preferred ranges (module doc, *Evidence*): faults there bring nothing in
         self.host_preferred = RangeSet()
@@ -404,8 +404,8 @@ class BudgetCheck:
             return
         t, g, lo, hi, up, fault = (np.concatenate([p[i] for p in self._pending]) for i in range(6))
         if fault.any() and len(self.host_preferred):
-            # judged at apply time, after the reorder window: the runtime's HOST_PREFERRED record
-            # is stamped before any fault on its range and has had time to arrive
+            # judged again at apply time: the runtime's HOST_PREFERRED record is stamped before
+            # any fault on its range, and faults wait for its stream (module doc, *Faults wait*)
             mapped = fault & self.host_preferred.contains(lo)
             if mapped.any():
                 self.fault_records_mapped += int(mapped.sum())
@@ -416,20 +416,22 @@ class BudgetCheck:
                     self._account(horizon)
                     return
         torig = t
+        wait = None
+        if self.runtime_ns is not None and fault.any():
+            # fault evidence waits until the runtime's reports of its time are in (module doc);
+            # a record waiting is neither due nor late, and keeps its own time
+            fault_horizon = min(horizon, max(self.runtime_ns - RUNTIME_MARGIN_NS, horizon - FAULT_HOLD_MAX_NS))
+            wait = fault & (t > fault_horizon)
         if self.t_applied is not None:
             late = t < self.t_applied
+            if wait is not None:
+                late &= ~wait
             if late.any():
                 self.late += int(late.sum())
                 t = np.where(late, self.t_applied, t)
         now = t <= horizon
-        if self.runtime_ns is not None and fault.any():
-            # fault evidence waits until the runtime's reports of its time are in (module doc)
-            fault_horizon = min(horizon, max(self.runtime_ns - RUNTIME_MARGIN_NS, horizon - FAULT_HOLD_MAX_NS))
-            wait = now & fault & (torig > fault_horizon)
-            if wait.any():
-                self.faults_held += int(wait.sum())
-                now &= ~wait
-                t = np.where(wait, torig, t)   # a held record keeps its own time
+        if wait is not None:
+            now &= ~wait
         # records held back keep their own time (a clamped one is due now, never held back)
         self._pending = [tuple(x[~now] for x in (t, g, lo, hi, up, fault))] if (~now).any() else []
         if not now.any():

@@ -17,9 +17,9 @@ from __future__ import annotations
 
 import gc
 import time
-from contextlib import nullcontext
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Callable, Iterator
 
 from .errors import CaptureError
 
@@ -74,9 +74,24 @@ def capture(entry: str | Callable, batch: int, *, warmup: int = 1, seed: int = 0
         return _capture(torch, fn, label, batch, warmup, seed)
 
 
+@contextmanager
+def _user_code(exits: str, raises: str) -> Iterator[None]:
+    """Around the user's make_step and step: their exceptions and sys.exit() as one-line
+    CaptureErrors (``exits`` / ``raises`` name the call), ours passed on."""
+    from .entry import _one_line
+
+    try:
+        yield
+    except CaptureError:
+        raise
+    except SystemExit as e:
+        raise CaptureError(f"{exits} called sys.exit({e.code!r})") from None
+    except Exception as e:
+        raise CaptureError(f"{raises} raised {type(e).__name__}: {_one_line(e)}") from None
+
+
 def _capture(torch, fn: Callable, label: str, batch: int, warmup: int, seed: int) -> Capture:
     from .cudalike import AutocastRequests, autocast_notes
-    from .entry import _one_line
     from .recorder import ALLOC, OP, Recorder
 
     t0 = time.perf_counter()
@@ -89,16 +104,8 @@ def _capture(torch, fn: Callable, label: str, batch: int, warmup: int, seed: int
     model = None
     try:
         with rec:
-            try:
-                with meta:   # everything make_step builds defaults to meta: no memory of its size
-                    result = fn(batch, meta)
-            except CaptureError:
-                raise
-            except SystemExit as e:
-                raise CaptureError(f"{label}: make_step called sys.exit({e.code!r})") from None
-            except Exception as e:
-                raise CaptureError(f"{label}: make_step({batch}, device) raised {type(e).__name__}: "
-                                   f"{_one_line(e)}") from None
+            with _user_code(f"{label}: make_step", f"{label}: make_step({batch}, device)"), meta:
+                result = fn(batch, meta)   # everything make_step builds defaults to meta
             model, step = _unpack(result, label)
             del result
             hooks = _grad_hooks(torch, model, rec, warmup)
@@ -106,15 +113,9 @@ def _capture(torch, fn: Callable, label: str, batch: int, warmup: int, seed: int
                 if k == warmup:
                     gc.collect()   # the warm-up's garbage cycles go before the step kept
                 rec.mark_step(k)
-                try:
+                where = f"{label}: step {k + 1} at batch {batch}"
+                with _user_code(where, where):
                     out = step()
-                except CaptureError:
-                    raise
-                except SystemExit as e:
-                    raise CaptureError(f"{label}: step {k + 1} at batch {batch} called sys.exit({e.code!r})") from None
-                except Exception as e:
-                    raise CaptureError(f"{label}: step {k + 1} at batch {batch} raised {type(e).__name__}: "
-                                       f"{_one_line(e)}") from None
                 del out
             rec.close()
     finally:
