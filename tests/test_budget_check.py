@@ -393,3 +393,17 @@ def test_a_page_back_while_the_preevict_ran_stays_counted():
     chk.observe(batch(70 * MS, command=cmd, migration=back, result=res))
     chk.finish(300 * MS)
     assert chk.pages[0] == 1
+
+
+def test_the_not_held_line_names_partly_resident_blocks_and_fault_first_touches():
+    """The blocks-above-pages case says why: the late-advice stream without the watermark ends
+    with 64 one-page blocks, counted from faults."""
+    from umctl.report.live import budget_check_line
+
+    v = _late_advice_run(with_watermark=False).verdict().as_dict()
+    assert v["held"] is False and v["partial_blocks"] == 64 and v["fault_arrivals"] > 0
+    line = budget_check_line(v)
+    assert "budget NOT held" in line and "64 blocks partly resident" in line
+    assert f"{v['fault_arrivals']:,} faults counted as first touches" in line
+    held = budget_check_line(_late_advice_run(with_watermark=True).verdict().as_dict())
+    assert "budget held" in held and "partly resident" not in held
