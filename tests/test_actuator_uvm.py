@@ -324,3 +324,36 @@ def test_invalidate_through_the_programs_runtime_pre_evicts_what_it_kept():
     assert a.wait_idle()
     assert io.calls == [("migrate", blk(7), BLOCK_SIZE, GPU0)]
     a.close()
+
+
+def test_an_invalidation_answers_when_its_follow_up_pre_eviction_is_done():
+    """The budget check's only evidence that discarded pages left the GPU is the INVALIDATE's
+    RESULT (the driver reports no migration for them): it must come once, after the follow-up
+    pre-eviction ran, and not while the runtime has not answered. Superseded by a newer prefetch,
+    it answers SKIPPED (the block stays)."""
+    io = FakeUvm()
+    a = act(io)
+    later = []
+    a.invalidator = lambda base, length, on_done: later.append(on_done) or True
+    ids = a.submit(commands(Op.INVALIDATE, [blk(2), blk(3)], [BLOCK_SIZE, BLOCK_SIZE]))
+    assert a.wait_idle() and io.calls == [] and len(later) == 1
+    assert len(a.results()) == 0              # requested, not done: no evidence yet
+    later[0]([(blk(2), BLOCK_SIZE)])
+    assert a.wait_idle()
+    assert io.calls == [("migrate", blk(2), 2 * BLOCK_SIZE, CPU_UUID)]
+    r = a.results()
+    assert sorted(r["cmd_id"].tolist()) == sorted(ids.tolist())
+    assert (r["status"] == Status.OK).all()
+    assert len(a.results()) == 0              # once
+
+    later.clear()
+    (cid,) = a.submit(commands(Op.INVALIDATE, blk(9), BLOCK_SIZE)).tolist()
+    assert a.wait_idle()
+    io.gate.clear()
+    (pid_,) = a.submit(commands(Op.PREFETCH, blk(9), BLOCK_SIZE, dst=0)).tolist()
+    later[0]([])
+    io.gate.set()
+    assert a.wait_idle()
+    st = dict(zip(*(x.tolist() for x in (lambda r: (r["cmd_id"], r["status"]))(a.results()))))
+    assert st == {cid: Status.SKIPPED, pid_: Status.OK}
+    a.close()

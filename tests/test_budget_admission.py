@@ -236,3 +236,28 @@ def test_the_summary_says_how_the_budget_was_held():
     text = "\n".join(t for t, _ in control_lines(_from_json(ControlStats, st)))
     assert f"admission    {st['budget']['admitted_blocks']:,} demanded blocks admitted" in text
     assert "budget check on: budget held" in text
+
+
+def test_a_mode_without_budget_starts_before_the_program_registers_its_gpus(monkeypatch):
+    """`umctl run --mode deepum` without --budget: when the loop starts, the program has not
+    created its CUDA context, so the source knows no GPU yet. The machine's GPUs say how big it
+    is (before: 'GPU memory size unknown (nvidia-smi gave none): pass --budget', measured on an
+    H200 whose nvidia-smi answered)."""
+    from types import SimpleNamespace
+
+    from umctl import UmctlError
+    from umctl.driver import process
+    from umctl.live.spec import ControlSpec
+    from test_live_control import FakeActuator
+
+    monkeypatch.setattr(process, "nvidia_smi_gpus", lambda: [
+        {"index": 0, "uuid": "GPU-aaa", "name": "H200", "memory_bytes": 141 << 30}])
+    src = SimpleNamespace(gpus=[], pid=1, kinds=frozenset(), target_fd=-1)
+    lc = ControlSpec("deepum", None, None, None, 0, None, live_run=True).start(src, SimpleNamespace(), FakeActuator())
+    assert lc.ctl.ctx.gpu_mem == [141 << 30]
+    src.gpus = [{"gpu": 0, "uuid": "GPU-AAA", "memory_bytes": None}]
+    lc = ControlSpec("none", None, None, None, 0, None, live_run=True).start(src, None, FakeActuator())
+    assert lc.ctl.ctx.gpu_mem == [141 << 30]
+    monkeypatch.setattr(process, "nvidia_smi_gpus", lambda: [])
+    with pytest.raises(UmctlError, match="GPU memory size unknown"):
+        ControlSpec("none", None, None, None, 0, None, live_run=True).start(src, None, FakeActuator())

@@ -395,6 +395,27 @@ def test_a_page_back_while_the_preevict_ran_stays_counted():
     assert chk.pages[0] == 1
 
 
+@pytest.mark.parametrize("op, status, left", [(Op.INVALIDATE, Status.OK, True),
+                                                (Op.PREEVICT, Status.SKIPPED, False),
+                                                (Op.INVALIDATE, Status.SKIPPED, False)])
+def test_an_invalidation_done_removes_its_blocks_and_a_superseded_one_does_not(op, status, left):
+    """Live, DeepUM's INVALIDATE is the runtime's discard plus a pre-eviction to the CPU, and its
+    RESULT comes when that is done (actuators/uvm.py): the discarded pages left without any
+    migration record, so an OK INVALIDATE departs its range (MoE under deepum on an H200: 0.5 GiB
+    of discarded blocks stayed counted without it, a false 'NOT held'). SKIPPED is a command a
+    newer one for the block superseded (a prefetch): the block stays."""
+    chk = BudgetCheck(BLOCK_SIZE, reorder_ms=100, migrations_on=True)
+    chk.observe(batch(12 * MS, migration=mig(10 * MS, [0, 1])))
+    cmd = empty(Kind.COMMAND, 1)
+    cmd["t_ns"], cmd["cmd_id"], cmd["op"], cmd["addr"], cmd["bytes"], cmd["dst"] = 50 * MS, 9, op, BASE, \
+        2 * BLOCK_SIZE, CPU
+    res = empty(Kind.RESULT, 1)
+    res["t_ns"], res["cmd_id"], res["status"], res["latency_ns"] = 61 * MS, 9, status, 1 * MS
+    chk.observe(batch(70 * MS, command=cmd, result=res))
+    chk.finish(300 * MS)
+    assert chk.blocks[0] == (0 if left else 2)
+
+
 def test_the_not_held_line_names_partly_resident_blocks_and_fault_first_touches():
     """The blocks-above-pages case says why: the late-advice stream without the watermark ends
     with 64 one-page blocks, counted from faults."""

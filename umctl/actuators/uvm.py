@@ -152,14 +152,15 @@ class UvmActuator(ActuatorBase):
         return ids
 
     def _push(self, block, op, dst, advice, lo, hi, prio, cid, now) -> None:
+        """``cid``: the command id this item carries out, or a list of them."""
         old = self._by_block.get(block) if op != Op.ADVISE else None
-        ids = [cid]
+        ids = list(cid) if isinstance(cid, list) else [cid]
         if old is not None and old.live:
             if old.op == op and old.dst == dst:
                 # the same intent again: one item covering both ranges, at the more urgent
                 # of the two priorities
                 old.lo, old.hi = min(old.lo, lo), max(old.hi, hi)
-                old.ids.append(cid)
+                old.ids.extend(ids)
                 if prio >= old.key[0]:
                     return
                 lo, hi, ids = old.lo, old.hi, old.ids
@@ -285,6 +286,7 @@ class UvmActuator(ActuatorBase):
         lo, hi = first.lo, run[-1].hi
         op = Op(first.op)
         evicted = -1   # INVALIDATE through the invalidator: bytes pre-evicted here at once
+        deferred = False   # ... whose results come with its follow-up pre-eviction
         if self.gone:
             status, moved, lat = Status.TARGET_GONE, 0, 0
         else:
@@ -292,7 +294,7 @@ class UvmActuator(ActuatorBase):
                 self._throttle(hi - lo)
             t0 = time.monotonic_ns()
             if op == Op.INVALIDATE and self.invalidator is not None:
-                status, evicted = self._invalidate_elsewhere(lo, hi)
+                status, evicted, deferred = self._invalidate_elsewhere(lo, hi, run)
             else:
                 status = self._ioctl(op, first.dst, first.advice, lo, hi - lo)
             lat = time.monotonic_ns() - t0
@@ -305,11 +307,11 @@ class UvmActuator(ActuatorBase):
                 moved = 0
             self.bytes[name] += moved
             self.latency_ns[name] += lat
-            for it in run:
+            for it in ([] if deferred else run):
                 for i, cid in enumerate(it.ids):  # bytes counted once, on the item's first command
                     self._result(cid, status, (it.hi - it.lo) if moved and i == 0 else 0, lat)
 
-    def _invalidate_elsewhere(self, lo: int, hi: int) -> tuple[Status, int]:
+    def _invalidate_elsewhere(self, lo: int, hi: int, run: list[_Item]) -> tuple[Status, int, bool]:
         """INVALIDATE through ``invalidator`` (the program's runtime), without waiting for it.
         When it has answered, the whole victim is queued here as a pre-eviction: what the runtime
         dropped then moves to the CPU without a copy, what it kept (in use, its last kernel still
@@ -318,16 +320,30 @@ class UvmActuator(ActuatorBase):
         in :meth:`submit`). Why evict what was dropped: left unmapped and resident nowhere, a
         dropped block's next use is populated by the GPU fault by fault, which cost more than the
         invalidation saved (docs/evaluation/live-control.md has the H100 figures). No request possible:
-        everything is pre-evicted at once. Returns (status, bytes pre-evicted now)."""
+        everything is pre-evicted at once. Returns (status, bytes pre-evicted now, whether the
+        commands' results wait for the follow-up).
+
+        The INVALIDATE commands' RESULTs are those of the follow-up pre-eviction, sent when it is
+        done: only then has the block surely left the GPU. The driver reports no migration for
+        the pages the runtime dropped, so that RESULT is the budget check's only evidence that
+        they left (``umctl/loop/budget_check.py``); a RESULT at the request would have said so
+        before it was true, and none at all (as before) kept them resident in the check for the
+        rest of the run. A newer command for the block that wins over the follow-up answers
+        SKIPPED: the block stays where that command puts it."""
+        ids_by_block = {it.block: list(it.ids) for it in run}
 
         def answered(done: list[tuple[int, int]]) -> None:
             now = time.monotonic_ns()
             with self._cv:
                 self.bytes["invalidate"] += sum(n for _, n in done)
                 for b, s_, e_ in _block_pieces(lo, hi):
+                    ids = ids_by_block.get(b) or [-1]
                     old = self._by_block.get(b)
-                    if old is None or not old.live:
-                        self._push(b, Op.PREEVICT, CPU, 0, s_, e_, 0, -1, now)
+                    if old is None or not old.live or (old.op == Op.PREEVICT and old.dst == CPU):
+                        self._push(b, Op.PREEVICT, CPU, 0, s_, e_, 0, ids, now)
+                    else:
+                        for i in ids:
+                            self._result(i, Status.SKIPPED, 0, 0)
                 self._cv.notify()
 
         try:
@@ -336,8 +352,8 @@ class UvmActuator(ActuatorBase):
             self._fail(f"invalidator: {type(e).__name__}: {e}", Status.FAILED)
             sent = False
         if sent:
-            return Status.OK, 0
-        return self._ioctl(Op.PREEVICT, CPU, 0, lo, hi - lo), hi - lo
+            return Status.OK, 0, True
+        return self._ioctl(Op.PREEVICT, CPU, 0, lo, hi - lo), hi - lo, False
 
     def _ioctl(self, op: Op, dst: int, advice: int, base: int, length: int) -> Status:
         try:

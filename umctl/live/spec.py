@@ -197,6 +197,8 @@ class ControlSpec:
         gpus = src.gpus or [{"gpu": 0, "memory_bytes": None}]
         if self.gpus is not None:
             gpus = self._spread_gpus(gpus)
+        elif not all(g.get("memory_bytes") for g in gpus):
+            gpus = _with_memory(gpus)
         act = actuator if actuator is not None else actuator_for(src, float(self.rate))
         # Under the runtime (umctl run), invalidations are carried out by the program itself,
         # the only place that knows when a freed block's last kernel has run
@@ -219,15 +221,26 @@ class ControlSpec:
     def _spread_gpus(self, gpus: list[dict]) -> list[dict]:
         """Every GPU the program is spread over, including those it has not registered with UVM
         yet (the controller keeps per-GPU tables for each)."""
-        from ..driver.process import nvidia_smi_gpus
-
+        gpus = _with_memory(gpus)
         mem = next((g.get("memory_bytes") for g in gpus if g.get("memory_bytes")), None)
-        if mem is None:
-            # the target registers its GPUs with UVM only as it creates contexts, so at attach
-            # time there may be none yet: the machine's GPUs say how big they are
-            mem = next((g["memory_bytes"] for g in nvidia_smi_gpus() if g.get("memory_bytes")), None)
-        gpus = [dict(g, memory_bytes=g.get("memory_bytes") or mem) for g in gpus]
         return gpus + [{"gpu": i, "memory_bytes": mem} for i in range(len(gpus), self.gpus or 0)]
+
+
+def _with_memory(gpus: list[dict]) -> list[dict]:
+    """``gpus`` with every unknown ``memory_bytes`` filled in. The target registers its GPUs with
+    UVM only as it creates contexts, so when the control loop starts (``umctl run`` starts it
+    with the program) there may be none yet: the machine's GPUs say how big they are (the one of
+    the same UUID, else the first). Without this, ``umctl run --mode deepum`` without
+    ``--budget`` stopped with 'GPU memory size unknown'."""
+    from ..driver.process import nvidia_smi_gpus
+
+    mem = next((g.get("memory_bytes") for g in gpus if g.get("memory_bytes")), None)
+    smi = nvidia_smi_gpus() if mem is None or not all(g.get("memory_bytes") for g in gpus) else []
+    by_uuid = {str(g.get("uuid", "")).lower(): g.get("memory_bytes") for g in smi}
+    if mem is None:
+        mem = next((g["memory_bytes"] for g in smi if g.get("memory_bytes")), None)
+    return [dict(g, memory_bytes=g.get("memory_bytes") or by_uuid.get(str(g.get("uuid", "")).lower()) or mem)
+            for g in gpus]
 
 
 def _live_gpu_modes() -> list[str]:

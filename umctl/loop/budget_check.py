@@ -25,10 +25,12 @@ Contract (what counts, and why):
   in, as the simulator does). Departures: MIGRATION records with the GPU as ``src`` (our
   pre-evictions, the driver's evictions), EVICTION records (a replay's driver evictions: the
   whole chunk), ALLOC FREE records (every GPU), and umctl's own PREEVICT commands whose RESULT is
-  OK or SKIPPED (every GPU but the destination, from when the ioctl began: a migrate away leaves
+  OK (every GPU but the destination, from when the ioctl began: a migrate away leaves
   nothing behind, and live the pages the runtime discarded move without a copy and without a
-  migration record; ``result_arrivals=False`` turns this off with the arrivals). Nothing else removes a page: a discard
-  (INVALIDATE) reports no event, so invalidated pages stay counted until they move or are freed
+  migration record; ``result_arrivals=False`` turns this off with the arrivals), and umctl's
+  INVALIDATE commands whose RESULT is OK: live, that RESULT is the one of the pre-eviction that
+  follows the runtime's discard, sent when it is done. Nothing else removes a page: a discard
+  itself reports no event, so discarded pages stay counted until they move or are freed
   (the check errs towards "not held", never towards "held").
 * **Time.** Every record is placed at its own ``t_ns`` (arrivals at the copy's begin, departures
   at its end: both err towards more residency). The driver defers migration records, so records
@@ -306,6 +308,10 @@ class BudgetCheck:
                 self._cmds[cid] = (addr, n, dst, False)
             elif op == Op.PREEVICT and cid >= 0 and self.result_arrivals:
                 self._cmds[cid] = (addr, n, dst, True)
+            elif op == Op.INVALIDATE and cid >= 0 and self.result_arrivals:
+                # live, its RESULT is that of the follow-up pre-eviction to the CPU, sent when the
+                # block has left (actuators/uvm.py, _invalidate_elsewhere)
+                self._cmds[cid] = (addr, n, -1, True)
         r = batch[Kind.RESULT]
         if len(r) and self._cmds:
             rows = []
@@ -315,12 +321,13 @@ class BudgetCheck:
                 if cmd is None:
                     continue
                 if cmd[3]:
-                    # a pre-eviction done (or with nothing left to do): the range is on no GPU but
-                    # its destination. The driver reports no migration for pages the runtime had
+                    # a pre-eviction done: the range is on no GPU but its destination (SKIPPED
+                    # is a pre-eviction that a newer command for the block superseded: the block
+                    # stays where that command puts it). The driver reports no migration for pages the runtime had
                     # discarded (they move without a copy), so without this they would stay counted.
                     # Placed when the ioctl began (RESULT time less its latency): a page that came
                     # back while it ran keeps its newer arrival
-                    if st in (Status.OK, Status.SKIPPED):
+                    if st == Status.OK:
                         # every GPU known, not only those with pages applied: the range's arrival
                         # may still be held back in the reorder window
                         n_slots = len(self._slot)
