@@ -428,3 +428,22 @@ def test_the_not_held_line_names_partly_resident_blocks_and_fault_first_touches(
     assert f"{v['fault_arrivals']:,} faults counted as first touches" in line
     held = budget_check_line(_late_advice_run(with_watermark=True).verdict().as_dict())
     assert "budget held" in held and "partly resident" not in held
+
+
+def test_a_dumped_check_input_is_judged_again_to_the_same_verdict(tmp_path, monkeypatch):
+    """UMCTL_BUDGET_CHECK_DUMP keeps the check's input as it came (a verdict that depends on
+    the streams' timing cannot be re-judged from a trace written in time order); fed again it
+    gives the same verdict, and a changed setting can be tried on it."""
+    from umctl.loop.budget_check import judge_dump
+
+    path = tmp_path / "chk.pkl"
+    monkeypatch.setenv("UMCTL_BUDGET_CHECK_DUMP", str(path))
+    chk = BudgetCheck(BLOCK_SIZE, reorder_ms=100, migrations_on=True, slack_bytes=0)
+    chk.observe(batch(12 * MS, migration=mig(10 * MS, [0, 1, 2])))
+    chk.observe(batch(400 * MS, migration=mig(390 * MS, [0, 1, 2], src=0, dst=CPU)))
+    chk.finish(500 * MS)
+    v = chk.verdict()
+    assert v.held is False and path.exists()
+    again = judge_dump(str(path))
+    assert (again.held, again.true_peak_bytes, again.time_over_frac) == (v.held, v.true_peak_bytes, v.time_over_frac)
+    assert judge_dump(str(path), slack_bytes=4 * BLOCK_SIZE).held is True

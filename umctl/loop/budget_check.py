@@ -74,6 +74,8 @@ simulator's MIGRATION / EVICTION events as a live session feeds it the driver's.
 
 from __future__ import annotations
 
+import os
+import pickle
 from dataclasses import asdict, dataclass
 
 import numpy as np
@@ -258,11 +260,23 @@ class BudgetCheck:
         self.over_byte_ns = 0.0
         self.over_peak = 0
         self.series: list[list[float]] = []   # [t_s, block bytes, page bytes] of the judged GPUs (max)
+        #: UMCTL_BUDGET_CHECK_DUMP=FILE: every batch's evidence, in the order it came, pickled to
+        #: FILE at :meth:`finish`. Why: a verdict depends on the order and grouping in which the
+        #: streams arrive, which a recorded trace (written in time order, and whose writing slows
+        #: the loop) does not keep; this is the check's own input, to judge again offline
+        self._dump_path = os.environ.get("UMCTL_BUDGET_CHECK_DUMP") or None
+        self._dump: list[tuple] = []
 
     # -- input ----------------------------------------------------------------------------
     def observe(self, batch: EventBatch) -> None:
         """Take one batch's evidence (module doc) and apply what is older than the reorder
         window."""
+        if self._dump_path is not None:
+            f = batch[Kind.FAULT]
+            self._dump.append((int(batch.now_ns), batch.runtime_ns, {
+                k: batch[k].copy() for k in (Kind.ALLOC, Kind.MIGRATION, Kind.EVICTION, Kind.COMMAND, Kind.RESULT,
+                                             Kind.DROPS) if len(batch[k])}
+                | ({Kind.FAULT: f[f["gpu"] >= 0].copy()} if len(f) else {})))
         rt = batch.runtime_ns
         if rt is not None:
             self.runtime_ns = max(self.runtime_ns or rt, rt)
@@ -380,6 +394,13 @@ class BudgetCheck:
         if self.runtime_ns is not None:
             self.runtime_ns = max(self.runtime_ns, t + 1 + RUNTIME_MARGIN_NS)
         self._apply(t + 1)
+        if self._dump_path is not None and self._dump:
+            with open(self._dump_path, "wb") as fh:
+                pickle.dump({"budget": self.budget, "gpus": self.gpus, "slack": self.slack,
+                             "reorder_ns": self.reorder_ns, "migrations_on": self.migrations_on,
+                             "result_arrivals": self.result_arrivals, "finish_ns": now_ns,
+                             "batches": self._dump}, fh)
+            self._dump = []
 
     # -- state ----------------------------------------------------------------------------
     def _rows(self, keys: np.ndarray) -> np.ndarray:
@@ -575,4 +596,25 @@ class BudgetCheck:
         return int(((pop > 0) & (pop < PAGES) & np.isin(self._slot_gpu[:n], self.gpus)).sum())
 
 
-__all__ = ["BudgetCheck", "BudgetVerdict", "RangeSet", "default_slack", "MAX_OVER_FRAC", "IN_FLIGHT_BYTES"]
+def judge_dump(path: str, **overrides) -> BudgetVerdict:
+    """The verdict on a check's own input dumped by a live run (``UMCTL_BUDGET_CHECK_DUMP``),
+    fed again batch by batch in the order it came; ``overrides`` change the check's settings
+    (e.g. ``reorder_ms``) to see what the verdict depends on."""
+    with open(path, "rb") as fh:
+        d = pickle.load(fh)
+    kw = {"slack_bytes": d["slack"], "reorder_ms": d["reorder_ns"] / 1e6, "migrations_on": d["migrations_on"],
+          "result_arrivals": d["result_arrivals"]} | overrides
+    chk = BudgetCheck(d["budget"], d["gpus"], **kw)
+    chk._dump_path = None
+    for now, rt, kinds in d["batches"]:
+        b = EventBatch(now_ns=now)
+        b.runtime_ns = rt
+        for k, a in kinds.items():
+            b.add(k, a)
+        chk.observe(b)
+    chk.finish(d.get("finish_ns"))
+    return chk.verdict()
+
+
+__all__ = ["BudgetCheck", "BudgetVerdict", "RangeSet", "default_slack", "judge_dump", "MAX_OVER_FRAC",
+           "IN_FLIGHT_BYTES"]
