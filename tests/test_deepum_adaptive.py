@@ -1,29 +1,119 @@
-"""DeepUM's whole-block completion skips novel launches (umctl/controller/deepum.py, *Whole
-faulted blocks*): on a mixture of experts, a launch of a repeating kernel with arguments never
-seen before is a routing choice, and completing its faulted blocks brings in the experts not
-chosen. Dense models launch none and are unchanged."""
+"""DeepUM completes a faulted 2 MiB block only for a launch that repeats an execution ID
+(umctl/controller/deepum.py, *Whole faulted blocks*): a launch never run before has no history
+that says the rest of its blocks will be used. In the first iteration that is every launch, and
+on a mixture of experts whose experts share blocks, completing them brings in experts the router
+did not choose; later, a known kernel's unseen arguments are a routing choice."""
 
 from __future__ import annotations
 
+import numpy as np
+import pytest
+
 from umctl.sim.replay import run_modes
+from umctl.units import BLOCK_SIZE
 from umctl.workload.scenario import load_scenario
+from umctl.workload.workload import Init, WorkloadBuilder
+
+KiB = 1024
+DEEPUM_MODES = ["deepum", "deepum-prefetch", "deepum-preevict"]
+
+
+def _results(w, modes: list[str], **opts) -> dict:
+    options = {m: dict(opts) for m in modes if m.startswith("deepum")}
+    return {r.mode: r for r in run_modes(w, modes, mode_options=options)}
 
 
 def _times(name: str, params: dict, modes: list[str], **opts) -> dict[str, float]:
-    w = load_scenario(name, params)
-    options = {m: dict(opts) for m in modes if m.startswith("deepum")}
-    return {r.mode: r.time_ns for r in run_modes(w, modes, mode_options=options)}
+    return {m: r.time_ns for m, r in _results(load_scenario(name, params), modes, **opts).items()}
+
+
+def packed_moe(*, layers: int = 8, experts: int = 8, top_k: int = 2, expert_kib: int = 256,
+               dense_kib: int = 512, act_kib: int = 256, oversub: float = 1.5, iters: int = 2,
+               us_per_mib: float = 40.0, seed: int = 0):
+    """A small mixture-of-experts training loop whose parameters are packed as a PyTorch module
+    packs them: per kind (weights, grads, Adam's m and v) one pool, each layer's dense weight and
+    then its experts back to back, so one 2 MiB block holds several experts (mixtral-8x7b at fit
+    scale: about 9 expert matrices). Per layer a dense kernel and the top-k experts, redrawn per
+    iteration; the backward pass and the Adam step touch only the chosen experts. The GPU is the
+    footprint over ``oversub``."""
+    per_layer = (experts * expert_kib + dense_kib) * KiB
+    b = WorkloadBuilder("packed-moe")
+    pools = {k: b.alloc(k, layers * per_layer, init=Init.HOST if k == "w" else Init.UNTOUCHED)
+             for k in ("w", "g", "m", "v")}
+    acts = [b.alloc(f"a{l}", act_kib * KiB) for l in range(layers + 1)]
+    ys = [b.alloc(f"y{k}", act_kib * KiB) for k in range(top_k)]
+    footprint = sum(p.nbytes for p in pools.values()) + (len(acts) + len(ys)) * BLOCK_SIZE
+
+    def dense(kind: str, l: int):
+        return pools[kind].slice(l * per_layer, dense_kib * KiB)
+
+    def expert(kind: str, l: int, e: int):
+        return pools[kind].slice(l * per_layer + (dense_kib + e * expert_kib) * KiB, expert_kib * KiB)
+
+    def ns(kib: float) -> int:
+        return int(kib / 1024 * us_per_mib * 1000)
+
+    rng = np.random.default_rng(seed)
+    for it in range(iters):
+        b.iteration = it
+        chosen = [sorted(rng.choice(experts, top_k, replace=False).tolist()) for _ in range(layers)]
+        for l in range(layers):
+            b.kernel("dense_fwd", reads=[acts[l], dense("w", l)], writes=[acts[l + 1]], compute_ns=ns(dense_kib),
+                     args=(l,))
+            for k, e in enumerate(chosen[l]):
+                b.kernel("expert_fwd", reads=[acts[l + 1], expert("w", l, e)], writes=[ys[k]],
+                         compute_ns=ns(expert_kib), args=(l, e))
+        for l in reversed(range(layers)):
+            for k, e in enumerate(chosen[l]):
+                b.kernel("expert_bwd", reads=[ys[k], expert("w", l, e)], writes=[expert("g", l, e)],
+                         compute_ns=ns(2 * expert_kib), args=(l, e))
+            b.kernel("dense_bwd", reads=[acts[l + 1], dense("w", l)], writes=[dense("g", l)],
+                     compute_ns=ns(2 * dense_kib), args=(l,))
+        for l in range(layers):
+            for f, extra in [(dense, ()), *((expert, (e,)) for e in chosen[l])]:
+                b.kernel("adam_step", reads=[f("g", l, *extra)],
+                         writes=[f("w", l, *extra), f("m", l, *extra), f("v", l, *extra)],
+                         compute_ns=ns(4 * dense_kib), args=(l, *extra))
+    b.gpu_mem = [int(footprint / oversub) // BLOCK_SIZE * BLOCK_SIZE]
+    return b.build()
+
+
+@pytest.mark.parametrize("workload", [
+    pytest.param(lambda: packed_moe(oversub=1.5), id="packed-moe"),
+    pytest.param(lambda: load_scenario("gpt2-l", {"oversub": "2", "iterations": "2"}), id="gpt2-l"),
+])
+def test_without_history_deepum_leaves_the_first_iteration_to_the_driver(workload):
+    """Before any launch repeats, DeepUM has nothing to prefetch from and completes no block:
+    its first iteration is the driver's own, bit for bit (completing every faulted block made it
+    differ: 4 % faster on packed-moe, 11 % on gpt2-l, and the MoE's second iteration slower)."""
+    r = _results(workload(), ["none"] + DEEPUM_MODES)
+    for m in DEEPUM_MODES:
+        assert r[m].iteration_end_ns[0] == r["none"].iteration_end_ns[0], m
+        assert r[m].iteration_faults[0] == r["none"].iteration_faults[0], m
+        assert r[m].iteration_end_ns[-1] < r["none"].iteration_end_ns[-1], m    # and then it gains
+
+
+def test_packed_experts_are_not_completed_into_the_gpu():
+    """On packed-moe at 1.5x, deepum-prefetch completing the first iteration's faulted blocks was
+    1.03x ``none`` (the blocks' other experts, mostly not chosen, crowd the GPU); it is 0.81x."""
+    r = _results(packed_moe(oversub=1.5), ["none", "deepum-prefetch"])
+    assert r["deepum-prefetch"].time_ns <= 0.9 * r["none"].time_ns
+    off = _results(packed_moe(oversub=1.5), ["none", "deepum-prefetch"], adaptive_whole=False)
+    assert off["deepum-prefetch"].time_ns > r["deepum-prefetch"].time_ns
 
 
 def test_novel_launches_keep_deepum_near_none_on_a_mixture_of_experts():
     p = {"oversub": "1.5", "iterations": "2"}
-    on = _times("mixtral-8x7b", p, ["none", "deepum"])
-    off = _times("mixtral-8x7b", p, ["none", "deepum"], adaptive_whole=False)
-    assert on["deepum"] <= 1.05 * on["none"]            # 1.01x
-    assert off["deepum"] > 1.05 * off["none"]           # what the rule removes (1.08x without it)
+    on = _times("mixtral-8x7b", p, ["none", "deepum", "deepum-prefetch"])
+    off = _times("mixtral-8x7b", p, ["none", "deepum", "deepum-prefetch"], adaptive_whole=False)
+    assert on["deepum"] <= 1.0 * on["none"]                 # 0.96x
+    assert on["deepum-prefetch"] <= 1.05 * on["none"]       # 1.03x (1.11x with the first iteration completed)
+    assert off["deepum"] > 1.05 * off["none"]               # what the rule removes (1.08x without it)
 
 
-def test_dense_models_are_unchanged_bit_for_bit():
+def test_dense_models_keep_most_of_the_gain():
+    """The first iteration's completions are what dense models give up: gpt2-l at 2x stays
+    well under ``none`` (deepum 0.63x, 0.59x completing every block)."""
     p = {"oversub": "2", "iterations": "2"}
-    modes = ["none", "deepum", "deepum-prefetch"]
-    assert _times("gpt2-l", p, modes) == _times("gpt2-l", p, modes, adaptive_whole=False)
+    t = _times("gpt2-l", p, ["none", "deepum"])
+    assert t["deepum"] <= 0.66 * t["none"]

@@ -230,6 +230,7 @@ def test_failed_completion_of_a_faulted_block_keeps_it_counted():
     lc = LiveControl(make_controller("deepum"), act, pid=1, gpus=GPUS, budget_bytes=64 * BLOCK_SIZE)
     b = EventBatch(now_ns=1000)
     b.add(Kind.LAUNCH, launch(0, 1, 0))
+    b.add(Kind.LAUNCH, launch(100, 1, 1))   # a repeat: DeepUM completes only a repeat's blocks
     b.add(Kind.FAULT, faults(500, [3]))
     out = lc.step(b)
     pf = out[Kind.COMMAND][out[Kind.COMMAND]["op"] == Op.PREFETCH]

@@ -113,7 +113,7 @@ def controlled_trace(tmp_path_factory) -> Path:
     """A trace of a controlled replay, for the examples that read one (trace control needs
     COMMAND records; deepum is replayed beside none, so --record writes one file per mode)."""
     d = tmp_path_factory.mktemp("readme-trace")
-    rec = subprocess.run([sys.executable, "-m", "umctl.cli.main", "replay", "gpt2-l", "-m", "deepum", "--iters", "1",
+    rec = subprocess.run([sys.executable, "-m", "umctl.cli.main", "replay", "gpt2-l", "-m", "deepum", "--iters", "2",
                           "--record", str(d / "rec.parquet")], cwd=d, capture_output=True, text=True, timeout=600)
     assert rec.returncode == 0, rec.stderr[-2000:]
     return d / "rec.deepum.parquet"

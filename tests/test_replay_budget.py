@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 
+from umctl.loop.budget_check import IN_FLIGHT_BYTES
+
 from umctl.cli.main import main
 from umctl.results import ReplayResult
 
@@ -50,5 +52,8 @@ def test_the_budget_check_never_sees_more_than_the_gpu_holds(capsys):
     replay at a 256 MiB budget on a 512 MiB GPU reported a true peak of 1006 MiB."""
     rows = json.loads((main(["replay", "gpt2-l", "-m", "none,deepum,deepum-prefetch", "--gpu-mem", "512MiB", "--budget", "256MiB",
                              "--json"]), capsys.readouterr())[1][0])
+    # a departure counts at its copy's end and an arrival at its copy's begin (the check errs
+    # towards more residency), so an eviction overlapping the fetch that needed its room may
+    # show up to one migration in flight over the GPU (15 pages for deepum-prefetch here)
     for r in rows:
-        assert r["budget_check"]["true_peak_bytes"] <= 512 << 20, (r["mode"], r["budget_check"])
+        assert r["budget_check"]["true_peak_bytes"] <= (512 << 20) + IN_FLIGHT_BYTES, (r["mode"], r["budget_check"])

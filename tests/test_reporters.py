@@ -150,7 +150,7 @@ def test_trace_info_and_control_reporters(tmp_path, capsys):
     from umctl.cli.main import main
 
     trace = tmp_path / "r.parquet"
-    assert main(["replay", "gpt2-l", "-m", "deepum", "--gpu-mem", "128MiB", "--iters", "1", "--record", str(trace)]) == 0
+    assert main(["replay", "gpt2-l", "-m", "deepum", "--gpu-mem", "128MiB", "--iters", "2", "--record", str(trace)]) == 0
     capsys.readouterr()
     deepum = tmp_path / "r.deepum.parquet"
     assert main(["trace", "info", str(deepum)]) == 0

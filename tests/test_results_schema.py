@@ -85,7 +85,7 @@ def test_replay_json_validates_and_round_trips(capsys, args):
 
 def test_trace_info_and_control_json_validate_and_round_trip(capsys, tmp_path):
     trace = tmp_path / "r.parquet"
-    assert main(["replay", "gpt2-l", "-m", "deepum", "--gpu-mem", "128MiB", "--iters", "1", "--record", str(trace)]) == 0
+    assert main(["replay", "gpt2-l", "-m", "deepum", "--gpu-mem", "128MiB", "--iters", "2", "--record", str(trace)]) == 0
     capsys.readouterr()
     deepum = tmp_path / "r.deepum.parquet"   # with the controller's COMMAND and RESULT records
     doc = _cli_json(capsys, "trace", "info", str(deepum), "--json")

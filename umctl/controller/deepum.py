@@ -59,16 +59,26 @@ knows did as well at full scale but let a wrong start stand for good: ResNet-152
 reading.
 
 Whole faulted blocks (``whole_fault_blocks``; the paper's fault queue holds UM blocks, so a
-faulted block comes whole). A launch that repeats an execution ID already seen means the program
-has entered its loop; once a kernel name has done that, a launch of the same name with
-arguments never seen before is data-dependent (a mixture of experts' router picked another
-expert), and the rest of the blocks it faults on holds what was *not* picked. With
-``adaptive_whole`` (the default) such a novel launch's faulted blocks are not completed. Dense
-models never launch one, and are unchanged bit for bit (gpt2-l, bert-base, resnet152); on
-mixtral-8x7b the worst cells over ``none`` across oversubscription 1.25-4 went from 1.08× to
-1.07× (deepum), 1.11× to 1.08× (deepum-preevict) and 1.17× to 1.11× (deepum-prefetch)
-(``benchmarks/cliff_grid.py``; at 1.5, deepum 1.08× to 1.01×). Live,
-where the runtime does not name a kernel (name_id -1), the rule stays off.
+faulted block comes whole). Completing a block is a prefetch of the pages the fault did not
+name: a bet that they are used while the block stays. DeepUM's other prefetches rest on history,
+and with ``adaptive_whole`` (the default) this one does too: only a launch that repeats an
+execution ID already run completes its faulted blocks. Why: a repeat is the same kernel on the
+same arguments in a program that has shown it loops, and what lies around its data in a block
+was used around it before. A launch never run before has no such history. In the first
+iteration every launch is one, and nothing yet tells a dense model, whose blocks hold the
+tensors the next kernels read, from a mixture of experts, whose blocks hold experts the router
+did not choose (mixtral-8x7b at fit scale: about 9 expert matrices per block); once in the loop,
+unseen arguments of a known kernel are a routing choice, and the rest of its block is what was
+not chosen. Without history DeepUM knows no more about a block than the driver, so it leaves the
+block to the driver (what faulted, plus its density prefetcher's share: ``none``) rather than
+bet against the baseline. Dense models give up the first iteration's completions, which sped
+that iteration up by 7-11 % (worst cells over ``none`` across oversubscription 1.25-4: gpt2-l
+under deepum 0.59x -> 0.63x, bert-base under deepum-prefetch 0.72x -> 0.77x). On mixtral-8x7b,
+completion in the first iteration sped that iteration up but left the GPU full of experts
+nobody touched, which the second iteration paid to write back when it evicted them
+(deepum-prefetch at 1.5: 1.11x ``none``, now 1.03x; 968 MiB written back against 664;
+docs/evaluation/cliffs.md). Live, where the runtime does not name a kernel (name_id -1), the
+rule stays off.
 """
 
 from __future__ import annotations
@@ -163,11 +173,10 @@ class DeepUMController(Controller):
         self.max_blocks = int(max_blocks_per_step)   # prefetch commands per event batch at most
         self.whole_fault_blocks = bool(whole_fault_blocks)  # migrate a faulted block whole
         self.whole_tables = bool(whole_tables)  # also prefetch blocks the walk did not reach
-        #: no whole-block completion for a kernel launched with arguments never seen before once
-        #: its name has begun repeating (module doc, *Whole faulted blocks*)
+        #: whole-block completion only for a launch that repeats an execution ID already run
+        #: (module doc, *Whole faulted blocks*)
         self.adaptive_whole = bool(adaptive_whole)
-        self._repeating: set[int] = set()   # kernel names (name_id) with a repeated execution ID
-        self._novel = False                 # the current kernel is a novel launch of such a name
+        self._novel = False                 # the current launch has not run before: no completion
         self._launched: set[int] = set()    # execution hashes launched so far
         #: how many predicted kernels ahead the live budget keeper looks to rank its victims
         self.evict_horizon = int(evict_horizon)
@@ -341,16 +350,8 @@ class DeepUMController(Controller):
         self._horizon_cache = None
         h = int(ev["exec_hash"])
         x = self.exec_ids.get(h)
-        if self.adaptive_whole and int(ev["name_id"]) >= 0:
-            # launched before (not merely looked up: deepum-launch numbers queued launches early)
-            name = int(ev["name_id"])
-            if h in self._launched:
-                self._repeating.add(name)
-                self._novel = False
-            else:
-                self._novel = name in self._repeating
-        else:
-            self._novel = False
+        # launched before (not merely looked up: deepum-launch numbers queued launches early)
+        self._novel = self.adaptive_whole and int(ev["name_id"]) >= 0 and h not in self._launched
         self._launched.add(h)
         self.gpu = int(ev["gpu"])
         if self.cur is not None and self.last_block is not None:
