@@ -316,7 +316,7 @@ def test_invalidate_through_the_programs_runtime_pre_evicts_what_it_kept():
     later = []
     a.invalidator = lambda base, length, on_done: later.append(on_done) or True
     a.submit(commands(Op.INVALIDATE, blk(7), BLOCK_SIZE))
-    assert a.wait_idle() and io.calls == []
+    assert not a.wait_idle(timeout=0.2) and io.calls == []   # the runtime's answer is still to come
     io.gate.clear()
     a.submit(commands(Op.PREFETCH, blk(7), BLOCK_SIZE, dst=0))
     later[0]([])                           # kept it all: but the block is wanted back now
@@ -336,8 +336,9 @@ def test_an_invalidation_answers_when_its_follow_up_pre_eviction_is_done():
     later = []
     a.invalidator = lambda base, length, on_done: later.append(on_done) or True
     ids = a.submit(commands(Op.INVALIDATE, [blk(2), blk(3)], [BLOCK_SIZE, BLOCK_SIZE]))
-    assert a.wait_idle() and io.calls == [] and len(later) == 1
-    assert len(a.results()) == 0              # requested, not done: no evidence yet
+    # requested, not answered: not idle (a drain waits for it), no evidence yet
+    assert not a.wait_idle(timeout=0.2) and io.calls == [] and len(later) == 1
+    assert a.stats()["pending"] == 1 and len(a.results()) == 0
     later[0]([(blk(2), BLOCK_SIZE)])
     assert a.wait_idle()
     assert io.calls == [("migrate", blk(2), 2 * BLOCK_SIZE, CPU_UUID)]
@@ -348,7 +349,7 @@ def test_an_invalidation_answers_when_its_follow_up_pre_eviction_is_done():
 
     later.clear()
     (cid,) = a.submit(commands(Op.INVALIDATE, blk(9), BLOCK_SIZE)).tolist()
-    assert a.wait_idle()
+    assert not a.wait_idle(timeout=0.2)
     io.gate.clear()
     (pid_,) = a.submit(commands(Op.PREFETCH, blk(9), BLOCK_SIZE, dst=0)).tolist()
     later[0]([])
@@ -357,3 +358,30 @@ def test_an_invalidation_answers_when_its_follow_up_pre_eviction_is_done():
     st = dict(zip(*(x.tolist() for x in (lambda r: (r["cmd_id"], r["status"]))(a.results()))))
     assert st == {cid: Status.SKIPPED, pid_: Status.OK}
     a.close()
+
+
+def test_a_drain_waits_for_the_runtimes_answer_and_a_late_one_after_close_is_ignored():
+    """close(drain=True) at the end of a session waits for invalidations the runtime has not
+    answered (their RESULTs are the budget check's evidence); an answer after the close queues
+    nothing on a stopped actuator."""
+    io = FakeUvm()
+    a = act(io)
+    later = []
+    a.invalidator = lambda base, length, on_done: later.append(on_done) or True
+    a.submit(commands(Op.INVALIDATE, blk(5), BLOCK_SIZE))
+    t = threading.Timer(0.3, lambda: later[0]([]))
+    t.start()
+    a.close(drain=True, timeout=5.0)
+    t.join()
+    r = a.results()
+    assert len(r) == 1 and io.calls == [("migrate", blk(5), BLOCK_SIZE, CPU_UUID)]
+
+    io2 = FakeUvm()
+    b = act(io2)
+    late = []
+    b.invalidator = lambda base, length, on_done: late.append(on_done) or True
+    b.submit(commands(Op.INVALIDATE, blk(6), BLOCK_SIZE))
+    assert not b.wait_idle(timeout=0.2)
+    b.close(drain=True, timeout=0.2)
+    late[0]([])
+    assert io2.calls == [] and b.stats()["pending"] == 0 and not b._heap

@@ -261,3 +261,19 @@ def test_a_mode_without_budget_starts_before_the_program_registers_its_gpus(monk
     monkeypatch.setattr(process, "nvidia_smi_gpus", lambda: [])
     with pytest.raises(UmctlError, match="GPU memory size unknown"):
         ControlSpec("none", None, None, None, 0, None, live_run=True).start(src, None, FakeActuator())
+    # GPUs of two sizes, the program's not known to nvidia-smi (e.g. CUDA_VISIBLE_DEVICES), or a
+    # MIG slice: no guess
+    monkeypatch.setattr(process, "nvidia_smi_gpus", lambda: [
+        {"index": 0, "uuid": "GPU-aaa", "name": "H200", "memory_bytes": 141 << 30},
+        {"index": 1, "uuid": "GPU-bbb", "name": "L4", "memory_bytes": 24 << 30}])
+    src.gpus = [{"gpu": 0, "uuid": "GPU-ccc", "memory_bytes": None}]
+    with pytest.raises(UmctlError, match="GPU memory size unknown"):
+        ControlSpec("none", None, None, None, 0, None, live_run=True).start(src, None, FakeActuator())
+    src.gpus = [{"gpu": 0, "uuid": "GPU-bbb", "memory_bytes": None}]
+    lc = ControlSpec("none", None, None, None, 0, None, live_run=True).start(src, None, FakeActuator())
+    assert lc.ctl.ctx.gpu_mem == [24 << 30]
+    monkeypatch.setattr(process, "nvidia_smi_gpus", lambda: [
+        {"index": 0, "uuid": "GPU-aaa", "name": "H200", "memory_bytes": 141 << 30}])
+    src.gpus = [{"gpu": 0, "uuid": "MIG-1234", "memory_bytes": None}]
+    with pytest.raises(UmctlError, match="GPU memory size unknown"):
+        ControlSpec("none", None, None, None, 0, None, live_run=True).start(src, None, FakeActuator())

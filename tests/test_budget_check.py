@@ -212,6 +212,32 @@ def test_a_failed_preevict_is_counted_again():
     assert lc2.res.resident_bytes(0) == 3 * BLOCK_SIZE         # the eviction failed: still there
 
 
+def test_a_failed_invalidation_is_counted_again():
+    """An INVALIDATE's RESULT is its follow-up pre-eviction's (actuators/uvm.py): FAILED means
+    the block (what the runtime kept, or all of it) is still on the GPU, so the estimate counts
+    it again, as after a failed PREEVICT."""
+    from umctl.events.schema import commands
+
+    class Failing(FakeActuator):
+        def submit(self, cmds):
+            ids = self._new_ids(len(cmds))
+            with self._lock:
+                for i in ids.tolist():
+                    self._result_row(i, Status.FAILED, 0, 1000)
+            return ids
+
+    lc = LiveControl(make_controller("none"), Failing(), pid=1, gpus=GPUS, budget_bytes=64 * BLOCK_SIZE)
+    lc.step(batch(1 * MS, fault=faults(1 * MS, range(3))))
+    assert lc.res.resident_bytes(0) == 3 * BLOCK_SIZE
+    out = EventBatch(now_ns=2 * MS)
+    cmds = commands(Op.INVALIDATE, BASE + BLOCK_SIZE, BLOCK_SIZE)
+    lc._account(cmds, 2 * MS)                 # as step() does: the estimate lets it go at once
+    assert lc.res.resident_bytes(0) == 2 * BLOCK_SIZE
+    lc._issue(cmds, 2 * MS, out)
+    lc._results(out)
+    assert lc.res.resident_bytes(0) == 3 * BLOCK_SIZE
+
+
 class MigratingSource:
     """A source whose program's data keeps arriving by migration although the keeper evicts:
     faults for two blocks per drain, migrations bringing 64 blocks back each drain."""
@@ -436,8 +462,11 @@ def test_a_dumped_check_input_is_judged_again_to_the_same_verdict(tmp_path, monk
     gives the same verdict, and a changed setting can be tried on it."""
     from umctl.loop.budget_check import judge_dump
 
+    import umctl.loop.budget_check as bc
+
     path = tmp_path / "chk.pkl"
     monkeypatch.setenv("UMCTL_BUDGET_CHECK_DUMP", str(path))
+    monkeypatch.setattr(bc, "_DUMPS", 0)
     chk = BudgetCheck(BLOCK_SIZE, reorder_ms=100, migrations_on=True, slack_bytes=0)
     chk.observe(batch(12 * MS, migration=mig(10 * MS, [0, 1, 2])))
     chk.observe(batch(400 * MS, migration=mig(390 * MS, [0, 1, 2], src=0, dst=CPU)))

@@ -100,6 +100,9 @@ class UvmActuator(ActuatorBase):
         self._idle_cv = threading.Condition(lock)   # wait_idle waits on this one
         self._stop = False
         self._busy = 0
+        #: invalidator requests sent and not answered yet: their follow-up work (and the
+        #: INVALIDATE commands' RESULTs) is still to come, so the actuator is not idle
+        self._awaiting = 0
         self._tokens_t = time.monotonic()
         self._tokens = 0.0
         self.gone = False
@@ -331,10 +334,16 @@ class UvmActuator(ActuatorBase):
         rest of the run. A newer command for the block that wins over the follow-up answers
         SKIPPED: the block stays where that command puts it."""
         ids_by_block = {it.block: list(it.ids) for it in run}
+        called = []
 
         def answered(done: list[tuple[int, int]]) -> None:
             now = time.monotonic_ns()
             with self._cv:
+                called.append(True)
+                self._awaiting -= 1
+                self._idle_cv.notify_all()
+                if self._stop:   # closed meanwhile: nothing runs the follow-up any more
+                    return
                 self.bytes["invalidate"] += sum(n for _, n in done)
                 for b, s_, e_ in _block_pieces(lo, hi):
                     ids = ids_by_block.get(b) or [-1]
@@ -346,6 +355,8 @@ class UvmActuator(ActuatorBase):
                             self._result(i, Status.SKIPPED, 0, 0)
                 self._cv.notify()
 
+        with self._cv:
+            self._awaiting += 1   # before the request: its answer may come at once
         try:
             sent = self.invalidator(lo, hi - lo, answered)
         except Exception as e:   # never fatal: keep the data, evict it
@@ -353,6 +364,9 @@ class UvmActuator(ActuatorBase):
             sent = False
         if sent:
             return Status.OK, 0, True
+        with self._cv:
+            if not called:
+                self._awaiting -= 1
         return self._ioctl(Op.PREEVICT, CPU, 0, lo, hi - lo), hi - lo, False
 
     def _ioctl(self, op: Op, dst: int, advice: int, base: int, length: int) -> Status:
@@ -432,13 +446,13 @@ class UvmActuator(ActuatorBase):
 
     # ------------------------------------------------------------------ results / lifecycle
     def _pending_locked(self) -> int:
-        return sum(1 for it in self._heap if it.live)
+        return sum(1 for it in self._heap if it.live) + self._awaiting
 
     def wait_idle(self, timeout: float = 10.0) -> bool:
         """Block until the queue is empty and nothing is executing (tests, detach)."""
         deadline = time.monotonic() + timeout
         with self._cv:
-            while self._busy or self._live_any():
+            while self._busy or self._live_any() or self._awaiting:
                 left = deadline - time.monotonic()
                 if left <= 0:
                     return False

@@ -237,8 +237,12 @@ def _with_memory(gpus: list[dict]) -> list[dict]:
     mem = next((g.get("memory_bytes") for g in gpus if g.get("memory_bytes")), None)
     smi = nvidia_smi_gpus() if mem is None or not all(g.get("memory_bytes") for g in gpus) else []
     by_uuid = {str(g.get("uuid", "")).lower(): g.get("memory_bytes") for g in smi}
-    if mem is None:
-        mem = next((g["memory_bytes"] for g in smi if g.get("memory_bytes")), None)
+    sizes = {g.get("memory_bytes") for g in smi}
+    mig = any(str(g.get("uuid", "")).upper().startswith("MIG-") for g in gpus)
+    if mem is None and len(sizes) == 1 and not mig:
+        # only when it cannot be the wrong GPU: every GPU the same size, no MIG slice (whose
+        # size nvidia-smi's whole-GPU total is not)
+        mem = next(iter(sizes))
     return [dict(g, memory_bytes=g.get("memory_bytes") or by_uuid.get(str(g.get("uuid", "")).lower()) or mem)
             for g in gpus]
 

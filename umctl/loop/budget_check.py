@@ -260,23 +260,20 @@ class BudgetCheck:
         self.over_byte_ns = 0.0
         self.over_peak = 0
         self.series: list[list[float]] = []   # [t_s, block bytes, page bytes] of the judged GPUs (max)
-        #: UMCTL_BUDGET_CHECK_DUMP=FILE: every batch's evidence, in the order it came, pickled to
-        #: FILE at :meth:`finish`. Why: a verdict depends on the order and grouping in which the
-        #: streams arrive, which a recorded trace (written in time order, and whose writing slows
-        #: the loop) does not keep; this is the check's own input, to judge again offline
+        #: UMCTL_BUDGET_CHECK_DUMP=FILE: every batch's evidence, in the order it came, streamed
+        #: to FILE (FILE.N for the N-th check of the process after the first). Why: a verdict
+        #: depends on the order and grouping in which the streams arrive, which a recorded trace
+        #: (written in time order, and whose writing slows the loop) does not keep; this is the
+        #: check's own input, to judge again offline (:func:`judge_dump`)
         self._dump_path = os.environ.get("UMCTL_BUDGET_CHECK_DUMP") or None
-        self._dump: list[tuple] = []
+        self._dump_fh = None
 
     # -- input ----------------------------------------------------------------------------
     def observe(self, batch: EventBatch) -> None:
         """Take one batch's evidence (module doc) and apply what is older than the reorder
         window."""
         if self._dump_path is not None:
-            f = batch[Kind.FAULT]
-            self._dump.append((int(batch.now_ns), batch.runtime_ns, {
-                k: batch[k].copy() for k in (Kind.ALLOC, Kind.MIGRATION, Kind.EVICTION, Kind.COMMAND, Kind.RESULT,
-                                             Kind.DROPS) if len(batch[k])}
-                | ({Kind.FAULT: f[f["gpu"] >= 0].copy()} if len(f) else {})))
+            self._dump_batch(batch)
         rt = batch.runtime_ns
         if rt is not None:
             self.runtime_ns = max(self.runtime_ns or rt, rt)
@@ -394,13 +391,36 @@ class BudgetCheck:
         if self.runtime_ns is not None:
             self.runtime_ns = max(self.runtime_ns, t + 1 + RUNTIME_MARGIN_NS)
         self._apply(t + 1)
-        if self._dump_path is not None and self._dump:
-            with open(self._dump_path, "wb") as fh:
-                pickle.dump({"budget": self.budget, "gpus": self.gpus, "slack": self.slack,
-                             "reorder_ns": self.reorder_ns, "migrations_on": self.migrations_on,
-                             "result_arrivals": self.result_arrivals, "finish_ns": now_ns,
-                             "batches": self._dump}, fh)
-            self._dump = []
+        if self._dump_fh is not None:
+            pickle.dump(("finish", now_ns), self._dump_fh)
+            self._dump_fh.close()
+            self._dump_fh = None
+            self._dump_path = None
+
+    def _dump_batch(self, batch: EventBatch) -> None:
+        """One batch of the check's input to the dump file (module attribute ``_dump_path``).
+        Faults on ranges already known host-preferred are only counted: :meth:`observe` drops
+        them at once whatever comes later, and they are most of a run's records."""
+        global _DUMPS
+        if self._dump_fh is None:
+            path = self._dump_path if not _DUMPS else f"{self._dump_path}.{_DUMPS}"
+            _DUMPS += 1
+            self._dump_fh = open(path, "wb")
+            pickle.dump({"budget": self.budget, "gpus": self.gpus, "slack": self.slack,
+                         "reorder_ns": self.reorder_ns, "migrations_on": self.migrations_on,
+                         "result_arrivals": self.result_arrivals}, self._dump_fh)
+        kinds = {k: batch[k].copy() for k in (Kind.ALLOC, Kind.MIGRATION, Kind.EVICTION, Kind.COMMAND, Kind.RESULT,
+                                              Kind.DROPS) if len(batch[k])}
+        mapped = 0
+        f = batch[Kind.FAULT]
+        if len(f):
+            f = f[f["gpu"] >= 0]
+            if len(self.host_preferred) and len(f):
+                known = self.host_preferred.contains(f["addr"].astype(np.int64) & ~np.int64(4095))
+                mapped, f = int(known.sum()), f[~known]
+            if len(f):
+                kinds[Kind.FAULT] = f.copy()
+        pickle.dump((int(batch.now_ns), batch.runtime_ns, kinds, mapped), self._dump_fh)
 
     # -- state ----------------------------------------------------------------------------
     def _rows(self, keys: np.ndarray) -> np.ndarray:
@@ -596,23 +616,37 @@ class BudgetCheck:
         return int(((pop > 0) & (pop < PAGES) & np.isin(self._slot_gpu[:n], self.gpus)).sum())
 
 
+#: dump files opened by this process (:meth:`BudgetCheck._dump_batch`)
+_DUMPS = 0
+
+
 def judge_dump(path: str, **overrides) -> BudgetVerdict:
     """The verdict on a check's own input dumped by a live run (``UMCTL_BUDGET_CHECK_DUMP``),
     fed again batch by batch in the order it came; ``overrides`` change the check's settings
     (e.g. ``reorder_ms``) to see what the verdict depends on."""
     with open(path, "rb") as fh:
         d = pickle.load(fh)
-    kw = {"slack_bytes": d["slack"], "reorder_ms": d["reorder_ns"] / 1e6, "migrations_on": d["migrations_on"],
-          "result_arrivals": d["result_arrivals"]} | overrides
-    chk = BudgetCheck(d["budget"], d["gpus"], **kw)
-    chk._dump_path = None
-    for now, rt, kinds in d["batches"]:
-        b = EventBatch(now_ns=now)
-        b.runtime_ns = rt
-        for k, a in kinds.items():
-            b.add(k, a)
-        chk.observe(b)
-    chk.finish(d.get("finish_ns"))
+        kw = {"slack_bytes": d["slack"], "reorder_ms": d["reorder_ns"] / 1e6, "migrations_on": d["migrations_on"],
+              "result_arrivals": d["result_arrivals"]} | overrides
+        chk = BudgetCheck(d["budget"], d["gpus"], **kw)
+        chk._dump_path = None
+        finish_ns = None
+        while True:
+            try:
+                rec = pickle.load(fh)
+            except EOFError:      # a run that ended before finish(): judged as far as it got
+                break
+            if rec[0] == "finish":
+                finish_ns = rec[1]
+                break
+            now, rt, kinds, mapped = rec
+            b = EventBatch(now_ns=now)
+            b.runtime_ns = rt
+            for k, a in kinds.items():
+                b.add(k, a)
+            chk.fault_records_mapped += mapped
+            chk.observe(b)
+    chk.finish(finish_ns)
     return chk.verdict()
 
 

@@ -229,7 +229,7 @@ class ControlLoop:
                     res.arrive(dst, blocks, now)
             elif op == Op.INVALIDATE:
                 whole = [b for b, n in zip(blocks, cmds["bytes"][sel].tolist()) if n >= BLOCK_SIZE]
-                res.leave_all(whole)
+                res.leave_all(whole, now)
                 if budget is not None:
                     budget.forget(whole)   # discarded: nothing left to move
 
@@ -256,10 +256,11 @@ class ControlLoop:
                     self.res.leave(dst, [b])
             if op in (Op.PREEVICT, Op.INVALIDATE) and self.budget is not None:
                 self.budget.evicted(b)   # a keeper eviction may have become an INVALIDATE
-            if op == Op.PREEVICT and st == Status.FAILED:
-                # the block did not leave: count it again where umctl had taken it out
+            if op in (Op.PREEVICT, Op.INVALIDATE) and st == Status.FAILED:
+                # the block did not leave: count it again where umctl had taken it out (an
+                # INVALIDATE's RESULT is its follow-up pre-eviction's, actuators/uvm.py)
                 for g, gone in enumerate(self.res.gone_at):
-                    if g != dst and gone.get(b, None) is not None and gone[b] <= t:
+                    if (op == Op.INVALIDATE or g != dst) and gone.get(b, None) is not None and gone[b] <= t:
                         self.res.arrive(g, [b], t)
 
     # ------------------------------------------------------------------ the end
