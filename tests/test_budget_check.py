@@ -189,6 +189,17 @@ def test_keeper_learns_arrivals_from_migrations_but_not_stale_ones():
     assert lc.res.resident_bytes(0) <= 4 * BLOCK_SIZE
 
 
+class FailingActuator(FakeActuator):
+    """Every command FAILED at once."""
+
+    def submit(self, cmds):
+        ids = self._new_ids(len(cmds))
+        with self._lock:
+            for i in ids.tolist():
+                self._result_row(i, Status.FAILED, 0, 1000)
+        return ids
+
+
 def test_a_failed_preevict_is_counted_again():
     act = FakeActuator(fail_ops={Op.PREEVICT})
     act_status = Status.RANGE_INVALID
@@ -198,15 +209,7 @@ def test_a_failed_preevict_is_counted_again():
     lc.step(batch(1 * MS, fault=faults(1 * MS, range(3))))
     assert lc.res.resident_bytes(0) == 2 * BLOCK_SIZE          # freed ranges stay out
 
-    class Failing(FakeActuator):
-        def submit(self, cmds):
-            ids = self._new_ids(len(cmds))
-            with self._lock:
-                for i in ids.tolist():
-                    self._result_row(i, Status.FAILED, 0, 1000)
-            return ids
-
-    lc2 = LiveControl(make_controller("none"), Failing(), pid=1, gpus=GPUS, budget_bytes=2 * BLOCK_SIZE)
+    lc2 = LiveControl(make_controller("none"), FailingActuator(), pid=1, gpus=GPUS, budget_bytes=2 * BLOCK_SIZE)
     lc2.budget.slack_blocks = 0
     lc2.step(batch(1 * MS, fault=faults(1 * MS, range(3))))
     assert lc2.res.resident_bytes(0) == 3 * BLOCK_SIZE         # the eviction failed: still there
@@ -218,15 +221,7 @@ def test_a_failed_invalidation_is_counted_again():
     it again, as after a failed PREEVICT."""
     from umctl.events.schema import commands
 
-    class Failing(FakeActuator):
-        def submit(self, cmds):
-            ids = self._new_ids(len(cmds))
-            with self._lock:
-                for i in ids.tolist():
-                    self._result_row(i, Status.FAILED, 0, 1000)
-            return ids
-
-    lc = LiveControl(make_controller("none"), Failing(), pid=1, gpus=GPUS, budget_bytes=64 * BLOCK_SIZE)
+    lc = LiveControl(make_controller("none"), FailingActuator(), pid=1, gpus=GPUS, budget_bytes=64 * BLOCK_SIZE)
     lc.step(batch(1 * MS, fault=faults(1 * MS, range(3))))
     assert lc.res.resident_bytes(0) == 3 * BLOCK_SIZE
     out = EventBatch(now_ns=2 * MS)
