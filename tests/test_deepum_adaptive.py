@@ -117,3 +117,28 @@ def test_dense_models_keep_most_of_the_gain():
     p = {"oversub": "2", "iterations": "2"}
     t = _times("gpt2-l", p, ["none", "deepum"])
     assert t["deepum"] <= 0.66 * t["none"]
+
+
+def test_a_kernel_whose_launches_never_repeat_keeps_its_completions_once_the_program_loops():
+    """Live, an execution ID hashes the launch's argument bytes, so a kernel given a per-step
+    scalar (dropout's seed, the optimizer's step) never repeats one. Its unseen arguments are not
+    a routing choice: once the program has looped (some launch repeated), such a kernel's faulted
+    blocks are completed again; a kernel that does repeat keeps no completion for unseen
+    arguments, and nothing is completed before the program loops."""
+    from umctl.controller.base import ControllerContext, make_controller
+    from umctl.events.schema import Kind, empty
+
+    c = make_controller("deepum")
+    c.attach(ControllerContext(n_gpus=1, gpu_mem=[64 * BLOCK_SIZE]))
+
+    def novel(h: int, name: int) -> bool:
+        ev = empty(Kind.LAUNCH, 1)
+        ev["exec_hash"], ev["name_id"], ev["gpu"] = h, name, 0
+        c._launch(ev[0])
+        return c._novel
+
+    gemm, dropout = 1, 2
+    assert novel(11, gemm) and novel(21, dropout)      # the first iteration: no history
+    assert not novel(11, gemm)                          # the loop: gemm repeats its launch
+    assert not novel(22, dropout)                       # dropout, new seed: dense data, completed
+    assert novel(12, gemm)                              # gemm on unseen arguments: a routing choice

@@ -77,8 +77,11 @@ under deepum 0.59x -> 0.63x, bert-base under deepum-prefetch 0.72x -> 0.77x). On
 completion in the first iteration sped that iteration up but left the GPU full of experts
 nobody touched, which the second iteration paid to write back when it evicted them
 (deepum-prefetch at 1.5: 1.11x ``none``, now 1.03x; 968 MiB written back against 664;
-docs/evaluation/cliffs.md). Live, where the runtime does not name a kernel (name_id -1), the
-rule stays off.
+docs/evaluation/cliffs.md). Once the program has looped, a kernel none of whose execution IDs
+ever repeats keeps completing: live, the runtime's execution ID hashes the launch's argument
+bytes, so a kernel given a per-step scalar (a dropout seed, an optimizer's step count) never
+repeats one, and its blocks are dense data, not a routing choice. Live, where the runtime does
+not name a kernel (name_id -1), the rule stays off.
 """
 
 from __future__ import annotations
@@ -178,6 +181,8 @@ class DeepUMController(Controller):
         self.adaptive_whole = bool(adaptive_whole)
         self._novel = False                 # the current launch has not run before: no completion
         self._launched: set[int] = set()    # execution hashes launched so far
+        self._looped = False                # some execution hash has been launched again
+        self._repeating: set[int] = set()   # kernel names one of whose execution hashes repeated
         #: how many predicted kernels ahead the live budget keeper looks to rank its victims
         self.evict_horizon = int(evict_horizon)
         #: live: the budget keeper's dead victims are invalidated too (the driver's evictions)
@@ -351,7 +356,17 @@ class DeepUMController(Controller):
         h = int(ev["exec_hash"])
         x = self.exec_ids.get(h)
         # launched before (not merely looked up: deepum-launch numbers queued launches early)
-        self._novel = self.adaptive_whole and int(ev["name_id"]) >= 0 and h not in self._launched
+        name = int(ev["name_id"])
+        seen = h in self._launched
+        if seen:
+            self._looped = True
+            if name >= 0:
+                self._repeating.add(name)
+        # no history: before the program has shown it loops, or unseen arguments of a kernel
+        # that does repeat (a routing choice); a kernel that never repeats (live, a per-step
+        # scalar in its arguments: a dropout seed, an optimizer step) has its own history
+        self._novel = (self.adaptive_whole and name >= 0 and not seen
+                       and (not self._looped or name in self._repeating))
         self._launched.add(h)
         self.gpu = int(ev["gpu"])
         if self.cur is not None and self.last_block is not None:
