@@ -53,8 +53,11 @@ What it does:
   recording's GPU's shipped one, else the default); steady step = median of the steps after
   the first.
 * **Access sets.** Real faults are mapped to (managed allocation, 2 MiB chunk of it), the
-  capture's pages to (allocator segment, chunk). Segments are matched by an LCS of their sizes in
-  creation order (the caching allocator creates them in program order in both). The kernels of
+  capture's pages to (allocator segment, chunk). Same-size segments are matched first by the
+  faults of the steps *not* scored (real step 0 against the capture's warm-up, from its log when
+  captured now; step s >= 2 against its repetition s - 1): a fault's aligned capture kernel
+  (+-W) touching that chunk of a segment is evidence, paired greedily by weight; the rest by an
+  LCS of sizes in creation order (the caching allocator creates them in program order in both). The kernels of
   the real step the capture keeps (step ``warmup_steps``, 1: the capture runs one warm-up
   step first, and the real first step is that warm-up, with other tensors in its new
   segments) and the capture's kept step are aligned by an LCS of name *classes*
@@ -112,7 +115,8 @@ def load_recording(path: str):
 
 
 def load_capture(capture: str | None, program: str | None, batch: int | None, iters: int, gpu_mem: int, calib):
-    """The capture: a .umw file, or ``program[:make_step]`` captured now at ``batch``."""
+    """The capture: a .umw file, or ``program[:make_step]`` captured now at ``batch``; and the
+    capture's log when captured now (its warm-up step: a .umw holds the kept step only), else None."""
     if capture:
         from umctl.workload.workfile import load
 
@@ -120,7 +124,7 @@ def load_capture(capture: str | None, program: str | None, batch: int | None, it
             raise ValidateError(f"{capture}: no such file")
         w = load(capture)
         w.gpu_mem = [int(gpu_mem)] * w.n_gpus
-        return w
+        return w, None
     if not program or batch is None:
         raise ValidateError("give --capture FILE.umw, or --program FILE.py and --batch N")
     entry = program if ":" in os.path.basename(program) else program + ":make_step"
@@ -129,9 +133,9 @@ def load_capture(capture: str | None, program: str | None, batch: int | None, it
         raise ValidateError(f"{path}: no such file")
     from umctl.workload.capture import capture_workload
 
-    w, _ = capture_workload(entry, int(batch), gpu_mem=int(gpu_mem), iterations=iters, calibration=calib.name,
-                            hbm_Bps=calib.hbm_Bps)
-    return w
+    w, cap = capture_workload(entry, int(batch), gpu_mem=int(gpu_mem), iterations=iters, calibration=calib.name,
+                              hbm_Bps=calib.hbm_Bps)
+    return w, cap.log
 
 
 def recorded_program(trace) -> tuple[str | None, list[str]]:
@@ -558,56 +562,166 @@ def kept_step(w) -> int:
         return 0
 
 
-def access_share(trace, launches: np.ndarray, steps: Steps, w, *, window: int = 2,
-                 capture_iteration: int = 0, real_step: int | None = None) -> dict:
-    """Of the faulted (kernel, 2 MiB chunk) pairs of the real step the capture keeps
-    (``real_step``, default :func:`kept_step`, at most the last step), the share the capture's
-    access sets predict (see the module's docstring)."""
-    segs = real_segments(trace)
-    seg_idx, _, seg_bytes = capture_segments(w)
-    real_sizes = segs["bytes"].astype(np.int64).tolist()
-    cap_sizes = seg_bytes.tolist()
-    pairs = lcs_pairs(real_sizes, cap_sizes)
-    seg_map = np.full(len(segs), -1, np.int64)
-    for i, j in pairs:
-        seg_map[i] = int(seg_idx[j])
-    seg_info = {"real": len(segs), "capture": len(seg_idx), "matched": len(pairs),
-                "real_bytes": int(sum(real_sizes)), "capture_bytes": int(sum(cap_sizes)),
-                "matched_bytes": int(sum(real_sizes[i] for i, _ in pairs)),
-                "unmatched_real_sizes": sorted({int(real_sizes[i]) for i in range(len(segs)) if seg_map[i] < 0})[:20]}
+def capture_warmup_sets(log, step: int = 0) -> tuple[list[str], list[np.ndarray]]:
+    """The capture's warm-up step ``step`` (the cold first step, which the workload does not
+    hold): its kernels in order, names and (segment, chunk) codes, the segments numbered as in
+    the workload (the caching allocator replayed over the capture's history, as
+    umctl.workload.capture.build.plan does)."""
+    from umctl.workload.capture.allocator import CachingAllocator
+    from umctl.workload.capture.recorder import ALLOC, FREE, OP
 
-    li, sp, ch, outside = _real_first_step_pairs(trace, launches, steps, segs)
-    step_of = steps.step_of(len(launches))
-    pstep = step_of[li] if len(li) else li
-    per_step = {"setup": int((pstep < 0).sum()), **{str(s): int((pstep == s).sum()) for s in range(steps.n)},
-                "tail": int((pstep >= steps.n).sum())}
-    rs = min(kept_step(w) if real_step is None else max(0, int(real_step)), steps.n - 1)
-    first = pstep == rs
-    kpos = li[first] - int(steps.starts[rs])
-    cseg = seg_map[sp[first]] if first.any() else np.zeros(0, np.int64)
-    mapped = cseg >= 0
-    code = np.where(mapped, (np.maximum(cseg, 0) << CHUNK_BITS) | ch[first], -1)
+    if log is None or len(log.step_starts) < 2 or step + 1 >= len(log.step_starts):
+        return [], []
+    alloc, where = CachingAllocator(), {}
+    empty = {s.sid for s in log.storages if s.nbytes == 0}
+    a0, a1 = log.step_starts[step], log.step_starts[step + 1]
+    names, sets = [], []
+    for e, (kind, v) in enumerate(log.events[:a1]):
+        if kind in (ALLOC, FREE) and v in empty:
+            continue
+        if kind == ALLOC:
+            where[v], _ = alloc.malloc((v, 0), log.storages[v].nbytes)
+        elif kind == FREE and (v, 0) in alloc.live:
+            alloc.free((v, 0))
+        elif kind == OP and e >= a0:
+            codes = set()
+            for sid, lo, hi in list(v.reads) + list(v.writes):
+                pl = where.get(sid)
+                if pl is None or hi <= lo:
+                    continue
+                c0, c1 = (pl.offset + lo) >> BLOCK_SHIFT, (pl.offset + hi - 1) >> BLOCK_SHIFT
+                codes.update((pl.segment << CHUNK_BITS) | c for c in range(c0, c1 + 1))
+            names.append(v.name)
+            sets.append(np.array(sorted(codes), np.int64))
+    return names, sets
 
-    s0 = int(steps.starts[rs])
-    s1 = int(steps.starts[rs + 1]) if rs + 1 < steps.n else steps.end
-    real_names = [trace.names[int(i)] if 0 <= int(i) < len(trace.names) else f"func 0x{int(fn):x}"
-                  for i, fn in zip(launches["name_id"][s0:s1], launches["func"][s0:s1])]
-    cap_names, cap_sets = _capture_kernel_sets(w, capture_iteration)
-    rc = [kernel_class(n) for n in real_names]
-    cc = [kernel_class(n) for n in cap_names]
-    align = lcs_pairs(rc, cc)
-    a_of = np.full(len(rc), -1, np.int64)
+
+def _align(real_names: list[str], cap_names: list[str]) -> tuple[np.ndarray, np.ndarray]:
+    """Real kernel -> capture kernel by an LCS of name classes (names and order only); a real
+    kernel the LCS left out takes the capture kernel of the aligned real kernel before it.
+    Returns (that mapping, which real kernels the LCS aligned)."""
+    align = lcs_pairs([kernel_class(n) for n in real_names], [kernel_class(n) for n in cap_names])
+    a_of = np.full(len(real_names), -1, np.int64)
     for i, j in align:
         a_of[i] = j
-    # a real kernel the LCS left out takes the capture kernel of the aligned real kernel before it
-    direct = a_of >= 0
     filled = a_of.copy()
     last = -1
     for i in range(len(filled)):
         if filled[i] >= 0:
             last = filled[i]
         else:
-            filled[i] = max(last, 0) if cap_sets else -1
+            filled[i] = max(last, 0) if cap_names else -1
+    return filled, a_of >= 0
+
+
+def match_segments(real_sizes: list[int], cap_sizes: list[int], evidence: dict | None = None) -> list[tuple[int, int]]:
+    """Real segment -> capture segment (index pairs), one to one, same size only. ``evidence``
+    ({(real, capture): weight}, from steps other than the scored one) pairs segments first,
+    greedily by weight (ties: the nearer in creation order); the rest by an LCS of sizes in
+    creation order. Without evidence: that LCS alone (the allocators create them in program
+    order -- unless, as in an MoE, the two create different numbers of them)."""
+    pairs: dict[int, int] = {}
+    used: set[int] = set()
+    for (i, j), v in sorted((evidence or {}).items(), key=lambda kv: (-kv[1], abs(kv[0][0] - kv[0][1]), kv[0])):
+        if v > 0 and i not in pairs and j not in used and real_sizes[i] == cap_sizes[j]:
+            pairs[i] = j
+            used.add(j)
+    ri = [i for i in range(len(real_sizes)) if i not in pairs]
+    ci = [j for j in range(len(cap_sizes)) if j not in used]
+    for a, b in lcs_pairs([real_sizes[i] for i in ri], [cap_sizes[j] for j in ci]):
+        pairs[ri[a]] = ci[b]
+    return sorted(pairs.items())
+
+
+def _step_names(trace, launches: np.ndarray, steps: Steps, s: int) -> tuple[int, list[str]]:
+    s0 = int(steps.starts[s])
+    s1 = int(steps.starts[s + 1]) if s + 1 < steps.n else steps.end
+    return s0, [trace.names[int(i)] if 0 <= int(i) < len(trace.names) else f"func 0x{int(fn):x}"
+                for i, fn in zip(launches["name_id"][s0:s1], launches["func"][s0:s1])]
+
+
+def access_share(trace, launches: np.ndarray, steps: Steps, w, *, window: int = 2,
+                 capture_iteration: int = 0, real_step: int | None = None, warmup=None) -> dict:
+    """Of the faulted (kernel, 2 MiB chunk) pairs of the real step the capture keeps
+    (``real_step``, default :func:`kept_step`, at most the last step), the share the capture's
+    access sets predict (see the module's docstring). ``warmup``: the capture's warm-up step
+    (:func:`capture_warmup_sets`), which stands for real step 0: then real step 0 is evidence
+    for the segments' correspondence when a later step is scored, and is scored against it
+    (the cold step) when ``real_step`` is 0."""
+    segs = real_segments(trace)
+    seg_idx, _, seg_bytes = capture_segments(w)
+    real_sizes = segs["bytes"].astype(np.int64).tolist()
+    cap_sizes = seg_bytes.tolist()
+    li, sp, ch, outside = _real_first_step_pairs(trace, launches, steps, segs)
+    step_of = steps.step_of(len(launches))
+    pstep = step_of[li] if len(li) else li
+    per_step = {"setup": int((pstep < 0).sum()), **{str(s): int((pstep == s).sum()) for s in range(steps.n)},
+                "tail": int((pstep >= steps.n).sum())}
+    rs = min(kept_step(w) if real_step is None else max(0, int(real_step)), steps.n - 1)
+    warm_names, warm_sets = warmup if warmup else ([], [])
+    kept = kept_step(w)
+
+    def capture_of(s: int) -> tuple[list[str], list[np.ndarray]] | None:
+        """The capture's kernels standing for real step s: its warm-up (step < kept), or the
+        kept step's repetition s - kept (the last one past the end)."""
+        if s < kept:
+            return (warm_names, warm_sets) if warm_names and kept == 1 else None
+        it = min(capture_iteration + s - kept, int(w.ops["iteration"].max()) if len(w.ops) else 0)
+        return _capture_kernel_sets(w, it)
+
+    # segment correspondence: evidence from the faults of every step but the scored one
+    pos_of = {int(i): k for k, i in enumerate(seg_idx.tolist())}
+    evidence: dict[tuple[int, int], float] = {}
+    ev_steps = []
+    for s in range(steps.n):
+        on = pstep == s
+        if s == rs or not on.any():
+            continue
+        cap = capture_of(s)
+        if cap is None or not cap[0]:
+            continue
+        ev_steps.append(s)
+        s0, names = _step_names(trace, launches, steps, s)
+        filled, _ = _align(names, cap[0])
+        by_chunk = []   # per capture kernel: chunk -> capture segment positions
+        for x in cap[1]:
+            d: dict[int, list[int]] = {}
+            for code in x.tolist():
+                d.setdefault(code & ((1 << CHUNK_BITS) - 1), []).append(pos_of.get(code >> CHUNK_BITS, -1))
+            by_chunk.append(d)
+        for p, sg, c in zip((li[on] - s0).tolist(), sp[on].tolist(), ch[on].tolist()):
+            j = int(filled[p])
+            if j < 0:
+                continue
+            cands = {q for x in range(max(0, j - window), min(len(by_chunk), j + window + 1))
+                     for q in by_chunk[x].get(c, ()) if q >= 0 and cap_sizes[q] == real_sizes[sg]}
+            for q in cands:
+                evidence[(sg, q)] = evidence.get((sg, q), 0.0) + 1.0 / len(cands)
+    pairs = match_segments(real_sizes, cap_sizes, evidence)
+    seg_map = np.full(len(segs), -1, np.int64)
+    for i, j in pairs:
+        seg_map[i] = int(seg_idx[j])
+    seg_info = {"real": len(segs), "capture": len(seg_idx), "matched": len(pairs),
+                "method": (f"same size, by the aligned kernels' chunks in real step(s) {ev_steps} (not the scored one), "
+                           "then an LCS of sizes in creation order") if evidence else "LCS of sizes in creation order",
+                "matched_by_access": len({i for i, _ in evidence} & {i for i, _ in pairs}) if evidence else 0,
+                "real_bytes": int(sum(real_sizes)), "capture_bytes": int(sum(cap_sizes)),
+                "matched_bytes": int(sum(real_sizes[i] for i, _ in pairs)),
+                "unmatched_real_sizes": sorted({int(real_sizes[i]) for i in range(len(segs)) if seg_map[i] < 0})[:20]}
+
+    first = pstep == rs
+    kpos = li[first] - int(steps.starts[rs])
+    cseg = seg_map[sp[first]] if first.any() else np.zeros(0, np.int64)
+    mapped = cseg >= 0
+    code = np.where(mapped, (np.maximum(cseg, 0) << CHUNK_BITS) | ch[first], -1)
+
+    _, real_names = _step_names(trace, launches, steps, rs)
+    cap = capture_of(rs)
+    cold = rs < kept and cap is not None
+    cap_names, cap_sets = cap if cap is not None else _capture_kernel_sets(w, capture_iteration)
+    rc = [kernel_class(n) for n in real_names]
+    cc = [kernel_class(n) for n in cap_names]
+    filled, direct = _align(real_names, cap_names)
     n_cap = len(cap_sets)
     union = np.unique(np.concatenate(cap_sets)) if cap_sets else np.zeros(0, np.int64)
 
@@ -633,6 +747,7 @@ def access_share(trace, launches: np.ndarray, steps: Steps, w, *, window: int = 
         "faults_outside_managed_allocations": outside,
         "scored_step": {
             "real_step": rs,
+            "capture_step": "warm-up (cold)" if cold else "kept",
             "real_kernels": len(rc), "capture_kernels": n_cap, "aligned_kernels": int(direct.sum()),
             "alignment": "LCS of kernel classes (names and order only)",
             "class_counts_real": _counts(rc), "class_counts_capture": _counts(cc),
@@ -710,7 +825,8 @@ def validate(args) -> dict:
             recs[label] = (path, t)
     first = next(iter(recs.values()))[1]
     calib = calibration_for(first, args.calibration)
-    w = load_capture(args.capture, args.program, args.batch, args.iters, gpu_mem, calib)
+    w, log = load_capture(args.capture, args.program, args.batch, args.iters, gpu_mem, calib)
+    warmup = capture_warmup_sets(log) if log is not None and kept_step(w) == 1 else None
     for path, t in recs.values():
         check_same_program(w, t, path)
     modes = parse_modes(args.modes)
@@ -736,7 +852,11 @@ def validate(args) -> dict:
         if cap is not None:
             row["time"] = time_comparison(t, launches, steps, cap, gpu_mem, modes, calib)
         if label == "nobudget" or len(recs) == 1:
-            row["access"] = access_share(t, launches, steps, w, window=args.window, real_step=args.real_step)
+            row["access"] = access_share(t, launches, steps, w, window=args.window, real_step=args.real_step,
+                                         warmup=warmup)
+            if warmup and args.real_step is None:   # the cold step: real step 0 against the capture's warm-up
+                row["access_cold"] = access_share(t, launches, steps, w, window=args.window, real_step=0,
+                                                  warmup=warmup)
         out["recordings"][label] = row
     return out
 
@@ -844,15 +964,20 @@ def render(res: dict) -> str:
             if label == "nobudget":
                 lines.append("  (a no-budget recording holds first touches only: its replay at a smaller GPU "
                              "misses every later access; the budget recording is the like-for-like one)")
-        a = row.get("access")
-        if a:
+        for key in ("access", "access_cold"):
+            a = row.get(key)
+            if not a:
+                continue
             sg, fs = a["segments"], a["scored_step"]
-            lines.append(f"  segments matched (LCS of sizes in creation order): {sg['matched']} of {sg['real']} real, "
+            lines.append(f"  segments matched ({sg.get('method', 'LCS of sizes in creation order')}): {sg['matched']} "
+                         f"of {sg['real']} real ({sg.get('matched_by_access', 0)} by access), "
                          f"{sg['capture']} captured; {sg['matched_bytes'] / 2**20:.0f} of "
                          f"{sg['real_bytes'] / 2**20:.0f} MiB real; unmatched real sizes {sg['unmatched_real_sizes']}")
-            lines.append(f"  faulted (kernel, 2 MiB chunk) pairs per step: {a['faulted_pairs_per_step']}; "
-                         f"faults outside managed allocations: {a['faults_outside_managed_allocations']}")
-            lines.append(f"  step {fs['real_step']} (the capture's kept step): {fs['real_kernels']} real kernels, {fs['capture_kernels']} captured, "
+            if key == "access":
+                lines.append(f"  faulted (kernel, 2 MiB chunk) pairs per step: {a['faulted_pairs_per_step']}; "
+                             f"faults outside managed allocations: {a['faults_outside_managed_allocations']}")
+            what = "the capture's warm-up, cold" if fs.get("capture_step", "").startswith("warm") else "the capture's kept step"
+            lines.append(f"  step {fs['real_step']} ({what}): {fs['real_kernels']} real kernels, {fs['capture_kernels']} captured, "
                          f"{fs['aligned_kernels']} aligned ({fs['alignment']}); {fs['pairs']} faulted pairs, "
                          f"{fs['pairs_in_matched_segments']} in matched segments")
             for k, v in a["share"].items():

@@ -327,3 +327,21 @@ def test_bad_inputs_are_one_line_errors(tmp_path, program, capture):
     mism = run_tool("--program", str(program), "--batch", "64", "--recording", str(other), "--gpu-mem", "1GiB",
                     "--no-replay")
     assert mism.returncode == 2 and "mismatched program" in mism.stderr and mism.stderr.count("\n") == 1
+
+
+def test_segments_matched_by_access_in_another_step_not_by_size_order():
+    """An MoE's capture creates more same-size segments than the real run, in another order
+    (its routing is not the real one): an LCS of sizes in creation order pairs the wrong ones;
+    evidence from a step other than the scored one (the aligned kernels' chunks) pairs the
+    right ones, and the segments without evidence still go by the size LCS."""
+    real = [2, 16, 16, 20, 16, 2]                    # MiB, the real run's creation order
+    cap = [2, 16, 20, 16, 16, 16, 16, 2]             # the capture's: two more 16 MiB, 20 MiB earlier
+    truth = {1: 5, 2: 6, 3: 2, 4: 3}                 # real -> capture, what touched them in step 0
+    old = dict(cv.lcs_pairs(real, cap))
+    assert any(old.get(i) != j for i, j in truth.items())   # the old matching pairs wrong segments
+    evidence = {(i, j): 3.0 for i, j in truth.items()} | {(1, 1): 0.5, (2, 3): 0.5}   # weaker, ambiguous hits
+    new = dict(cv.match_segments(real, cap, evidence))
+    assert all(new[i] == j for i, j in truth.items())
+    assert new[0] == 0 and new[5] == 7                # no evidence: the size LCS of the rest
+    assert all(real[i] == cap[j] for i, j in new.items()) and len(set(new.values())) == len(new)
+    assert dict(cv.match_segments(real, cap)) == old  # without evidence: the old matching
