@@ -76,7 +76,7 @@ def capture(program):
 
 
 def synthetic_recording(path: Path, w, *, script: str = "tiny.py", fault_step: int = 0,
-                        warmup_elsewhere: bool = False) -> dict:
+                        warmup_elsewhere: bool = False, created: list[int] | None = None) -> dict:
     """A `umctl run --runtime --managed --mode none` recording of the captured program as the
     capture predicts it: the workspace segment first, then the capture's segments (at other
     addresses); a few set-up launches, STEPS steps of the capture's kept step (one launch per
@@ -87,7 +87,8 @@ def synthetic_recording(path: Path, w, *, script: str = "tiny.py", fault_step: i
     position is then off by up to UNSEEN kernels, by class not at all. ``fault_step``: the step
     whose kernels fault first touches as the capture's kept step predicts (a real run: 1, the
     step after the warm-up the capture keeps); ``warmup_elsewhere``: step 0 then faults every
-    chunk from its last kernel (the warm-up, with another layout)."""
+    chunk from its last kernel (the warm-up, with another layout). ``created``: the order in
+    which the run created the capture's segments (positions; default the capture's)."""
     names_cap, sets = cv._capture_kernel_sets(w, 0)
     seg_idx, _, seg_bytes = cv.capture_segments(w)
     base = 0x7F00_0000_0000
@@ -97,7 +98,7 @@ def synthetic_recording(path: Path, w, *, script: str = "tiny.py", fault_step: i
         real_addr[i] = addr
         addr += b
     allocs = empty(Kind.ALLOC, 1 + len(seg_idx))
-    allocs["t_ns"] = np.arange(len(allocs))
+    allocs["t_ns"] = np.r_[0, 1 + np.argsort(created)] if created is not None else np.arange(len(allocs))
     allocs["op"], allocs["managed"], allocs["pid"] = AllocOp.ALLOC, True, 7
     allocs["addr"] = [base] + [real_addr[i] for i in seg_idx.tolist()]
     allocs["bytes"] = [WORKSPACE] + seg_bytes.tolist()
@@ -345,3 +346,34 @@ def test_segments_matched_by_access_in_another_step_not_by_size_order():
     assert new[0] == 0 and new[5] == 7                # no evidence: the size LCS of the rest
     assert all(real[i] == cap[j] for i, j in new.items()) and len(set(new.values())) == len(new)
     assert dict(cv.match_segments(real, cap)) == old  # without evidence: the old matching
+
+
+def test_segments_matched_by_another_runs_faults(tmp_path, capture):
+    """The scored step's segments may be touched in no other step of its run (an MoE's, created
+    in that step): another run of the program (the budget recording, same segments in the same
+    order): the faults of its steps are the evidence. Here the run created
+    the two same-size segments in the other order than the capture, faults only in the scored
+    step: the size LCS alone pairs them wrongly; the other run's faults pair them right."""
+    seg_idx, _, seg_bytes = cv.capture_segments(capture)
+    sizes = seg_bytes.tolist()
+    same = [k for k in range(len(sizes)) if sizes.count(sizes[k]) > 1][:2]
+    assert len(same) == 2                                     # the capture has two same-size segments
+    created = list(range(len(sizes)))
+    created[same[0]], created[same[1]] = created[same[1]], created[same[0]]
+    rec, other = tmp_path / "nobudget.parquet", tmp_path / "budget.parquet"
+    built = synthetic_recording(rec, capture, fault_step=KEPT, created=created)
+    synthetic_recording(other, capture, fault_step=KEPT, created=created)
+    t, o = cv.load_recording(str(rec)), cv.load_recording(str(other))
+    la, lo = cv.launches_of(t), cv.launches_of(o)
+    st, so = cv.detect_steps(la, STEPS), cv.detect_steps(lo, STEPS)
+    assert cv.map_run_segments(cv.real_segments(t), la, st, cv.real_segments(o), lo, so).tolist() == \
+        list(range(len(sizes) + 1))                            # same sizes, same order: the identity
+    total = built["pairs"] + EXTRA + MISCHARGED
+    alone = cv.access_share(t, la, st, capture)
+    assert alone["segments"]["matched_by_access"] == 0       # no fault outside the scored step
+    assert alone["share"]["aligned_kernel"] < built["pairs"] / total - 0.05
+    r = cv.access_share(t, la, st, capture, other=(o, lo, so))
+    sg = r["segments"]
+    assert sg["other_recording"]["same_size_sequence"] and sg["other_recording"]["steps"] == [KEPT]
+    assert sg["matched_by_access"] == sg["capture"]
+    assert r["share"]["aligned_kernel"] == pytest.approx(built["pairs"] / total)
