@@ -42,7 +42,7 @@ __attribute__((constructor)) static void rt_init(void)
 
 __attribute__((destructor)) static void rt_fini(void)
 {
-    flush_all();
+    flush_final();
     if (cfg_stats)
         fprintf(stderr,
                 "umctl_rt: pid=%d hum_copies=%llu fallbacks=%llu barrier_waits=%llu segv_waits=%llu launches=%llu driver_launches=%llu "

@@ -4,6 +4,12 @@
 /* ---------------------------------------------------------------- reports */
 
 #define RBUF_BYTES 12288
+/* Batches the socket refused for want of room (umctl's reader behind: a unix datagram socket
+   takes only net.unix.max_dgram_qlen datagrams, 10 on some kernels, before EAGAIN), kept in
+   order and sent first at the next flush, so a reader that stalls for a moment loses nothing.
+   Allocated on the first refusal; what does not fit is dropped and counted. */
+#define PENDING_MAX 256
+struct pbatch { uint32_t n; char data[RBUF_BYTES]; };
 struct rbuf {
     pthread_mutex_t mu;
     uint8_t kind;
@@ -11,6 +17,9 @@ struct rbuf {
     uint32_t n;
     u64 pushed;   /* records ever pushed: sent + dropped + still here (tests/rtprog/rtstress.c) */
     char data[RBUF_BYTES];
+    struct pbatch *ring;      /* PENDING_MAX refused batches, oldest at head */
+    uint32_t head, count;
+    u64 pending;              /* records in the ring ("still here" too) */
 };
 static struct rbuf rb[3] = {
     {PTHREAD_MUTEX_INITIALIZER, UMRT_LAUNCH, sizeof(struct umrt_launch), 0, 0, {0}},
@@ -25,6 +34,7 @@ static char **names;
 static uint16_t *name_lens;
 static int n_names, cap_names, names_sent;
 
+/* 0: sent; 1: no room now (the reader is behind: worth another try); -1: not sent (no reader) */
 static int send_dgram(uint8_t kind, uint32_t count, const void *body, size_t len)
 {
     struct umrt_header h = {UMRT_MAGIC, UMRT_VERSION, kind, 0, count, my_pid, {0, 0, 0}};
@@ -36,7 +46,11 @@ static int send_dgram(uint8_t kind, uint32_t count, const void *body, size_t len
     m.msg_namelen = sock_len;
     m.msg_iov = iov;
     m.msg_iovlen = 2;
-    return sendmsg(sock_fd, &m, MSG_DONTWAIT | MSG_NOSIGNAL) < 0 ? -1 : 0;
+    int saved = errno;   /* this runs on the program's threads: its errno is its own */
+    int r = sendmsg(sock_fd, &m, MSG_DONTWAIT | MSG_NOSIGNAL) >= 0 ? 0
+            : errno == EAGAIN || errno == EWOULDBLOCK || errno == ENOBUFS ? 1 : -1;
+    errno = saved;
+    return r;
 }
 
 /* Names go before the launches that use them; a name that could not be sent is retried at the
@@ -60,7 +74,7 @@ static void flush_names(void)
             cnt++;
             i++;
         }
-        if (!cnt || send_dgram(UMRT_NAMES, cnt, buf, len) < 0)
+        if (!cnt || send_dgram(UMRT_NAMES, cnt, buf, len) != 0)
             break;
         names_sent = i;
     }
@@ -74,12 +88,39 @@ static void flush_names(void)
 static void send_locked(int k)
 {
     struct rbuf *b = &rb[k];
-    if (!b->n)
+    if (!b->n && !b->count)
         return;
     if (k == 0)
         flush_names();
-    if (send_dgram(b->kind, b->n, b->data, b->n * b->recsz) < 0)
+    while (b->count) {   /* older batches first: one kind's records leave in push order */
+        struct pbatch *p = &b->ring[b->head];
+        int r = send_dgram(b->kind, p->n, p->data, p->n * b->recsz);
+        if (r > 0)
+            break;
+        if (r < 0)
+            atomic_fetch_add(&drops[k], p->n);
+        b->pending -= p->n;
+        b->head = (b->head + 1) % PENDING_MAX;
+        b->count--;
+    }
+    if (!b->n)
+        return;
+    int r = b->count ? 1 : send_dgram(b->kind, b->n, b->data, b->n * b->recsz);
+    if (r > 0) {
+        if (!b->ring)
+            b->ring = calloc(PENDING_MAX, sizeof *b->ring);
+        if (b->ring && b->count < PENDING_MAX) {
+            struct pbatch *p = &b->ring[(b->head + b->count) % PENDING_MAX];
+            p->n = b->n;
+            memcpy(p->data, b->data, (size_t)b->n * b->recsz);
+            b->count++;
+            b->pending += b->n;
+        } else {
+            atomic_fetch_add(&drops[k], b->n);
+        }
+    } else if (r < 0) {
         atomic_fetch_add(&drops[k], b->n);
+    }
     b->n = 0;
 }
 
@@ -98,6 +139,32 @@ static void flush_all(void)
     flush_names();
     for (int k = 0; k < 3; k++)
         flush_kind(k);
+}
+
+/* At exit: flush, and give a reader that is behind up to a second to take the refused batches;
+   what it still has not taken is dropped and counted. */
+static void flush_final(void)
+{
+    if (sock_fd < 0)
+        return;
+    for (int w = 0; w < 1000; w++) {
+        flush_all();
+        uint32_t left = 0;
+        for (int k = 0; k < 3; k++) {
+            pthread_mutex_lock(&rb[k].mu);
+            left += rb[k].count;
+            pthread_mutex_unlock(&rb[k].mu);
+        }
+        if (!left)
+            return;
+        usleep(1000);
+    }
+    for (int k = 0; k < 3; k++) {
+        pthread_mutex_lock(&rb[k].mu);
+        atomic_fetch_add(&drops[k], rb[k].pending);
+        rb[k].pending = 0, rb[k].count = 0;
+        pthread_mutex_unlock(&rb[k].mu);
+    }
 }
 
 static void *flusher(void *arg)

@@ -153,11 +153,11 @@ int main(int argc, char **argv)
     for (int w = 0; w < 20000 && !ends_drained(); w++)
         usleep(1000);
     int drained = ends_drained();
-    flush_all();
+    flush_final();
     u64 pushed[3], dropped[3], left[3];
     for (int k = 0; k < 3; k++) {
         pthread_mutex_lock(&rb[k].mu);
-        pushed[k] = rb[k].pushed, left[k] = rb[k].n;
+        pushed[k] = rb[k].pushed, left[k] = rb[k].n + rb[k].pending;
         dropped[k] = atomic_load(&drops[k]);
         pthread_mutex_unlock(&rb[k].mu);
     }
