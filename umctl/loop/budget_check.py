@@ -397,6 +397,17 @@ class BudgetCheck:
             self._dump_fh = None
             self._dump_path = None
 
+    @property
+    def dumping(self) -> bool:
+        """Whether this check's input is being dumped (``UMCTL_BUDGET_CHECK_DUMP``)."""
+        return self._dump_path is not None
+
+    def note(self, rec: tuple) -> None:
+        """Put ``rec`` in the dump between the batches (the control loop puts the keeper's
+        resident blocks there, for :func:`keeper_disagreement`); nothing when not dumping."""
+        if self._dump_fh is not None:
+            pickle.dump(("note", rec), self._dump_fh)
+
     def _dump_batch(self, batch: EventBatch) -> None:
         """One batch of the check's input to the dump file (module attribute ``_dump_path``).
         Faults on ranges already known host-preferred are only counted: :meth:`observe` drops
@@ -620,10 +631,9 @@ class BudgetCheck:
 _DUMPS = 0
 
 
-def judge_dump(path: str, **overrides) -> BudgetVerdict:
-    """The verdict on a check's own input dumped by a live run (``UMCTL_BUDGET_CHECK_DUMP``),
-    fed again batch by batch in the order it came; ``overrides`` change the check's settings
-    (e.g. ``reorder_ms``) to see what the verdict depends on."""
+def _replay_dump(path: str, on_note=None, **overrides) -> BudgetCheck:
+    """A check fed a dump's batches again in the order they came (``on_note(check, rec)`` at
+    each note), finished."""
     with open(path, "rb") as fh:
         d = pickle.load(fh)
         kw = {"slack_bytes": d["slack"], "reorder_ms": d["reorder_ns"] / 1e6, "migrations_on": d["migrations_on"],
@@ -639,6 +649,10 @@ def judge_dump(path: str, **overrides) -> BudgetVerdict:
             if rec[0] == "finish":
                 finish_ns = rec[1]
                 break
+            if rec[0] == "note":
+                if on_note is not None:
+                    on_note(chk, rec[1])
+                continue
             now, rt, kinds, mapped = rec
             b = EventBatch(now_ns=now)
             b.runtime_ns = rt
@@ -647,8 +661,39 @@ def judge_dump(path: str, **overrides) -> BudgetVerdict:
             chk.fault_records_mapped += mapped
             chk.observe(b)
     chk.finish(finish_ns)
-    return chk.verdict()
+    return chk
 
 
-__all__ = ["BudgetCheck", "BudgetVerdict", "RangeSet", "default_slack", "judge_dump", "MAX_OVER_FRAC",
-           "IN_FLIGHT_BYTES"]
+def judge_dump(path: str, **overrides) -> BudgetVerdict:
+    """The verdict on a check's own input dumped by a live run (``UMCTL_BUDGET_CHECK_DUMP``),
+    fed again batch by batch in the order it came; ``overrides`` change the check's settings
+    (e.g. ``reorder_ms``) to see what the verdict depends on."""
+    return _replay_dump(path, **overrides).verdict()
+
+
+def keeper_disagreement(path: str, examples: int = 16) -> list[dict]:
+    """At each of the keeper's snapshots in a dump (every 25 control steps), the blocks the
+    check counts resident on that GPU and the keeper does not, and the other way round (counts
+    and a few block numbers): where a "NOT held" comes from, and whose account is wrong. The
+    check's view lags the keeper's by its reorder window."""
+    out: list[dict] = []
+
+    def at(chk: BudgetCheck, rec: tuple) -> None:
+        if rec[0] != "keeper":
+            return
+        _, g, t, keeper = rec
+        n = len(chk._slot)
+        pop = _popcount(chk._bits[:n]) if n else np.zeros(0, np.int64)
+        mine = set(chk._slot_block[:n][(pop > 0) & (chk._slot_gpu[:n] == g)].tolist()) if n else set()
+        theirs = set(keeper)
+        only_check, only_keeper = sorted(mine - theirs), sorted(theirs - mine)
+        out.append({"gpu": g, "t_ns": t, "check_applied_ns": chk.t_applied, "check_blocks": len(mine),
+                    "keeper_blocks": len(theirs), "only_check": len(only_check), "only_keeper": len(only_keeper),
+                    "only_check_examples": only_check[:examples], "only_keeper_examples": only_keeper[:examples]})
+
+    _replay_dump(path, on_note=at)
+    return out
+
+
+__all__ = ["BudgetCheck", "BudgetVerdict", "RangeSet", "default_slack", "judge_dump", "keeper_disagreement",
+           "MAX_OVER_FRAC", "IN_FLIGHT_BYTES"]

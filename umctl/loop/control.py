@@ -97,6 +97,7 @@ class ControlLoop:
         if self.budget is not None:
             self.budget.admission = bool(admission)
         #: the budget's independent check: true residency from the driver's events
+        self._dump_steps = 0
         self.check = (BudgetCheck(self.budget.nbytes, self.target_gpus, migrations_on=migrations_on,
                                   result_arrivals=result_arrivals)
                       if self.budget is not None else None)
@@ -188,6 +189,11 @@ class ControlLoop:
         self._results(out)
         if self.check is not None:
             self.check.observe(out)   # umctl's own prefetches that landed (budget_check.py)
+            if self.check.dumping and self.res is not None:
+                self._dump_steps += 1
+                if self._dump_steps % 25 == 1:   # what the keeper counts, beside the check's input
+                    for g in self.target_gpus:
+                        self.check.note(("keeper", g, now, sorted(self.res.blocks[g])))
         if self.publisher is not None:
             self.publisher.record(self, out)
         self.t_controller_ns += time.perf_counter_ns() - t0
