@@ -17,8 +17,15 @@ foreach path (whose temporaries span every parameter at once). While capturing, 
 foreach device, as cuda does.
 
 ``torch.autocast`` cannot act on meta tensors (there is no autocast key for meta): while
-capturing, it is replaced by :class:`AutocastRequests`, which runs the block in the tensors'
-own precision and counts the request, so the capture reports that it did not model it.
+capturing, it is replaced by :class:`AutocastRequests`, which does what CUDA's autocast does at
+the level of functions, above autograd (a ``TorchFunctionMode``): the ops of CUDA autocast's
+lower-precision list (GEMMs, convolutions, attention) get their floating inputs cast to the
+autocast dtype, those of its fp32 list (softmax, norms, losses, reductions, exp/log/pow) to
+float32, and a parameter's cast is made once per autocast region (autocast's weight cache). The
+casts are real ``to`` calls, so autograd records them and the backward pass runs in the same
+precisions, with float32 gradients for the float32 master weights, as under AMP. What it does not
+do: the "promote" list is left to PyTorch's own type promotion, and ops not named below run in
+whatever precision their inputs have.
 """
 
 from __future__ import annotations
@@ -32,12 +39,16 @@ from typing import Iterator
 
 import torch
 import torch.nn.functional as F
+import torch.utils._pytree
 
 aten = torch.ops.aten
 
 
 def _sdpa(orig):
     def sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
+        dt = AutocastRequests.active()   # attention is on autocast's lower-precision list
+        if dt is not None:
+            query, key, value = (AutocastRequests.cast(t, dt) for t in (query, key, value))
         fused_ok = (query.is_meta and query.dim() == 4 and key.dim() == 4 and value.dim() == 4 and not enable_gqa
                     and query.shape[1] == key.shape[1] == value.shape[1])
         if not fused_ok:
@@ -83,31 +94,95 @@ def _with_meta(orig):
 _FOREACH_HOLDERS = ("torch.utils._foreach_utils", "torch.optim.optimizer", "torch.optim.swa_utils")
 
 
+#: CUDA autocast's lower-precision ops, by the names the functions carry (``F.linear`` is
+#: ``torch._C._nn.linear``, ``x @ w`` is ``Tensor.__matmul__``)
+_LOW = frozenset({"__matmul__", "__rmatmul__", "addbmm", "addmm", "addmv", "addr", "baddbmm", "bmm", "chain_matmul",
+                  "multi_dot", "conv1d", "conv2d", "conv3d", "conv_transpose1d", "conv_transpose2d",
+                  "conv_transpose3d", "linear", "matmul", "mm", "mv", "prelu", "scaled_dot_product_attention"})
+#: ... and its float32 ops
+_FP32 = frozenset({"__pow__", "__rdiv__", "__rpow__", "__rtruediv__", "acos", "asin", "binary_cross_entropy_with_logits",
+                   "cosh", "cosine_embedding_loss", "cdist", "cosine_similarity", "cross_entropy", "cross_entropy_loss",
+                   "cumprod", "cumsum", "dist", "erfinv", "exp", "expm1", "group_norm", "hinge_embedding_loss",
+                   "kl_div", "l1_loss", "layer_norm", "log", "log_softmax", "log10", "log1p", "log2",
+                   "margin_ranking_loss", "mse_loss", "multilabel_margin_loss", "multi_margin_loss", "nll_loss",
+                   "nll_loss_nd", "nll_loss2d", "norm", "normalize", "pdist", "poisson_nll_loss", "pow", "prod",
+                   "reciprocal", "rsqrt", "sinh", "smooth_l1_loss", "soft_margin_loss", "softmax", "softmin",
+                   "softplus", "sum", "renorm", "tan", "triplet_margin_loss", "rms_norm"})
+_FLOATS = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
+
+
+class _AutocastMode(torch.overrides.TorchFunctionMode):
+    """The casts of the innermost enabled :class:`AutocastRequests` (module doc)."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        dtype = AutocastRequests.active()
+        name = getattr(func, "__name__", "")
+        if dtype is not None and (name in _LOW or name in _FP32):
+            to = dtype if name in _LOW else torch.float32
+            args, kwargs = torch.utils._pytree.tree_map(lambda a: AutocastRequests.cast(a, to), (args, kwargs))
+        return func(*args, **kwargs)
+
+
 class AutocastRequests(contextlib.ContextDecorator):
     """What stands for ``torch.autocast`` (and ``torch.amp.autocast``, ``torch.cuda.amp.autocast``)
-    during a capture: a context manager (and decorator) that changes nothing and counts each
-    enabled request by dtype in ``AutocastRequests.seen``."""
+    during a capture (module doc). Counts each enabled request by dtype in ``seen``."""
 
     seen: Counter = Counter()
+    _stack: list = []          # per entered region: its dtype, or None (autocast disabled there)
+    _cache: dict = {}          # id(parameter) -> (parameter, its cast): one cast per region
+    _mode: _AutocastMode | None = None
 
     def __init__(self, device_type: str = "cuda", dtype=None, enabled: bool = True, cache_enabled=None):
         self.device_type = device_type
         self.dtype = dtype if dtype is not None else (torch.bfloat16 if device_type == "cpu" else torch.float16)
-        self.enabled = enabled
+        self.enabled = bool(enabled) and self.dtype in (torch.float16, torch.bfloat16)
+        self.cache_enabled = True if cache_enabled is None else bool(cache_enabled)
+
+    @classmethod
+    def active(cls):
+        return cls._stack[-1] if cls._stack else None
+
+    @classmethod
+    def cast(cls, a, to):
+        """``a`` in ``to`` where autocast would cast it (a floating tensor of another dtype)."""
+        if not isinstance(a, torch.Tensor) or a.dtype == to or a.dtype not in _FLOATS:
+            return a
+        if a.is_leaf and a.requires_grad and to != torch.float32:   # autocast's weight cache
+            hit = cls._cache.get((id(a), to))
+            if hit is not None and hit[0] is a:
+                return hit[1]
+            c = a.to(to)
+            cls._cache[(id(a), to)] = (a, c)
+            return c
+        return a.to(to)
 
     def __enter__(self):
         if self.enabled:
             AutocastRequests.seen[str(self.dtype).removeprefix("torch.")] += 1
+        cls = AutocastRequests
+        cls._stack.append(self.dtype if self.enabled else None)
+        if cls._mode is None:
+            cls._mode = _AutocastMode()
+            cls._mode.__enter__()
         return self
 
     def __exit__(self, *exc) -> bool:
+        cls = AutocastRequests
+        cls._stack.pop()
+        if not cls._stack:
+            cls._cache.clear()      # the weight cache lives as long as the outermost region
+            if cls._mode is not None:
+                mode, cls._mode = cls._mode, None
+                mode.__exit__(*exc)
         return False
 
 
 def autocast_notes(seen: Counter) -> dict[str, int]:
-    """The assumption lines for the autocast requests a capture ignored."""
-    return {f"autocast({dt}) not modelled: captured in fp32 (activations about 2x too large, "
-            f"GEMMs timed at the fp32 rate)": n for dt, n in sorted(seen.items())}
+    """The assumption lines for the autocast regions a capture modelled."""
+    return {f"autocast({dt}) modelled at the function level: CUDA autocast's lower-precision and fp32 op "
+            f"lists, parameters cast once per region; other ops keep their inputs' precision": n
+            for dt, n in sorted(seen.items())}
 
 
 def _cuda_amp_autocast(enabled: bool = True, dtype=torch.float16, cache_enabled: bool = True):
@@ -117,7 +192,7 @@ def _cuda_amp_autocast(enabled: bool = True, dtype=torch.float16, cache_enabled:
 @contextmanager
 def cuda_kernel_choices() -> Iterator[None]:
     """While inside, attention and dropout on meta tensors take the kernels CUDA would,
-    optimizers and clip_grad_norm_ their foreach kernels, and autocast is recorded, not applied."""
+    optimizers and clip_grad_norm_ their foreach kernels, and autocast casts as CUDA's would."""
     saved = F.scaled_dot_product_attention, F.dropout
     holders = [m for m in (sys.modules.get(n) or importlib.import_module(n) for n in _FOREACH_HOLDERS)
                if hasattr(m, "_get_foreach_kernels_supported_devices")]
@@ -133,6 +208,7 @@ def cuda_kernel_choices() -> Iterator[None]:
     for owner, attr, _ in amp_saved:
         setattr(owner, attr, _cuda_amp_autocast if owner is cuda_amp else AutocastRequests)
     AutocastRequests.seen = Counter()
+    AutocastRequests._stack, AutocastRequests._cache, AutocastRequests._mode = [], {}, None
     try:
         yield
     finally:
