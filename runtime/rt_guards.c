@@ -161,8 +161,10 @@ API pid_t fork(void)
     if (r == 0) {   /* no worker and no flusher in the child: HUM off there, flusher restarted */
         my_pid = (int32_t)getpid();
         cfg_hum = 0;
-        for (int k = 0; k < 3; k++)   /* the parent's records are the parent's to send */
-            rb[k].n = 0, rb[k].count = 0, rb[k].pending = 0;
+        for (int k = 0; k < 3; k++) {   /* the parent's records (and counts) are the parent's */
+            rb[k].n = 0, rb[k].count = 0, rb[k].pending = 0, rb[k].pushed = 0;
+            atomic_store(&drops[k], 0);
+        }
         pthread_once_t fresh = PTHREAD_ONCE_INIT;
         flusher_once = fresh;
     }

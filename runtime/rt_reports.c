@@ -56,8 +56,8 @@ static int send_dgram(uint8_t kind, uint32_t count, const void *body, size_t len
 /* Names go before the launches that use them; a name that could not be sent is retried at the
    next flush (never dropped), since every later launch of that kernel needs it. The batch is
    built in a static buffer that names_mu guards: this runs on the program's threads, whose
-   stacks may be small. */
-static void flush_names(void)
+   stacks may be small. Returns whether every name interned so far has been sent. */
+static int flush_names(void)
 {
     static char buf[RBUF_BYTES];
     pthread_mutex_lock(&names_mu);
@@ -78,7 +78,9 @@ static void flush_names(void)
             break;
         names_sent = i;
     }
+    int all = names_sent >= n_names;
     pthread_mutex_unlock(&names_mu);
+    return all;
 }
 
 /* Send what rb[k] holds and empty it; called with b->mu held, so the records of one kind leave in
@@ -90,9 +92,10 @@ static void send_locked(int k)
     struct rbuf *b = &rb[k];
     if (!b->n && !b->count)
         return;
-    if (k == 0)
-        flush_names();
-    while (b->count) {   /* older batches first: one kind's records leave in push order */
+    /* launches name kernels: while their names wait, so do they (the reader would take an
+       unknown name for good) */
+    int held = k == 0 && !flush_names();
+    while (b->count && !held) {   /* older batches first: one kind's records leave in push order */
         struct pbatch *p = &b->ring[b->head];
         int r = send_dgram(b->kind, p->n, p->data, p->n * b->recsz);
         if (r > 0)
@@ -105,10 +108,13 @@ static void send_locked(int k)
     }
     if (!b->n)
         return;
-    int r = b->count ? 1 : send_dgram(b->kind, b->n, b->data, b->n * b->recsz);
+    int r = b->count || held ? 1 : send_dgram(b->kind, b->n, b->data, b->n * b->recsz);
     if (r > 0) {
-        if (!b->ring)
+        if (!b->ring) {
+            int saved = errno;   /* the program's thread: its errno is its own */
             b->ring = calloc(PENDING_MAX, sizeof *b->ring);
+            errno = saved;
+        }
         if (b->ring && b->count < PENDING_MAX) {
             struct pbatch *p = &b->ring[(b->head + b->count) % PENDING_MAX];
             p->n = b->n;
@@ -147,7 +153,9 @@ static void flush_final(void)
 {
     if (sock_fd < 0)
         return;
-    for (int w = 0; w < 1000; w++) {
+    struct timespec t0, t;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    for (;;) {
         flush_all();
         uint32_t left = 0;
         for (int k = 0; k < 3; k++) {
@@ -157,6 +165,9 @@ static void flush_final(void)
         }
         if (!left)
             return;
+        clock_gettime(CLOCK_MONOTONIC, &t);
+        if ((t.tv_sec - t0.tv_sec) * 1000000000LL + (t.tv_nsec - t0.tv_nsec) > 1000000000LL)
+            break;
         usleep(1000);
     }
     for (int k = 0; k < 3; k++) {
