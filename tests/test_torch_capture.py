@@ -525,3 +525,24 @@ def test_crafted_workload_files_are_refused_in_one_line(tmp_path, capsys):
         assert errtext.startswith("umctl: error:") and len(errtext.splitlines()) == 1, (name, errtext)
     ok = _crafted(tmp_path, w, "ok.umw", lambda d: None)
     assert workfile.load(ok).ops.shape == w.ops.shape
+
+
+def test_autocast_left_open_by_a_failing_step_does_not_outlive_the_capture():
+    """A framework that enters autocast in one hook and leaves it in another, with the step
+    raising in between: after the capture, ordinary ops run in their own precision again."""
+    from umctl.workload.capture.cudalike import cuda_kernel_choices
+
+    with pytest.raises(RuntimeError):
+        with cuda_kernel_choices():
+            torch.autocast("cuda", dtype=torch.float16).__enter__()
+            raise RuntimeError("the step failed")
+    a = torch.randn(4, 4)
+    assert torch.mm(a, a).dtype == torch.float32
+    with cuda_kernel_choices():
+        x64 = torch.randn(4, 4, dtype=torch.float64, device="meta")
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            assert torch.mm(x64, x64).dtype == torch.float64        # autocast leaves float64 alone
+            q = torch.randn(2, 5, 16, device="meta")
+            mha = torch.nn.MultiheadAttention(16, 2, batch_first=True).to("meta")
+            assert mha(q, q, q)[0].dtype == torch.bfloat16          # its GEMMs run inside, in Python
+            assert torch.einsum("ij,jk->ik", a.to("meta"), a.to("meta")).dtype == torch.bfloat16

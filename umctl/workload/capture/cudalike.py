@@ -96,9 +96,13 @@ _FOREACH_HOLDERS = ("torch.utils._foreach_utils", "torch.optim.optimizer", "torc
 
 #: CUDA autocast's lower-precision ops, by the names the functions carry (``F.linear`` is
 #: ``torch._C._nn.linear``, ``x @ w`` is ``Tensor.__matmul__``)
+#: (the mode sees only the outermost torch function of a call, so functions that run these
+#: inside in Python -- einsum, multi-head attention, tensordot, bilinear -- are on it too)
 _LOW = frozenset({"__matmul__", "__rmatmul__", "addbmm", "addmm", "addmv", "addr", "baddbmm", "bmm", "chain_matmul",
-                  "multi_dot", "conv1d", "conv2d", "conv3d", "conv_transpose1d", "conv_transpose2d",
-                  "conv_transpose3d", "linear", "matmul", "mm", "mv", "prelu", "scaled_dot_product_attention"})
+                  "multi_dot", "linalg_multi_dot", "conv1d", "conv2d", "conv3d", "conv_transpose1d",
+                  "conv_transpose2d", "conv_transpose3d", "linear", "matmul", "mm", "mv", "prelu",
+                  "scaled_dot_product_attention", "lstm_cell", "gru_cell", "rnn_tanh_cell", "rnn_relu_cell",
+                  "einsum", "multi_head_attention_forward", "tensordot", "bilinear"})
 #: ... and its float32 ops
 _FP32 = frozenset({"__pow__", "__rdiv__", "__rpow__", "__rtruediv__", "acos", "asin", "binary_cross_entropy_with_logits",
                    "cosh", "cosine_embedding_loss", "cdist", "cosine_similarity", "cross_entropy", "cross_entropy_loss",
@@ -108,7 +112,7 @@ _FP32 = frozenset({"__pow__", "__rdiv__", "__rpow__", "__rtruediv__", "acos", "a
                    "nll_loss_nd", "nll_loss2d", "norm", "normalize", "pdist", "poisson_nll_loss", "pow", "prod",
                    "reciprocal", "rsqrt", "sinh", "smooth_l1_loss", "soft_margin_loss", "softmax", "softmin",
                    "softplus", "sum", "renorm", "tan", "triplet_margin_loss", "rms_norm"})
-_FLOATS = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
+_FLOATS = (torch.float32, torch.float16, torch.bfloat16)   # float64 is left alone, as by autocast
 
 
 class _AutocastMode(torch.overrides.TorchFunctionMode):
@@ -118,7 +122,7 @@ class _AutocastMode(torch.overrides.TorchFunctionMode):
         kwargs = kwargs or {}
         dtype = AutocastRequests.active()
         name = getattr(func, "__name__", "")
-        if dtype is not None and (name in _LOW or name in _FP32):
+        if dtype is not None and (name in _LOW or name in _FP32) and "out" not in kwargs:   # out=: as asked
             to = dtype if name in _LOW else torch.float32
             args, kwargs = torch.utils._pytree.tree_map(lambda a: AutocastRequests.cast(a, to), (args, kwargs))
         return func(*args, **kwargs)
@@ -217,3 +221,9 @@ def cuda_kernel_choices() -> Iterator[None]:
             m._get_foreach_kernels_supported_devices = orig
         for owner, attr, orig in amp_saved:
             setattr(owner, attr, orig)
+        # a region entered and never left (a step that raised between a framework's enter and
+        # exit hooks) must not go on casting after the capture
+        mode = AutocastRequests._mode
+        AutocastRequests._stack, AutocastRequests._cache, AutocastRequests._mode = [], {}, None
+        if mode is not None:
+            mode.__exit__(None, None, None)
