@@ -272,8 +272,6 @@ class BudgetCheck:
     def observe(self, batch: EventBatch) -> None:
         """Take one batch's evidence (module doc) and apply what is older than the reorder
         window."""
-        if self._dump_path is not None:
-            self._dump_batch(batch)
         rt = batch.runtime_ns
         if rt is not None:
             self.runtime_ns = max(self.runtime_ns or rt, rt)
@@ -295,6 +293,7 @@ class BudgetCheck:
                 parts.append((t_end[out], m["src"][out].astype(np.int64), m["addr"][out].astype(np.int64),
                               end[out], np.zeros(int(out.sum()), bool), np.zeros(int(out.sum()), bool)))
         f = batch[Kind.FAULT]
+        n_mapped = 0
         if len(f):
             f = f[f["gpu"] >= 0]
             fa = f["addr"].astype(np.int64) & ~np.int64(4095)
@@ -302,11 +301,14 @@ class BudgetCheck:
                 # advice already known: mapped, not arrivals (the rest is judged when applied,
                 # after its advice has had time to come)
                 mapped = self.host_preferred.contains(fa)
-                self.fault_records_mapped += int(mapped.sum())
+                n_mapped = int(mapped.sum())
+                self.fault_records_mapped += n_mapped
                 f, fa = f[~mapped], fa[~mapped]
             if len(f):
                 parts.append((f["t_ns"], f["gpu"].astype(np.int64), fa, fa + 4096, np.ones(len(f), bool),
                               np.ones(len(f), bool)))
+        if self._dump_path is not None:
+            self._dump_batch(batch, f, n_mapped)
         e = batch[Kind.EVICTION]
         if len(e):
             a = (e["addr"].astype(np.int64) >> BLOCK_SHIFT) << BLOCK_SHIFT
@@ -408,10 +410,11 @@ class BudgetCheck:
         if self._dump_fh is not None:
             pickle.dump(("note", rec), self._dump_fh)
 
-    def _dump_batch(self, batch: EventBatch) -> None:
-        """One batch of the check's input to the dump file (module attribute ``_dump_path``).
-        Faults on ranges already known host-preferred are only counted: :meth:`observe` drops
-        them at once whatever comes later, and they are most of a run's records."""
+    def _dump_batch(self, batch: EventBatch, faults: np.ndarray, n_mapped: int) -> None:
+        """One batch of the check's input to the dump file (module attribute ``_dump_path``):
+        its records, but of its faults only ``faults``, those :meth:`observe` kept; the
+        ``n_mapped`` it dropped on ranges already known host-preferred are only counted (most of
+        a run's records; fed again after the batch's own advice, the kept ones stay kept)."""
         global _DUMPS
         if self._dump_fh is None:
             path = self._dump_path if not _DUMPS else f"{self._dump_path}.{_DUMPS}"
@@ -422,16 +425,9 @@ class BudgetCheck:
                          "result_arrivals": self.result_arrivals}, self._dump_fh)
         kinds = {k: batch[k].copy() for k in (Kind.ALLOC, Kind.MIGRATION, Kind.EVICTION, Kind.COMMAND, Kind.RESULT,
                                               Kind.DROPS) if len(batch[k])}
-        mapped = 0
-        f = batch[Kind.FAULT]
-        if len(f):
-            f = f[f["gpu"] >= 0]
-            if len(self.host_preferred) and len(f):
-                known = self.host_preferred.contains(f["addr"].astype(np.int64) & ~np.int64(4095))
-                mapped, f = int(known.sum()), f[~known]
-            if len(f):
-                kinds[Kind.FAULT] = f.copy()
-        pickle.dump((int(batch.now_ns), batch.runtime_ns, kinds, mapped), self._dump_fh)
+        if len(faults):
+            kinds[Kind.FAULT] = faults.copy()
+        pickle.dump((int(batch.now_ns), batch.runtime_ns, kinds, n_mapped), self._dump_fh)
 
     # -- state ----------------------------------------------------------------------------
     def _rows(self, keys: np.ndarray) -> np.ndarray:
