@@ -129,12 +129,9 @@ class Residency:
         return out
 
     def leave_all(self, blocks, t: int | None = None) -> None:
-        """Blocks no longer count on any GPU; ``t`` as in :meth:`leave`."""
-        for g, d in enumerate(self.blocks):
-            gone = self.gone_at[g] if g < len(self.gone_at) else None
-            for b in blocks:
-                if d.pop(b, None) is not None and t is not None and gone is not None:
-                    gone[b] = t
+        """:meth:`leave` on every GPU."""
+        for g in range(len(self.blocks)):
+            self.leave(g, blocks, t)
 
     def reported_since(self, g: int, block: int, t: int) -> bool:
         """Whether the driver reported ``block`` arriving on GPU g (a fault or a migration) at
