@@ -32,6 +32,8 @@ import tempfile
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from live_control import parse_umctl_summary  # noqa: E402  (the one reader of umctl's summary)
 
 
 def gpu_count() -> int:
@@ -103,7 +105,9 @@ def main() -> None:
         # the window: from the end of the harvester's second iteration to its last
         win = (its[1][0], its[-1][0]) if len(its) > 2 else (0, 0)
         windows[name] = win
+        summ = parse_umctl_summary(p.stdout + p.stderr) if name != "plain" else {}
         rows.append({"config": name, "rc": p.returncode, "check": ok, "steady_ms": steady,
+                     "budget_held": summ.get("budget_held"), "verdict": summ.get("verdict"),
                      "faults": (re.search(r"GPU faults\s+([\d,]+)", p.stdout) or [None, "-"])[1],
                      "control": (re.search(r"control\s+mode .*", p.stdout) or [""])[0]})
         print(f"--- {name} rc={p.returncode}: {' '.join(cmd[:9])} ...", flush=True)
@@ -130,11 +134,15 @@ def main() -> None:
     host = next(r["steady_ms"] for r in rows if r["config"] == "none --budget")
     print(f"\nharvester: {a.layers} x {a.mib} MiB managed on GPU 0, budget {a.budget}, "
           f"{a.iters} iterations; neighbours: {', '.join(f'GPU {g} {k}' for g, k, _, _ in lenders)}")
-    print(f"{'harvester':<20}{'rc':>4}{'check':>7}{'steady ms':>11}{'vs host-only':>14}{'GPU faults':>13}")
+    print(f"{'harvester':<20}{'rc':>4}{'check':>7}{'budget':>8}{'steady ms':>11}{'vs host-only':>14}{'GPU faults':>13}")
+    held = {r["config"]: r.get("budget_held") for r in rows}
     for r in rows:
-        sp = host / r["steady_ms"] if r["steady_ms"] == r["steady_ms"] else float("nan")
+        # a speedup under a budget counts only where both runs' budgets were verified held
+        both = r["config"] == "plain" or (held.get(r["config"]) is True and held.get("none --budget") is True)
+        sp = host / r["steady_ms"] if r["steady_ms"] == r["steady_ms"] and both else float("nan")
         r["speedup_vs_host"] = sp
-        print(f"{r['config']:<20}{r['rc']:>4}{str(r['check']):>7}{r['steady_ms']:>11.1f}{sp:>13.2f}x{r['faults']:>13}")
+        b = {True: "held", False: "NOT", None: "-"}[r.get("budget_held")] if r["config"] != "plain" else ""
+        print(f"{r['config']:<20}{r['rc']:>4}{str(r['check']):>7}{b:>8}{r['steady_ms']:>11.1f}{sp:>13.2f}x{r['faults']:>13}")
     print(f"\n{'yielding job':<16}{'check':>7}{'alone ms':>10}{'w/ host-only':>14}{'w/ harvest':>12}{'slowdown':>10}")
     for r in lender_rows:
         h = r["harvest --budget"]
