@@ -61,41 +61,89 @@ static int untrack(const void *p, struct alloc *out)
 
 /* 1: [p, p+n) lies inside one allocation of ours (managed ones only when `managed`);
    -1: it overlaps one; 0: it touches none. */
-/* UMCTL_RT_PREFER_HOST (umctl's budget admission, umctl/live/control.py): every managed
- * allocation gets the host as its preferred location before the program can touch it, so a GPU
- * fault maps the host page instead of migrating it and only umctl's own migrations bring memory
- * onto a GPU. Set here, synchronously, because advice given later from outside would race the
- * program's first touch. Success is reported (op 4, HOST_PREFERRED): umctl's budget check counts
- * GPU faults in such a range as remote mappings, not arrivals, only on that evidence. */
+/* UMCTL_RT_PREFER_HOST (umctl's budget admission, umctl/loop/residency.py, *Admission*): every
+ * managed allocation gets the host as its preferred location before the program can touch it, so a
+ * GPU fault maps the host page instead of migrating it and only umctl's own migrations bring
+ * memory onto a GPU. Set here, synchronously, because advice given later from outside would race
+ * the program's first touch. Success is reported (op 4, HOST_PREFERRED): umctl's budget check
+ * counts GPU faults in such a range as remote mappings, not arrivals, only on that evidence.
+ *
+ * UMCTL_RT_PREFER_GPUS=1,2,3 (admission with memHarvester's spare GPUs, --spare-gpus): the
+ * preferred location is one of those neighbour GPUs instead, in slices of PREFER_SLICE bytes
+ * dealt round-robin. A fault of the program's GPU then maps the neighbour's page over the
+ * GPU-to-GPU link (NVLink) instead of the host's over PCIe/C2C, the first touch populates the
+ * neighbour's memory, and the blocks umctl evicts there are read remotely until admitted again:
+ * the neighbours' spare memory is the victim cache, and a miss costs a remote read from it
+ * rather than from the host. Reported as op 5, PEER_PREFERRED. The neighbours are registered
+ * first (a context on each), since the driver can only place pages on a GPU of the address space. */
+#define PREFER_SLICE ((size_t)32 << 20)
 static _Atomic u64 st_prefer_host, st_prefer_host_failed;
-static int prefer_host_on(void)
+static int prefer_gpus[16], n_prefer_gpus;
+static _Atomic u64 prefer_rr;
+static int prefer_mode(void)   /* 0 off, 1 host, 2 neighbour GPUs */
 {
     static _Atomic int on = -1;
     int v = atomic_load(&on);
     if (v < 0) {
-        v = env_on("UMCTL_RT_PREFER_HOST");
+        const char *g = getenv("UMCTL_RT_PREFER_GPUS");
+        int n = 0;
+        for (const char *q = g; q && *q && n < 16;) {
+            char *end;
+            long d = strtol(q, &end, 10);
+            if (end == q || d < 0)
+                break;
+            prefer_gpus[n++] = (int)d;
+            q = *end == ',' ? end + 1 : end;
+            if (*end != ',')
+                break;
+        }
+        n_prefer_gpus = n;
+        v = n ? 2 : env_on("UMCTL_RT_PREFER_HOST") ? 1 : 0;
         atomic_store(&on, v);
     }
     return v;
 }
 
-static void prefer_host(const void *p, size_t n, int64_t id)
+static pthread_once_t prefer_reg_once = PTHREAD_ONCE_INIT;
+static void register_prefer_gpus(void)
+{
+    int cur = -1;
+    if (!get_cudaGetDevice() || !get_cudaSetDevice() || !get_cudaFree() || get_cudaGetDevice()(&cur) != 0)
+        return;
+    tl_internal++;
+    for (int i = 0; i < n_prefer_gpus; i++)
+        if (prefer_gpus[i] != cur && get_cudaSetDevice()(prefer_gpus[i]) == 0)
+            get_cudaFree()(NULL);    /* creates the primary context: the GPU joins the address space */
+    get_cudaSetDevice()(cur);
+    tl_internal--;
+}
+
+static int advise_preferred(const void *p, size_t n, int dev)   /* dev < 0: the host */
+{
+    if (cu_advise_v2) {
+        cu_mem_location_t loc = {dev < 0 ? 2 /* CU_MEM_LOCATION_TYPE_HOST */ : 1 /* DEVICE */, dev < 0 ? 0 : dev};
+        return cu_advise_v2((u64)(uintptr_t)p, n, 3 /* SET_PREFERRED_LOCATION */, loc);
+    }
+    return cu_advise ? cu_advise((u64)(uintptr_t)p, n, 3, dev < 0 ? -1 /* CU_DEVICE_CPU */ : dev) : -1;
+}
+
+static void prefer_location(const void *p, size_t n, int64_t id, int mode)
 {
     pthread_once(&driver_once, load_driver);
-    int rc = -1;
-    tl_internal++;
-    if (cu_advise_v2) {
-        cu_mem_location_t host = {2 /* CU_MEM_LOCATION_TYPE_HOST */, 0};
-        rc = cu_advise_v2((u64)(uintptr_t)p, n, 3 /* SET_PREFERRED_LOCATION */, host);
-    } else if (cu_advise) {
-        rc = cu_advise((u64)(uintptr_t)p, n, 3 /* SET_PREFERRED_LOCATION */, -1 /* CU_DEVICE_CPU */);
-    }
-    tl_internal--;
-    if (rc == 0) {
-        atomic_fetch_add(&st_prefer_host, 1);
-        report_alloc(4, p, n, id, 1);
-    } else {
-        atomic_fetch_add(&st_prefer_host_failed, 1);
+    if (mode == 2)
+        pthread_once(&prefer_reg_once, register_prefer_gpus);
+    for (size_t off = 0; off < n; off += mode == 1 ? n : PREFER_SLICE) {
+        size_t len = mode == 1 || n - off < PREFER_SLICE ? n - off : PREFER_SLICE;
+        int dev = mode == 1 ? -1 : prefer_gpus[atomic_fetch_add(&prefer_rr, 1) % (u64)n_prefer_gpus];
+        tl_internal++;
+        int rc = advise_preferred((const char *)p + off, len, dev);
+        tl_internal--;
+        if (rc == 0) {   /* reported outside the internal section: internal calls are not reported */
+            atomic_fetch_add(&st_prefer_host, 1);
+            report_alloc(mode == 1 ? 4 : 5, (const char *)p + off, len, id, 1);
+        } else {
+            atomic_fetch_add(&st_prefer_host_failed, 1);
+        }
     }
 }
 
@@ -106,8 +154,9 @@ static void remember_alloc(const void *p, size_t n, int managed)
         atomic_fetch_add(&managed_bytes, n);
     int64_t id = track(p, n, managed);
     report_alloc(0, p, n, id, managed);
-    if (managed && prefer_host_on())
-        prefer_host(p, n, id);
+    int mode = managed ? prefer_mode() : 0;
+    if (mode)
+        prefer_location(p, n, id, mode);
 }
 
 /* An allocation going away, if it is one we track: untracked, uncounted, reported. */

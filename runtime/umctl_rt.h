@@ -44,7 +44,7 @@ struct __attribute__((packed)) umrt_launch {
 struct __attribute__((packed)) umrt_alloc {
     int64_t t_ns;
     int32_t pid;
-    uint8_t op;          /* AllocOp: 0 ALLOC, 1 FREE, 2 BLOCK_INACTIVE, 3 BLOCK_ACTIVE, 4 HOST_PREFERRED */
+    uint8_t op;          /* AllocOp: 0 ALLOC, 1 FREE, 2 BLOCK_INACTIVE, 3 BLOCK_ACTIVE, 4 HOST_PREFERRED, 5 PEER_PREFERRED */
     uint64_t addr, bytes;
     int64_t alloc_id;
     uint8_t managed;

@@ -42,6 +42,8 @@ class DelayedDriver(ActuatorBase):
         self.moves: list[tuple[int, int, int, int]] = []        # (t, block, src, dst) this step
 
     def submit(self, cmds):
+        if hasattr(self, "submitted"):
+            self.submitted.append(cmds.copy())
         ids = self._new_ids(len(cmds))
         for c, i in zip(cmds, ids.tolist()):
             due = self.step_no + self.delay + int(self.rng.integers(0, 2))
@@ -62,7 +64,7 @@ class DelayedDriver(ActuatorBase):
                     self.moves.append((t, b, -1, dst))
                 elif op in (Op.PREEVICT, Op.INVALIDATE) and b in self.on_gpu:
                     self.on_gpu.discard(b)
-                    self.moves.append((t, b, 0, -1))
+                    self.moves.append((t, b, 0, dst if op == Op.PREEVICT else -1))   # dst: host or a neighbour
                 self._results.append((t, cid, int(Status.OK), BLOCK_SIZE, 1000))   # stamped in model time
 
     def migrations(self) -> np.ndarray:
@@ -82,10 +84,10 @@ class DelayedDriver(ActuatorBase):
         return {}
 
 
-def host_preferred(t: int, n_blocks: int) -> np.ndarray:
+def host_preferred(t: int, n_blocks: int, op: AllocOp = AllocOp.HOST_PREFERRED) -> np.ndarray:
     a = empty(Kind.ALLOC, 2)
     a["t_ns"], a["addr"], a["bytes"], a["alloc_id"], a["managed"] = t, BASE, n_blocks * BLOCK_SIZE, 1, True
-    a["op"] = [AllocOp.ALLOC, AllocOp.HOST_PREFERRED]
+    a["op"] = [AllocOp.ALLOC, op]
     return a
 
 
@@ -102,15 +104,17 @@ def launch(t: int, h: int, seq: int) -> np.ndarray:
 
 
 def drive(mode: str, *, budget_blocks: int, steps: int, seed: int, delay: int, report_preferred: bool = True,
-          fit_steps: int = 0):
+          fit_steps: int = 0, spare: int = 0):
     """A program under admission: for ``fit_steps`` kernels that all touch the same 8 blocks (a
     working set that fits), then a cycle of kernels touching overlapping windows of a 48-block
     allocation (four times the budget). Returns (peak true GPU blocks, the loop, the driver,
     per step the number of blocks the program faulted on)."""
     rng = np.random.default_rng(seed)
     drv = DelayedDriver(delay, rng)
-    lc = LiveControl(make_controller(mode), drv, pid=1, gpus=GPUS, budget_bytes=budget_blocks * BLOCK_SIZE,
-                     admission=True, migrations_on=True)
+    gpus = GPUS + [{"gpu": g, "uuid": f"GPU-{g}", "memory_bytes": 80 << 30} for g in range(1, 1 + spare)]
+    lc = LiveControl(make_controller(mode), drv, pid=1, gpus=gpus, budget_bytes=budget_blocks * BLOCK_SIZE,
+                     admission=True, migrations_on=True, spare_gpus=spare)
+    drv.submitted = []
     n = 48
     kernels = [np.arange(k * 6, k * 6 + 10) % n for k in range(8)]   # overlapping windows
     peak, missed = 0, []
@@ -119,7 +123,8 @@ def drive(mode: str, *, budget_blocks: int, steps: int, seed: int, delay: int, r
         drv.tick(t)
         b = EventBatch(now_ns=t)
         if step == 0:
-            b.add(Kind.ALLOC, host_preferred(t - 10, n) if report_preferred else host_preferred(t - 10, n)[:1])
+            pref = host_preferred(t - 10, n, AllocOp.PEER_PREFERRED if spare else AllocOp.HOST_PREFERRED)
+            b.add(Kind.ALLOC, pref if report_preferred else pref[:1])
         k = step % len(kernels)
         want = np.arange(8) if step < fit_steps else kernels[k]
         # the program faults on what it touches and is not on the GPU (a remote mapping each time)
@@ -149,6 +154,37 @@ def test_admission_never_lets_the_gpu_hold_more_than_the_budget(mode, seed, dela
     v = lc.check.verdict()
     assert v.held is True and v.true_peak_bytes <= 12 * BLOCK_SIZE, v
     assert v.faults_mapped_remote > 0
+
+
+def test_admission_with_spare_gpus_evicts_into_the_neighbour_and_holds_the_budget():
+    """memHarvester under admission: the runtime made the neighbour the preferred location
+    (PEER_PREFERRED), so GPU 0's faults map the neighbour's pages and bring nothing in; the
+    keeper admits demand onto GPU 0 and makes room by evicting into GPU 1, never to the host;
+    GPU 0 never holds more than the budget and the check, judging GPU 0 alone, says held."""
+    peak, lc, drv, missed = drive("none", budget_blocks=12, steps=200, seed=0, delay=2, fit_steps=30, spare=1)
+    assert peak <= 12
+    cmds = np.concatenate(drv.submitted)
+    ev = cmds[cmds["op"] == Op.PREEVICT]
+    assert len(ev) > 0 and set(ev["dst"].tolist()) == {1}, set(ev["dst"].tolist())
+    pf = cmds[cmds["op"] == Op.PREFETCH]
+    assert len(pf) > 0 and set(pf["dst"].tolist()) == {0}
+    assert missed[0] == 8 and sum(missed[5:30]) == 0
+    v = lc.check.verdict()
+    assert v.held is True and v.faults_mapped_remote > 0 and v.fault_arrivals == 0, v
+    assert lc.stats()["budget"]["hold"] == "admit"
+
+
+def test_admission_with_spare_gpus_is_a_runtime_option():
+    """--spare-gpus no longer forces the evict-after keeper: under the runtime the budget is
+    admitted and the runtime is asked to prefer the neighbours (UMCTL_RT_PREFER_GPUS)."""
+    from umctl.live.spec import ControlSpec
+
+    s = ControlSpec("harvest", "1GiB", None, None, 2, None, live_run=True, hold="admit")
+    assert s.use_runtime_admission(True) and s.prefer_gpus() == [1, 2]
+    s = ControlSpec("none", "1GiB", None, None, 0, None, live_run=True)
+    assert s.use_runtime_admission(True) and s.prefer_gpus() == []
+    s = ControlSpec("harvest", "1GiB", None, None, 1, None, live_run=True, hold="evict")
+    assert not s.use_runtime_admission(True) and s.prefer_gpus() == []
 
 
 def test_without_the_runtimes_host_preferred_record_the_check_counts_faults_as_arrivals():

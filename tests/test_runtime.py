@@ -502,6 +502,34 @@ def test_prefer_host_advises_every_managed_allocation_and_reports_it(built, pref
         assert len(pref) == 0 and st == ["0", "0"]
 
 
+def test_prefer_gpus_advises_neighbour_gpus_round_robin_and_reports_it(built, tmp_path, monkeypatch):
+    """UMCTL_RT_PREFER_GPUS (admission with --spare-gpus): each managed allocation's preferred
+    location is a neighbour GPU (a device location, never the host), dealt round-robin in
+    slices, and each advised slice is reported PEER_PREFERRED; together the slices cover exactly
+    the allocations."""
+    log = tmp_path / "advise.log"
+    monkeypatch.setenv("FAKE_ADVISE_LOG", str(log))
+    with RuntimeSource() as src:
+        res, err = run(built, "basic", socket=src.path, managed=True, prefer_gpus="1,2")
+    al = src.drain()[Kind.ALLOC]
+    allocs = al[al["op"] == AllocOp.ALLOC]
+    pref = al[al["op"] == AllocOp.PEER_PREFERRED]
+    assert len(allocs) == 3 and not (al["op"] == AllocOp.HOST_PREFERRED).any()
+    covered = {}
+    for a, n, i in zip(pref["addr"].tolist(), pref["bytes"].tolist(), pref["alloc_id"].tolist()):
+        covered.setdefault(i, []).append((a, n))
+    for a, n, i in zip(allocs["addr"].tolist(), allocs["bytes"].tolist(), allocs["alloc_id"].tolist()):
+        parts = sorted(covered[i])
+        assert parts[0][0] == a and sum(x[1] for x in parts) == n
+        assert all(p[0] + p[1] == q[0] for p, q in zip(parts, parts[1:]))
+    advised = [tuple(map(int, ln.split())) for ln in log.read_text().splitlines()]
+    preferred = [x for x in advised if x[0] == 3]
+    assert len(preferred) == len(pref)
+    assert {(t, d) for _, _, _, t, d in preferred} <= {(1, 1), (1, 2)}        # device locations only
+    assert [d for *_, d in preferred][:2] == [1, 2]                          # dealt round-robin
+    assert stats(err)["prefer_host"] == f"{len(pref)},0"
+
+
 def test_prefer_host_failure_is_counted_not_reported(built, tmp_path):
     """A driver without the advice entry point: the allocation still works, no HOST_PREFERRED
     record claims what did not happen (the budget check then counts faults as arrivals)."""

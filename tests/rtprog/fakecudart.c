@@ -17,6 +17,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <stdio.h>
 
 #define API __attribute__((visibility("default")))
 typedef void (*kernel_fn)(void **);
@@ -93,9 +94,16 @@ API int fake_advises[8];
 typedef struct { int type, id; } fake_location;
 API int cuMemAdvise_v2(uint64_t p, size_t n, int advice, fake_location loc)
 {
-    (void)p, (void)n, (void)loc;
     if (advice >= 0 && advice < 8)
         __sync_fetch_and_add(&fake_advises[advice], 1);
+    const char *path = getenv("FAKE_ADVISE_LOG");   /* one line per advice: what, where, to whom */
+    if (path) {
+        FILE *f = fopen(path, "a");
+        if (f) {
+            fprintf(f, "%d %llu %zu %d %d\n", advice, (unsigned long long)p, n, loc.type, loc.id);
+            fclose(f);
+        }
+    }
     return 0;
 }
 

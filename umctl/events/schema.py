@@ -79,6 +79,9 @@ class AllocOp(enum.IntEnum):
     #: the driver serves a GPU fault there by mapping the host page, and only explicit
     #: migrations (umctl's) bring it onto a GPU
     HOST_PREFERRED = 4
+    #: the same with a neighbour GPU as the preferred location (admission with memHarvester's
+    #: spare GPUs): a fault of the program's GPU maps the neighbour's page over the GPU link
+    PEER_PREFERRED = 5
 
 
 class CopyKind(enum.IntEnum):

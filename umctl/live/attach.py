@@ -99,7 +99,13 @@ def start_program(cmd: list[str], *, control: ControlSpec | None, runtime: bool,
         runtime = managed = True
         rt_extra["gpus"] = str(control.gpus)
     if control is not None and control.use_runtime_admission(runtime or managed or hum):
-        rt_extra["prefer_host"] = "1"   # the budget holds by admission (loop/residency.py, *Admission*)
+        # the budget holds by admission (loop/residency.py, *Admission*): misses are read from
+        # the host, or with --spare-gpus from the neighbours' memory (runtime/rt_alloc.c)
+        spare = control.prefer_gpus()
+        if spare:
+            rt_extra["prefer_gpus"] = ",".join(map(str, spare))
+        else:
+            rt_extra["prefer_host"] = "1"
     rt_source = None
     env = None
     if runtime or managed or hum:

@@ -152,9 +152,6 @@ class ControlSpec:
         if hold == "admit" and not live_run:
             raise UmctlError("--budget-hold admit needs the program to start under umctl's runtime: "
                              "umctl run --runtime --budget B -- CMD (attach holds a budget by evicting only)")
-        if hold == "admit" and spare_gpus:
-            raise UmctlError("--budget-hold admit does not take --spare-gpus (blocks evicted into a neighbour GPU "
-                             "come back without umctl); use --budget-hold evict")
         self.hold = hold
         #: whether the budget is held by admission (decided when the program starts: it needs
         #: the runtime, which makes managed memory host-preferred; control.py, *Admission*)
@@ -162,16 +159,23 @@ class ControlSpec:
 
     def use_runtime_admission(self, runtime: bool) -> bool:
         """Decide, as the program starts (``runtime``: under umctl's runtime), whether the budget
-        is held by admission: by default whenever it can be (a budget, the runtime, no spare
-        GPUs); ``--budget-hold admit`` without the runtime is an error before anything starts."""
+        is held by admission: by default whenever it can be (a budget and the runtime); with
+        ``--spare-gpus`` the runtime makes the neighbours, not the host, the preferred location
+        (``prefer_gpus``), so a miss reads the victim cache over the GPU link; ``--budget-hold
+        admit`` without the runtime is an error before anything starts."""
         if self.budget is None or self.hold == "evict":
             return False
         if not runtime:
             if self.hold == "admit":
                 raise UmctlError("--budget-hold admit needs umctl's runtime: add --runtime (or --managed)")
             return False
-        self.admission = not self.spare_gpus
+        self.admission = True
         return self.admission
+
+    def prefer_gpus(self) -> list[int]:
+        """Under admission with ``--spare-gpus N``: the neighbour GPUs (CUDA ordinals 1..N, the
+        keeper's eviction targets) the runtime makes the preferred location of managed memory."""
+        return list(range(1, 1 + self.spare_gpus)) if self.admission else []
 
     def source_kinds(self) -> frozenset[Kind]:
         """The event kinds the controller needs from a tools-API source, plus MIGRATION under a

@@ -19,7 +19,9 @@ Contract (what counts, and why):
   page: a first touch is populated on the GPU without any migration event) except in ranges the
   runtime reported host-preferred (ALLOC records with op HOST_PREFERRED: the driver serves a GPU
   fault there by mapping the host page, populating and migrating nothing; see *Admission* in
-  ``umctl/loop/residency.py``), and umctl's own
+  ``umctl/loop/residency.py``; PEER_PREFERRED likewise with a spare neighbour GPU as the
+  preferred location: the page is populated or kept there and the budgeted GPU maps it over the
+  GPU link, so the neighbour's arrivals are its own, not the budgeted GPU's), and umctl's own
   PREFETCH/STAGE commands whose RESULT is OK (a migrate of never-populated pages moves nothing
   and reports nothing; ``result_arrivals=False`` for a source that reports every page it brings
   in, as the simulator does). Departures: MIGRATION records with the GPU as ``src`` (our
@@ -167,9 +169,10 @@ class RangeSet:
         return (i >= 0) & (addr < self.hi[np.maximum(i, 0)])
 
     def observe(self, allocs: np.ndarray) -> None:
-        """Fold a batch's ALLOC records: HOST_PREFERRED adds its range, FREE removes it."""
+        """Fold a batch's ALLOC records: HOST_PREFERRED and PEER_PREFERRED add their range (a
+        budgeted GPU's fault there maps the page where it is preferred), FREE removes it."""
         for op, addr, n in zip(allocs["op"].tolist(), allocs["addr"].tolist(), allocs["bytes"].tolist()):
-            if op == AllocOp.HOST_PREFERRED:
+            if op in (AllocOp.HOST_PREFERRED, AllocOp.PEER_PREFERRED):
                 self.add(addr, addr + n)
             elif op == AllocOp.FREE:
                 self.remove(addr, addr + n)
