@@ -19,6 +19,8 @@ file must be under 16 MiB to come back (if not, one step fewer)::
     mkdir -p rec && umctl run -q --runtime --managed --mode none --budget 953MiB --budget-hold evict -o rec/tb.raw.parquet -- python3 benchmarks/gpu/programs/transformer.py --batch 8 --steps 4 && python3 benchmarks/capture_validate.py --slim rec/tb.raw.parquet rec/transformer.budget.parquet && rm rec/tb.raw.parquet
     mkdir -p rec && umctl run -q --runtime --managed --mode none --budget 1193MiB --budget-hold evict -o rec/cb.raw.parquet -- python3 benchmarks/gpu/programs/convnet.py --batch 24 --steps 4 && python3 benchmarks/capture_validate.py --slim rec/cb.raw.parquet rec/convnet.budget.parquet && rm rec/cb.raw.parquet
     mkdir -p rec && umctl run -q --runtime --managed --mode none --budget 1318MiB --budget-hold evict -o rec/mb.raw.parquet -- python3 benchmarks/gpu/programs/moe.py --tokens 2048 --steps 4 && python3 benchmarks/capture_validate.py --slim rec/mb.raw.parquet rec/moe.budget.parquet && rm rec/mb.raw.parquet
+    mkdir -p rec && umctl run -q --runtime --managed --mode none -o rec/g.raw.parquet -- python3 benchmarks/gpu/programs/hf_gpt2.py --steps 6 && python3 benchmarks/capture_validate.py --slim rec/g.raw.parquet rec/hf_gpt2.nobudget.parquet && rm rec/g.raw.parquet
+    mkdir -p rec && umctl run -q --runtime --managed --mode none --budget 2279MiB --budget-hold evict -o rec/gb.raw.parquet -- python3 benchmarks/gpu/programs/hf_gpt2.py --steps 4 && python3 benchmarks/capture_validate.py --slim rec/gb.raw.parquet rec/hf_gpt2.budget.parquet && rm rec/gb.raw.parquet
 
 (``--budget-hold evict``: the driver migrates on every fault and umctl evicts over the budget,
 so the recording holds the re-faults of evicted pages, which a replay at the budget needs; the
@@ -30,7 +32,8 @@ CPU part (any machine with torch: the captures are made on the fly, at ``--iters
     python3 benchmarks/capture_validate.py --program benchmarks/gpu/programs/transformer.py --batch 8 --recording rec/transformer.nobudget.parquet --budget-recording rec/transformer.budget.parquet --gpu-mem 953MiB --json rec/transformer.validate.json
     python3 benchmarks/capture_validate.py --program benchmarks/gpu/programs/convnet.py --batch 24 --recording rec/convnet.nobudget.parquet --budget-recording rec/convnet.budget.parquet --gpu-mem 1193MiB --json rec/convnet.validate.json
     python3 benchmarks/capture_validate.py --program benchmarks/gpu/programs/moe.py --batch 2048 --recording rec/moe.nobudget.parquet --budget-recording rec/moe.budget.parquet --gpu-mem 1318MiB --json rec/moe.validate.json
-    python3 benchmarks/capture_validate.py --tables rec/transformer.validate.json rec/convnet.validate.json rec/moe.validate.json
+    python3 benchmarks/capture_validate.py --program benchmarks/gpu/programs/hf_gpt2.py --batch 4 --recording rec/hf_gpt2.nobudget.parquet --budget-recording rec/hf_gpt2.budget.parquet --gpu-mem 2279MiB --json rec/hf_gpt2.validate.json
+    python3 benchmarks/capture_validate.py --tables rec/transformer.validate.json rec/convnet.validate.json rec/moe.validate.json rec/hf_gpt2.validate.json
 
 What it does:
 
@@ -41,8 +44,9 @@ What it does:
   comes after the GPU drained: a step starts with the same few kernels after a long launch gap.
   :func:`detect_steps` takes a k-gram of (name, grid, block) that occurs exactly ``--steps``
   times (read from the recorded command line), cutting steps of near-equal length that fit in
-  the recording and cover most of it, the earliest such (the checksum's per-chunk kernels
-  also repeat, but cover a sliver; a k-gram later in the step starts later). Every launch then
+  the recording and cover most of it, the earliest such by its second occurrence (the
+  checksum's per-chunk kernels also repeat, but cover a sliver; a k-gram later in the step
+  starts later; the first occurrence may be a coincidence in the set-up). Every launch then
   belongs to the set-up, a step, or the tail (the checksum after the loop). A step may still
   be shorter than the others where the runtime dropped launch records (``drops`` records;
   gaps in the launches' ``seq``).
@@ -258,9 +262,13 @@ def _pick_steps(cands: list[np.ndarray], gap: np.ndarray, n: int) -> tuple[np.nd
     unless that phase is under the tail's length) and together they cover most of the
     recording (at least MIN_COVER of the best candidate's coverage: a k-gram of the checksum's
     per-chunk kernels that repeats ``n_steps`` times covers a sliver). Of those, the earliest
-    start (a step's first kernels; launch gaps do not tell, as a kernel stalled on faults
-    leaves a longer gap than the host's wait at a step's end), ties broken by the longest
-    median launch gap before the starts. Without a regular candidate, all compete."""
+    *second* start (a step's first kernels; launch gaps do not tell, as a kernel stalled on
+    faults leaves a longer gap than the host's wait at a step's end). The second, not the
+    first: a k-gram of a later phase may occur once in the set-up by coincidence and be absent
+    from the first step -- transformers' GPT-2 fills each parameter on the GPU in the set-up,
+    Fill kernels that match those of ``zero_grad(set_to_none=False)``, a no-op in step 0 -- and
+    its first occurrence is then the earliest. Ties broken by the longest median launch gap
+    before the starts. Without a regular candidate, all compete."""
     rows = []
     for pos in cands:
         lens = np.diff(pos)
@@ -275,8 +283,8 @@ def _pick_steps(cands: list[np.ndarray], gap: np.ndarray, n: int) -> tuple[np.nd
         rows = [r for r in rows if r[2]]
     top = max(r[3] for r in rows)
     rows = [r for r in rows if r[3] >= MIN_COVER * top]
-    first = min(int(r[0][0]) for r in rows)
-    rows = [r for r in rows if int(r[0][0]) == first]
+    second = min(int(r[0][1]) for r in rows)
+    rows = [r for r in rows if int(r[0][1]) == second]
     best = max(rows, key=lambda r: r[4])
     return best[0], best[4]
 
@@ -312,11 +320,11 @@ def _last_step_end(codes: np.ndarray, starts: np.ndarray) -> int | None:
 def detect_steps(launches: np.ndarray, n_steps: int, k: int = KGRAM) -> Steps:
     """The ``n_steps`` step starts of a recording: of the k-grams of (name, grid, block) codes
     that occur exactly ``n_steps`` times, non-overlapping, the one whose occurrences cut steps
-    of near-equal length covering most launches, earliest, then with the longest median launch
-    gap before its occurrences (:func:`_pick_steps`). The last step ends where its kernels
-    stop matching the step before it (:func:`_last_step_end`: what follows is the program's
-    checksum); failing that, at the longest launch gap 0.5 to 1.5 median step lengths after
-    its start (the loop's end), or at the recording's end."""
+    of near-equal length covering most launches, earliest (by its second occurrence), then
+    with the longest median launch gap before its occurrences (:func:`_pick_steps`). The last
+    step ends where its kernels stop matching the step before it (:func:`_last_step_end`: what
+    follows is the program's checksum); failing that, at the longest launch gap 0.5 to 1.5
+    median step lengths after its start (the loop's end), or at the recording's end."""
     n = len(launches)
     if n_steps < 2:
         raise ValidateError(f"need at least 2 steps in the recording (got --steps {n_steps})")

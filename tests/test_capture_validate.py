@@ -275,6 +275,31 @@ def test_steps_not_a_repeating_tail_nor_a_stall_inside_the_step():
         assert st.starts.tolist() == starts and st.end == end
 
 
+def test_steps_not_a_later_phase_that_also_occurs_in_the_set_up():
+    """transformers' GPT-2 fills each parameter on the GPU in the set-up: those Fill kernels match
+    those of ``zero_grad(set_to_none=False)`` later in every step but the first (a no-op
+    there), so that k-gram also occurs exactly N times and its first occurrence (in the set-up)
+    is the earliest of all. The steps start at the step's first kernels all the same."""
+    zero_grad = list(range(60, 70))
+    codes, gaps, starts = list(zero_grad), [10_000] * len(zero_grad), []
+    for s in range(6):
+        starts.append(len(codes))
+        body = [1, 2, 3, 4, 5, 6, 7, 8, 9] + list(range(20, 40)) + (zero_grad if s else []) + list(range(100, 180))
+        if s == 0:
+            body[-5:-5] = list(range(80, 92))               # the optimizer state's creation
+        for i, c in enumerate(body):
+            codes.append(c)
+            gaps.append(800_000 if i == 0 else 10_000)
+    end = len(codes)
+    codes += list(range(200, 240))                         # the checksum: longer than zero_grad's phase
+    gaps += [3_000_000] + [10_000] * 39
+    la = empty(Kind.LAUNCH, len(codes))
+    la["name_id"] = codes
+    la["t_ns"] = np.cumsum(gaps)
+    st = cv.detect_steps(la, 6)
+    assert st.starts.tolist() == starts and st.end == end
+
+
 def test_the_kept_step_is_scored_not_the_warm_up(tmp_path, capture):
     """The capture keeps the step after its warm-up: a real run's first step (the warm-up, its
     new segments holding other tensors from then on) faults another layout; the step the
