@@ -457,3 +457,29 @@ def test_queued_launches_do_not_hide_novel_ones_from_deepums_completion_rule():
     base = novel_count(DeepUMController, None)
     assert base > 0
     assert novel_count(DeepUMLaunchController, 8) == base
+
+
+def test_fault_in_a_queued_launch_completes_only_what_it_names():
+    """launch.py, the fault rule: where experts share 2 MiB blocks (packed as a module packs its
+    parameters), a fault in a kernel whose launch was heard queued completes the pieces that
+    launch names, not the whole block, whose rest is experts the router did not choose. Against
+    DeepUM's whole-block completion in the same mode: fewer bytes both ways and faster at a
+    shallow queue; before the program loops (one iteration) nothing changes."""
+    from test_deepum_adaptive import packed_moe
+
+    from umctl.controller.deepum import DeepUMController
+
+    class WholeBlocks(DeepUMLaunchController):
+        name = "deepum-launch-whole-blocks"
+        _fault = DeepUMController._fault   # the rule off: DeepUM's completion
+
+    w = packed_moe(iters=3)
+    new = simulate(w, make_controller("deepum-launch"), launch_queue=8)
+    old = simulate(w, WholeBlocks(), launch_queue=8)
+    assert new.controller["launch_fault_pieces"] > 0
+    assert new.bytes_h2d < 0.8 * old.bytes_h2d and new.bytes_d2h < 0.9 * old.bytes_d2h
+    assert new.time_ns < old.time_ns
+    one = packed_moe(iters=1)
+    a, b = simulate(one, make_controller("deepum-launch"), launch_queue=8), simulate(one, WholeBlocks(), launch_queue=8)
+    assert (a.time_ns, a.bytes_h2d, a.commands) == (b.time_ns, b.bytes_h2d, b.commands)
+    assert a.controller["launch_fault_pieces"] == 0

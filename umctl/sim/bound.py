@@ -81,6 +81,42 @@ room in half-used chunks. Belady knows the future. Treating the two paths as par
 the transfer at about ``1/(1/a + 1/b)``, the links' combined rate (74.5 GB/s for the H100's
 49.5 + 25). Each command's start-up (``transfer_latency_ns``) is left out. Copies and host
 work do not add to the kernel terms, only bound the time on their own.
+
+What it cannot count, and why (issue 38 §4). On mixtral-8x7b at fit scale (512 MiB GPU,
+oversubscription 2, 3 iterations) the bound is 3.78 ms: 3.07 ms of compute, and 34,561 cold
+pages (135 MiB, weights the host wrote) at the links' combined rate; page-level MIN has no
+capacity miss there, since the pages used before and after any point never exceed 70,331
+(275 MiB). The best mode (``deepum-launch``, queue 1024) takes 74.6 ms and its GPU->host
+engine is busy to the end: 727 MiB written back (58.7 ms at 13 GB/s, plus 10 µs for each
+of its 987 pre-evictions), against 513 MiB host->GPU and 798 fault batches. The candidates:
+
+  * Write-back is not a lower bound on the simulator's time, so no term counts it. Data
+    written on the GPU (or first touched there) that has not died must leave when it no longer
+    fits, and physically it must arrive on the host before its memory is reused. The simulator
+    does not make anyone wait for it: a pre-eviction of part of a block queues its copy on the
+    GPU->host engine and counts the pages valid on the host at once while the chunk stays with
+    the block, and an ``UNSET_READ_MOSTLY`` advice frees a chunk that holds only
+    read-duplicates at once, as a fault-path eviction frees one for ``evict_chunk_ns`` and
+    whatever is left in it. A policy that empties dirty blocks that way and zero-fills the next
+    ones runs a stream of 28 dirty 2 MiB blocks through a 4-chunk GPU in 1.8 ms where writing
+    them back takes 4.5 ms (tests/test_bound_writeback.py). Were a chunk's release and a page's
+    reload made to wait for the write-backs out of it (engine.py, _simcore.c), a term could
+    be proved: every page written since its birth in a block that loses its chunk before the
+    page dies is written back once. A relaxation over 2 MiB blocks (hold a block through each
+    gap between its uses or lose it; at most ``chunks - 1`` held besides the one in use; each
+    write charged to one gap; solved exactly as a min-cost flow, not shipped) says at least
+    42,173 pages (165 MiB) on Mixtral, 13 ms on one 13 GB/s link; per page instead, data
+    written and alive peaks at 138,244 pages against the GPU's 131,072 only at the end, so
+    7,172 pages (28 MiB).
+  * Chunk granularity is provable and small, so it is left out. A block that gives up its
+    chunk loses all its pages, so the reloads that block room forces are a lower bound; on
+    Mixtral the live pages lie in up to 347 blocks against 256 chunks, but the same block
+    relaxation needs only 4,638 reloaded pages (18 MiB): the bound would rise by at most
+    0.18 ms, for a min-cost flow per replay. On the dense models page-level MIN counts far
+    more (gpt2-xl: 332,844 capacity pages against 34,785 from blocks). The fault path's
+    64 KiB granularity is no term: a controller's prefetch moves any page range.
+  * Fault-service costs are no term: a policy that has every page there in time faults on
+    nothing, and a prefetch of never-populated pages is a zero-fill beside the copy engine.
 """
 
 from __future__ import annotations
