@@ -513,8 +513,10 @@ static void part_forget(const void *p)
    diff at the synchronisation points SnuRHAC has anyway:
      before a partitioned launch ('B'): the managed allocations (id, size, and whether this kernel
        only reads (1) or may write (2) each), and the pages the host changed since the last point
-       (node 0 only: the program's host side is authoritative there, the others run the same host
-       code on the same data); the agent answers with the pages this node lacks, installed here.
+       (every node: each runs the same host code on the same data; node 0's changes are
+       authoritative, another node's agent applies them to the pages it holds or nobody has
+       touched yet, so that a buffer the host copied in need not come from node 0); the agent
+       answers with the pages this node lacks, installed here.
        For a kernel with the convention's ranges (UMP2) the runtime also says which bytes this
        node's slabs touch (kind 4, then a kind 3 range per allocation: its band(s) with a block's
        share of halo on each side, or the whole buffer) and the agent brings only those;
@@ -527,7 +529,8 @@ static void part_forget(const void *p)
        so that the host then reads current data.
    Records: {i64 id; u64 size; u32 page; u32 kind}: kind 0 an allocation (page = 0/1/2 above);
    kind 5 a run of `size` changed pages from `page`, followed by their new then their old bytes
-   (4 KiB each); kind 4 (no fields) "bring only the ranges listed"; kind 3 a range of `size`
+   (4 KiB each); kind 6 the same whose old bytes are all zero, followed by the new bytes alone;
+   kind 4 (no fields) "bring only the ranges listed"; kind 3 a range of `size`
    pages from `page`; kind 2 the end. Answer: u32 count of runs, then {i64 id; u32 first page;
    u32 pages} + 4 KiB a page. The diffs are taken after synchronising the caller's stream (before)
    and this node's slab streams (after).
@@ -536,9 +539,9 @@ static void part_forget(const void *p)
    the host (a few GB/s, one fault group at a time) and the next kernel faults it back, so every
    compared page would make a round trip at every kernel (the likeliest reason gemm 4096 took 5 s
    over 4 ranks of one H200 host, 69 ms in one process). The diff instead copies the compared bytes with the real cudaMemcpy
-   (cudaMemcpyDefault) into a pinned staging buffer, UMCTL_RT_CLUSTER_CHUNK bytes (default 64 MiB)
-   at a time, and compares the stage with the twin: the copy engine reads the pages where they
-   are and nothing migrates. Installed pages are written the same way (host to device). Without
+   (cudaMemcpyDefault) into a pinned staging buffer, UMCTL_RT_CLUSTER_CHUNK bytes (default 64 MiB;
+   less where no diff needs as much) at a time, and compares the stage with the twin: the copy
+   engine reads the pages where they are and nothing migrates. Installed pages are written the same way (host to device). Without
    the entry point, with UMCTL_RT_CLUSTER_COPY=0, or after a copy failed, host loads and stores.
    What is compared:
      'E': under UMP2 a banded buffer only in the pages this node's slabs touch (cl_range, what
@@ -548,9 +551,9 @@ static void part_forget(const void *p)
        run on node 0 alone);
      'B' and 'S': every twin whole, on every node. The host's writes into managed memory are
        plain stores the runtime does not see (initialisation on the host, a result read and
-       rewritten), so there is no cheaper bound that stays correct: node 0 must find them to send
-       them, and the other nodes, running the same host code, must fold them into their twins, or
-       a later 'E' would send them as the kernel's changes over newer bytes of other nodes. */
+       rewritten), so there is no cheaper bound that stays correct: every node must find them to
+       send them (and fold them into its twins, or a later 'E' would send them as the kernel's
+       changes over newer bytes of other nodes). */
 #define CL_PAGE 4096
 #define CL_RUN 256   /* pages a run record carries at most */
 struct cl_rec { int64_t id; uint64_t size; uint32_t page, kind; };
@@ -560,7 +563,9 @@ static int cl_behind;   /* a partitioned kernel ended since this node's data was
 static struct cl_twin cl_tw[MAX_RO];
 static int cl_ntw;
 static unsigned char *cl_buf;   /* installed pages on their way (2 x CL_RUN pages), under part_mu */
-static unsigned char *cl_stage; /* compared bytes copied out of managed memory (cl_chunk), under part_mu */
+static unsigned char *cl_stage; /* compared bytes copied out of managed memory (cl_stage_n), under part_mu */
+static size_t cl_stage_n;       /* its bytes: at most cl_chunk, else what the largest diff needed */
+static int cl_stage_pinned;
 static size_t cl_chunk = (size_t)64 << 20;   /* UMCTL_RT_CLUSTER_CHUNK, whole pages */
 static int cl_copy = 1;         /* UMCTL_RT_CLUSTER_COPY: read and write managed memory with cudaMemcpy */
 /* per twin, the pages [cl_lo, cl_hi) the 'E' after this 'B' compares */
@@ -606,8 +611,9 @@ static int cl_io(int wr, void *p, size_t n)
 
 /* A host buffer of n bytes for copies of managed memory: pinned where the copies go through
    cudaMemcpy (a copy from pageable memory is staged by the driver, at a fraction of the speed;
-   portable: any of the node's GPUs copies), else ordinary memory. Once, under part_mu. */
-static unsigned char *cl_host_buf(size_t n)
+   portable: any of the node's GPUs copies), else ordinary memory (*pinned says which). Under
+   part_mu. */
+static unsigned char *cl_host_buf(size_t n, int *pinned)
 {
     void *p = NULL;
     if (cl_copy && get_cudaHostAlloc()) {
@@ -618,6 +624,8 @@ static unsigned char *cl_host_buf(size_t n)
             get_cudaGetLastError()();   /* our attempt must not leave an error behind */
         tl_internal--;
     }
+    if (pinned)
+        *pinned = p != NULL;
     if (!p && !(p = malloc(n))) {
         fprintf(stderr, "umctl runtime: out of memory for the cluster agent's pages\n");
         _exit(70);
@@ -627,12 +635,39 @@ static unsigned char *cl_host_buf(size_t n)
 
 static unsigned char *cl_run_buf(void)
 {
-    return cl_buf ? cl_buf : (cl_buf = cl_host_buf(2 * CL_RUN * CL_PAGE));
+    return cl_buf ? cl_buf : (cl_buf = cl_host_buf(2 * CL_RUN * CL_PAGE, NULL));
 }
 
-static unsigned char *cl_stage_buf(void)
+/* The stage for a diff of n bytes: as large as the largest diff so far (at least 1 MiB, doubling
+   as it grows), at most cl_chunk. Not cl_chunk from the start: pinning 64 MiB costs milliseconds
+   at the first launch (on the critical path of every node), which a program of small buffers
+   (binomial's 0.5 MiB) never gets back. */
+typedef cudaError_t (*free_host_t)(void *);
+static free_host_t real_free_host;
+static unsigned char *cl_stage_buf(size_t n)
 {
-    return cl_stage ? cl_stage : (cl_stage = cl_host_buf(cl_chunk));
+    size_t want = n < cl_chunk ? (n + CL_PAGE - 1) / CL_PAGE * CL_PAGE : cl_chunk;
+    if (cl_stage && cl_stage_n >= want)
+        return cl_stage;
+    if (want < 2 * cl_stage_n)
+        want = 2 * cl_stage_n;
+    if (want < ((size_t)1 << 20))
+        want = (size_t)1 << 20;
+    if (want > cl_chunk)
+        want = cl_chunk;
+    if (cl_stage) {
+        free_host_t fh = cl_stage_pinned ? LAZY_SYM(real_free_host, next_sym("cudaFreeHost")) : NULL;
+        if (!cl_stage_pinned)
+            free(cl_stage);
+        else if (fh) {
+            tl_internal++;
+            fh(cl_stage);
+            tl_internal--;
+        }   /* (no cudaFreeHost: the small old stage stays allocated) */
+    }
+    cl_stage = cl_host_buf(want, &cl_stage_pinned);
+    cl_stage_n = want;
+    return cl_stage;
 }
 
 /* n bytes between managed memory and one of our host buffers (`to_managed`: which way), through
@@ -694,16 +729,22 @@ static void cl_refresh(void)
 static const unsigned char cl_zeros[CL_PAGE];
 
 /* One run of changed pages [p0, p0 + np) of twin t, one record: their new bytes (`cur`, the
-   stage) then their old ones (the twin), each padded to whole pages. */
+   stage) then their old ones (the twin), each padded to whole pages; kind 6 and the new bytes
+   alone where the old ones are all zero (a fresh allocation's copy-in: half the bytes). */
 static void cl_send_run(struct cl_twin *t, size_t p0, size_t np, const unsigned char *cur)
 {
     size_t off = p0 * CL_PAGE, len = t->n - off < np * CL_PAGE ? t->n - off : np * CL_PAGE, pad = np * CL_PAGE - len;
-    struct cl_rec r = {t->id, np, (uint32_t)p0, 5};
+    int zero = 1;
+    for (size_t o = 0; o < len && zero; o += CL_PAGE)
+        zero = !memcmp(t->twin + off + o, cl_zeros, len - o < CL_PAGE ? len - o : CL_PAGE);
+    struct cl_rec r = {t->id, np, (uint32_t)p0, zero ? 6 : 5};
     cl_io(1, &r, sizeof r);
     cl_io(1, (void *)cur, len);
     cl_io(1, (void *)cl_zeros, pad);
-    cl_io(1, t->twin + off, len);
-    cl_io(1, (void *)cl_zeros, pad);
+    if (!zero) {
+        cl_io(1, t->twin + off, len);
+        cl_io(1, (void *)cl_zeros, pad);
+    }
     atomic_fetch_add(&st_cl_sent, np);
 }
 
@@ -712,8 +753,8 @@ static void cl_send_run(struct cl_twin *t, size_t p0, size_t np, const unsigned 
    chunk's end (a run is any number of consecutive pages to the agent). */
 static void cl_diff(struct cl_twin *t, size_t p0, size_t p1, int send)
 {
-    unsigned char *stage = cl_stage_buf();
-    const size_t per = cl_chunk / CL_PAGE;
+    unsigned char *stage = cl_stage_buf((p1 - p0) * CL_PAGE);
+    const size_t per = cl_stage_n / CL_PAGE;
     for (size_t c0 = p0; c0 < p1; c0 += per) {
         size_t c1 = p1 - c0 < per ? p1 : c0 + per;
         size_t off = c0 * CL_PAGE, end = c1 * CL_PAGE < t->n ? c1 * CL_PAGE : t->n;
@@ -848,7 +889,7 @@ static void cl_begin(char type, struct finfo *fi, void **args, const struct umct
         struct cl_rec r = {cl_tw[k].id, cl_tw[k].n, cl_code[k], 0};
         cl_io(1, &r, sizeof r);
     }
-    cl_send_diff(cl_node == 0, NULL, 0);
+    cl_send_diff(1, NULL, 0);
     /* no slab of the kernel here (one kept on one GPU runs on node 0 alone): it changes nothing */
     int mine = edges && edges[part_first + part_local] > edges[part_first];
     for (int k = 0; k < cl_ntw; k++)

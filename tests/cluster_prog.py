@@ -25,6 +25,7 @@ from umctl.units import BLOCK_SIZE
 
 N = 96          # matrix side: a row band of 32 rows is 24 KiB, 6 pages
 STEPS = 4
+BULK = 8 * BLOCK_SIZE   # the bulk case's input
 I8 = np.int64().itemsize
 
 
@@ -160,6 +161,23 @@ def case_fallback(rt: ClusterRuntime, out: dict) -> None:
     out["S"] = host_out(rt, buf(2), (N,))
 
 
+def case_bulk(rt: ClusterRuntime, out: dict) -> None:
+    """A 16 MiB input (8 UM blocks, their descriptors on every node in turn) that every node's
+    slabs read whole: each node faults in the 8 blocks together, one FAULT an owner and the pages
+    from node 0 (where the host wrote them) in a message an owner's share, not 7 messages a block."""
+    x = np.arange(BULK // I8, dtype=np.int64) % 1000
+    host_in(rt, (0, x))
+
+    def total(agent: NodeAgent, tbs: np.ndarray) -> None:
+        s = int(agent.read(0, BULK).view(np.int64).sum())
+        r0, r1 = rows_of(tbs)
+        agent.write(buf(8) + r0 * I8, s + np.arange(r0, r1, dtype=np.int64))
+    rt.launch(total, (1, N, 1), read_only=[(0, BULK)], written=[(buf(8), N * I8)],
+              write_hull=lambda tbs: {buf(8): (buf(8) + int(tbs.min()) * I8, buf(8) + (int(tbs.max()) + 1) * I8)})
+    out["after"] = dict(rt.agent.st)
+    out["T"] = host_out(rt, buf(8), (N,))
+
+
 def case_kill(rt: ClusterRuntime, out: dict) -> None:
     """The last rank dies in the middle of the second kernel (after faulting in its band)."""
     a, b = inputs()
@@ -173,7 +191,10 @@ def case_kill(rt: ClusterRuntime, out: dict) -> None:
     rt.launch(dying, (1, N, 1))
 
 
-CASES = {"gemm": case_gemm, "stencil": case_stencil, "rodup": case_rodup, "fallback": case_fallback, "kill": case_kill}
+CASES = {"gemm": case_gemm, "stencil": case_stencil, "rodup": case_rodup, "fallback": case_fallback, "kill": case_kill,
+         "bulk": case_bulk}
+#: UM blocks of a case's space (default 4)
+SPACE = {"bulk": 9}
 
 
 def main() -> int:
@@ -182,7 +203,8 @@ def main() -> int:
     from mpi4py import MPI
 
     comm = MPI.COMM_WORLD
-    agent = NodeAgent(comm, 4 * BLOCK_SIZE, run=1, timeout_s=float(os.environ.get("CLUSTER_TIMEOUT_S", "20")))
+    agent = NodeAgent(comm, SPACE.get(case, 4) * BLOCK_SIZE, run=1,
+                      timeout_s=float(os.environ.get("CLUSTER_TIMEOUT_S", "20")))
     rt = ClusterRuntime(agent, gpus_per_node=gpus)
     out: dict = {}
     try:

@@ -97,6 +97,21 @@ def test_read_only_duplication_then_a_write(tmp_path):
     assert all(s["agent"]["pages_in"] > s["after_write"]["pages_in"] for s in st[1:])
 
 
+def test_a_large_range_is_faulted_in_with_a_few_messages(tmp_path):
+    """Every node reads a 16 MiB input whole (8 UM blocks, their descriptors spread over the
+    3 nodes): the 8 blocks are faulted in together, one FAULT to each other owner, the pages in
+    one PAGES message from node 0 for each owner's share; the messages a node sends for the
+    whole kernel (its fault, its band's write, the synchronisations) stay under 20, where a block
+    at a time took 7 a block (lock, grant, access list, owners, page request, pages, unlock)."""
+    res, st = run_ok("bulk", 3, tmp_path)
+    x = np.arange(prog.BULK // 8, dtype=np.int64) % 1000
+    assert np.array_equal(res["T"], int(x.sum()) + np.arange(prog.N))
+    for s in st[1:]:
+        a = s["after"]
+        assert a["read_faults"] == 8 and a["pages_in"] >= 8 * 512
+        assert a["fault_msgs"] <= 3 and a["msgs"] <= 20
+
+
 def test_fallbacks_run_on_one_gpu(tmp_path):
     """Atomics, and write overlap 1.0 > 0.5 (every GPU writes all column sums), run on GPU 0 of
     node 0 only; the results equal the one-GPU ones."""

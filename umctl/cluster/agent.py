@@ -3,27 +3,53 @@
 Every node holds the whole UM space at the same addresses (SnuRHAC allocates it in every node,
 §6.3) but only some pages of it are valid there: ``mapping`` is the node's page table, 0 (not
 mapped), 1 (read) or 2 (write). An access to a page mapped too weakly is a page fault, handled
-as the thesis's steps 3-11 for each faulted UM block, up to ``PIPELINE`` blocks in flight at once
-(§6.3's pipelined fault handling: a range's blocks wait for their round trips together):
+as the thesis's steps 3-11 for each faulted UM block: the block's lock at its descriptor owner
+(``(block // 32) mod nodes``), the faulted access list, the pages from the nodes holding them,
+the read / write masks updated (a write clears every other node's write bit and degrades their
+mappings to read), the pages installed (and the faulting write applied while the block is still
+locked, so the next writer fetches it), unlock.
 
-  lock request to the block's descriptor owner (``(block // 32) mod nodes``), which grants it
-  or queues the node on the block's wait list -> the faulted access list -> the owner answers
-  with the page owner node of each page the faulting node lacks and updates the read / write
-  masks (a write clears every other node's write bit and degrades their mappings to read) ->
-  page requests to the page owners, which send the pages -> the pages are installed (and the
-  faulting write applied while the block is still locked, so the next writer fetches it) ->
-  unlock.
+Batched (§6.3's pipelined fault handling, taken further): a node faults up to ``PIPELINE`` blocks
+at once and every step of the exchange carries all of them, one message a peer, so that a range
+of any size costs about one round trip instead of three a block:
+
+  FAULT (faulting node -> owner: its blocks, each with the pages it accesses there) -> the owner
+  takes each free lock (queues the node on a held one), decides from the masks which pages the
+  node lacks and where each one's data is, updates the masks, and sends FORWARD to each node
+  holding data (its own share it serves in place) and GRANTED to the faulting node (per block,
+  the nodes whose pages are on their way) -> each holder sends PAGES (one message: a header of
+  blocks and pages, then the pages) straight to the faulting node, after degrading its own copy
+  (a write takes the writer's write bit: it must stop storing before the page leaves, and the
+  snapshot and the degradation happen in one step there) -> the faulting node installs, stores,
+  and sends UNLOCK (one message an owner; no answer awaited), which hands each lock to the next
+  waiting node.
 
 A page's data comes from the node holding it for writing, else from any node with a read copy,
 else it has never been touched (the space starts zeroed in every node, like fresh UM).
 
+The host's changes (``write_many(host=True)``: the program copied data in or stored into managed
+memory between kernels) are read faults, not writes: every node runs the same host code, so every
+node makes the same change to its own copy. Node 0's changes are authoritative: it fetches a page
+it lacks and applies them (``HOST``). Another node applies them only to pages it holds and to pages
+whose every copy came from host stores (no kernel wrote them since they were zeros everywhere, so
+its program's bytes are the page's: a fresh allocation's copy-in), and fetches nothing (``COPY``;
+node 0 fetches none of those either); the pages it skips it fetches when a kernel needs them. So
+a buffer the host copied in moves between nodes only as far as the kernels write it, and no node
+holds it for writing: a writer would make every later kernel unmap every other node's copy of it
+(the synchronisation after a kernel cannot tell which pages a writer changed), and a node writing
+its band of it would fetch the band from the writer first, to merge. A host store into pages the
+node holds needs no fault at all: between kernels nobody writes, and a copy served meanwhile gets
+the same change on its new node.
+
 After a kernel (``kernel_done``, collective) each descriptor owner unmaps the read copies of
-pages another node wrote (§6.3's synchronisation); the dropped pages are overwritten with
-``POISON`` so that a missed fetch shows up as wrong data instead of passing silently.
+pages another node holds for writing (§6.3's synchronisation); the dropped pages are overwritten
+with ``POISON`` so that a missed fetch shows up as wrong data instead of passing silently.
 
 Waiting never blocks the node: every wait serves the other nodes' requests in the meantime
 (otherwise two nodes fetching from each other would deadlock), and gives up with
-:class:`ClusterError` after ``timeout_s`` without progress (a dead peer).
+:class:`ClusterError` after ``timeout_s`` without progress (a dead peer). A node holding some of
+its blocks' locks waits only for answers the others give from their polls, never for a lock
+before going on with the blocks it holds, so blocks in flight together cannot deadlock.
 """
 
 from __future__ import annotations
@@ -41,11 +67,14 @@ from ..units import BLOCK_SHIFT, PAGE_SHIFT, PAGE_SIZE, PAGES_PER_BLOCK
 POISON = 0xA5
 #: seconds without a message after which an idle node sleeps between polls instead of yielding
 SPIN_S = 0.002
-#: faulted UM blocks a node services at once (lock requests out before the first answer)
-PIPELINE = 32
+#: faulted UM blocks a node has in flight at once (128 MiB: a PAGES message is at most that)
+PIPELINE = 64
 
 # message tags
-LOCK, GRANT, ACCESS, OWNERS, PAGE_REQ, PAGES, UNLOCK, DEGRADE, INVALIDATE, READ_ONLY = range(101, 111)
+FAULT, GRANTED, FORWARD, PAGES, UNLOCK, DEGRADE, INVALIDATE = range(101, 108)
+# what a fault asks for: a read copy, the write bit, the host's store on node 0 (a read copy), the
+# host's store elsewhere (a copy of what it holds or of pages only host stores made; nothing fetched)
+READ, WRITE, HOST, COPY = 1, 2, 3, 4
 
 
 class ClusterError(RuntimeError):
@@ -55,7 +84,7 @@ class ClusterError(RuntimeError):
 @dataclass
 class _Lock:
     held_by: int | None = None
-    waiting: deque = field(default_factory=deque)
+    waiting: deque = field(default_factory=deque)     # (node, mode, offsets) in arrival order
 
 
 class NodeAgent:
@@ -74,62 +103,99 @@ class NodeAgent:
         self.nodes = comm.Get_size()
         n_pages = (nbytes + PAGE_SIZE - 1) >> PAGE_SHIFT
         self.mem = np.zeros(n_pages << PAGE_SHIFT, np.uint8)
+        self.pages = self.mem.reshape(-1, PAGE_SIZE)
         self.mapping = np.zeros(n_pages, np.int8)
         self.desc = BlockDescriptors(self.nodes, run)     # used for the blocks this node owns
         self.locks: dict[int, _Lock] = {}
+        self.host_made: dict[int, np.ndarray] = {}         # block -> pages only host stores wrote (owner)
         self.timeout_s = timeout_s
         self._replies: dict[int, deque] = {}             # tag -> (source, payload) answers to us
-        self._sending: list = []                         # (request, buffer) of pages on their way
+        self._sending: list = []                         # (request, buffer) of messages on their way
+        self._invalidations = 0                          # INVALIDATE messages of this kernel_done so far
+        self._got: list | None = None                    # pages installed during read_many
+        # msgs: MPI messages this node sent (every kind); fault_msgs: of them FAULT requests (one
+        # an owner a batch); fault_waits: times a fault service waited for an answer (round trips)
         self.st = {k: 0 for k in ("read_faults", "write_faults", "pages_in", "bytes_in", "pages_out",
                                   "remote_descriptor_msgs", "lock_waits", "invalidated", "degraded",
-                                  "ro_write_faults")}
+                                  "ro_write_faults", "msgs", "fault_msgs", "fault_waits", "barriers")}
 
     # ------------------------------------------------------------------ the program's side
     def read(self, addr: int, nbytes: int) -> np.ndarray:
         """The bytes at [addr, addr + nbytes) as this node sees them, faulting in what it lacks."""
-        self._fault(addr, nbytes, write=False)
+        self._acquire([(addr, nbytes)], READ)
         return self.mem[addr:addr + nbytes]
 
-    def write(self, addr: int, data, mask: np.ndarray | None = None) -> None:
+    def read_many(self, ranges: list[tuple[int, int]]) -> np.ndarray:
+        """Fault in every page of these (addr, bytes) ranges this node lacks, all together.
+        Returns the pages whose data came from other nodes (a page it lacked and got no data
+        for has never been touched: zeros, in its program too)."""
+        self._got = []
+        try:
+            self._acquire(ranges, READ)
+            return np.concatenate(self._got) if self._got else np.zeros(0, np.int64)
+        finally:
+            self._got = None
+
+    def write(self, addr: int, data, old=None) -> None:
         """Store ``data`` at addr, holding every page it touches for writing (a write fault where
         the node holds less). The store happens inside the fault, under the block's lock.
-        ``mask`` (bytes): store only those bytes, the rest of the page staying as fetched (a slab
-        that wrote part of a page another node also writes)."""
-        b = np.ascontiguousarray(data).view(np.uint8).ravel()
-        self._fault(addr, len(b), write=True, data=b, mask=mask)
+        ``old``: the bytes the program had there before (an array like data's bytes, or a
+        scalar): store only the bytes that differ from it, the rest of the page staying as
+        fetched (a slab that wrote part of a page another node also writes)."""
+        self.write_many([(addr, data, old)])
+
+    def write_many(self, items, *, host: bool = False) -> None:
+        """Every (addr, data, old) of ``items`` as :meth:`write` stores it, the blocks any of
+        them lacks faulted in together. ``host``: the host's changes between kernels, stored
+        into read copies (see the module's docstring): on node 0 into every page (fetched where
+        it lacks them), elsewhere into those the node holds or nobody has touched."""
+        stores = [(addr, np.ascontiguousarray(data).view(np.uint8).ravel(), old) for addr, data, old in items]
+        mode = WRITE if not host else HOST if self.node == 0 else COPY
+        self._acquire([(addr, len(b)) for addr, b, _ in stores], mode, stores)
 
     def kernel_done(self) -> None:
-        """All nodes finished the kernel: descriptor owners unmap stale read copies (collective)."""
+        """All nodes finished the kernel: descriptor owners unmap stale read copies (collective).
+        Every owner sends every other node one INVALIDATE (empty if it has nothing for it) and a
+        node goes on once it has one from each: then every copy it must drop is dropped, and every
+        owner's masks are past the kernel (a second barrier would cost two more message delays)."""
         self._barrier()
-        msgs = []
+        msgs: dict[int, list] = {n: [] for n in range(self.nodes)}
         for block, stale in self.desc.stale():
             if self.desc.owner(block) != self.node or block in self.desc.read_only:
                 continue                          # flagged read-only: its copies stay (§6.4)
             self.desc.read[block] &= ~stale
-            msgs += [(n, (block, np.flatnonzero(stale[n]).astype(np.int32)))
-                     for n in np.flatnonzero(stale.any(1)).tolist()]
-        self._send_applied(msgs, INVALIDATE, "invalidations to be received")
-        self._barrier()
+            for n in np.flatnonzero(stale.any(1)).tolist():
+                msgs[n].append((block, np.flatnonzero(stale[n]).astype(np.int32)))
+        for n, items in msgs.items():
+            self._send(n, items, INVALIDATE)
+        self._wait(lambda: self._invalidations >= self.nodes, "the other nodes' invalidations")
+        self._invalidations -= self.nodes
 
     def set_read_only(self, addr: int, nbytes: int, flag: bool) -> None:
-        """The runtime's read-only flag for a buffer (§6.4), set in the descriptors of its blocks
-        by their owners. Collective: every node's runtime makes the same decision at a launch.
-        Flagging degrades the buffer's writer (the host's copy-in) to a read copy like any other,
-        so that the synchronisation after a kernel keeps every node's copy: pages of a flagged
-        buffer move once, then stay."""
-        msgs = []
-        for block in range(addr >> BLOCK_SHIFT, ((addr + nbytes - 1) >> BLOCK_SHIFT) + 1):
-            if self.desc.owner(block) != self.node:
-                continue
-            if not flag:
-                self.desc.read_only.discard(block)
-                continue
-            self.desc.read_only.add(block)
-            r, w = self.desc._masks(block)
-            msgs += [(n, (block, np.flatnonzero(w[n]).astype(np.int32))) for n in np.flatnonzero(w.any(1)).tolist()]
-            w[:] = False
+        """The runtime's read-only flag for one buffer: :meth:`set_flags`."""
+        self.set_flags([(addr, nbytes, flag)])
+
+    def set_flags(self, changes: list[tuple[int, int, bool]]) -> None:
+        """The runtime's read-only flags (§6.4) for these (addr, bytes, flag) buffers, set in the
+        descriptors of their blocks by their owners. Collective: every node's runtime makes the
+        same decision at a launch; one barrier for all of them. Flagging degrades the buffer's
+        writer (the host's copy-in) to a read copy like any other, so that the synchronisation
+        after a kernel keeps every node's copy: pages of a flagged buffer move once, then stay."""
+        msgs: dict[int, list] = {}
+        for addr, nbytes, flag in changes:
+            for block in range(addr >> BLOCK_SHIFT, ((addr + nbytes - 1) >> BLOCK_SHIFT) + 1):
+                if self.desc.owner(block) != self.node:
+                    continue
+                if not flag:
+                    self.desc.read_only.discard(block)
+                    continue
+                self.desc.read_only.add(block)
+                r, w = self.desc._masks(block)
+                for n in np.flatnonzero(w.any(1)).tolist():
+                    msgs.setdefault(n, []).append((block, np.flatnonzero(w[n]).astype(np.int32)))
+                w[:] = False
         # no node leaves before its degradation is applied
-        self._send_applied(msgs, DEGRADE, "degradations to be received")
+        self._send_applied(list(msgs.items()), DEGRADE, "degradations to be received")
         self._barrier()
 
     def stats(self) -> dict:
@@ -139,172 +205,266 @@ class NodeAgent:
         return d
 
     # ------------------------------------------------------------------ fault handling (P)
-    def _fault(self, addr: int, nbytes: int, write: bool, data: np.ndarray | None = None,
-               mask: np.ndarray | None = None) -> None:
-        if nbytes <= 0:
-            return
-        if addr < 0 or addr + nbytes > len(self.mem):
-            raise ClusterError(f"access [{addr:#x}, {addr + nbytes:#x}) outside the UM space of {len(self.mem)} bytes")
-        p0, p1 = addr >> PAGE_SHIFT, (addr + nbytes - 1) >> PAGE_SHIFT
-        need = 2 if write else 1
+    def _acquire(self, ranges, mode: int, stores=None) -> None:
+        """Fault in the blocks of ``ranges`` this node holds too weakly for ``mode``, together,
+        and apply ``stores`` (the (addr, bytes, old) of each range, when writing) block by block:
+        at once where the node holds the block well enough (for writing; a host's store: at all),
+        else inside its fault."""
+        need = 2 if mode == WRITE else 1
+        touched: dict[int, tuple[np.ndarray, list]] = {}     # block -> its pages the ranges touch, their stores
+        for i, (addr, nbytes) in enumerate(ranges):
+            if nbytes <= 0:
+                continue
+            if addr < 0 or addr + nbytes > len(self.mem):
+                raise ClusterError(f"access [{addr:#x}, {addr + nbytes:#x}) outside the UM space of "
+                                   f"{len(self.mem)} bytes")
+            p0, p1 = addr >> PAGE_SHIFT, (addr + nbytes - 1) >> PAGE_SHIFT
+            for block in range(p0 >> (BLOCK_SHIFT - PAGE_SHIFT), (p1 >> (BLOCK_SHIFT - PAGE_SHIFT)) + 1):
+                base = block * PAGES_PER_BLOCK
+                if block not in touched:
+                    touched[block] = (np.zeros(PAGES_PER_BLOCK, bool), [])
+                m, its = touched[block]
+                m[max(p0, base) - base:min(p1 + 1, base + PAGES_PER_BLOCK) - base] = True
+                if stores:
+                    its.append(stores[i])
         todo = []
-        for block in range(p0 >> (BLOCK_SHIFT - PAGE_SHIFT), (p1 >> (BLOCK_SHIFT - PAGE_SHIFT)) + 1):
-            b0 = max(p0, block * PAGES_PER_BLOCK)
-            b1 = min(p1 + 1, (block + 1) * PAGES_PER_BLOCK)
-            pages = np.arange(b0, b1)
+        for block in sorted(touched):
+            m, its = touched[block]
+            pages = block * PAGES_PER_BLOCK + np.flatnonzero(m)
             if (self.mapping[pages] < need).any():
-                todo.append((block, pages))
-            elif write:
-                self._store(addr, data, mask, b0, b1)
+                todo.append((block, pages, its))
+            else:
+                self._store(its, block)
         if todo:
-            self._service(todo, need, write, lambda b0, b1: self._store(addr, data, mask, b0, b1))
+            self._service(todo, mode)
 
-    def _store(self, addr: int, data: np.ndarray, mask: np.ndarray | None, b0: int, b1: int) -> None:
-        """The part of a write in pages [b0, b1) (the node holds them for writing)."""
-        lo, hi = max(addr, b0 << PAGE_SHIFT), min(addr + len(data), b1 << PAGE_SHIFT)
-        if mask is None:
-            self.mem[lo:hi] = data[lo - addr:hi - addr]
+    def _store(self, stores, block: int, skip: np.ndarray | None = None) -> None:
+        """The parts of ``stores`` in ``block`` (the node holds what they touch there), but the
+        pages of ``skip`` (offsets in the block). Where the node's copy still equals the
+        program's old bytes (nobody else wrote there: the usual case) the new bytes are copied
+        whole, else only those that changed (a byte-masked copy is ten times slower)."""
+        if skip is not None and len(skip):
+            keep = np.ones(PAGES_PER_BLOCK + 1, bool)
+            keep[skip] = False
+            keep[-1] = False
+            edges = np.flatnonzero(np.diff(np.concatenate([[False], keep]).astype(np.int8)))
+            base = block * PAGES_PER_BLOCK
+            for k0, k1 in zip(edges[::2].tolist(), edges[1::2].tolist()):
+                self._store_span(stores, (base + k0) << PAGE_SHIFT, (base + k1) << PAGE_SHIFT)
         else:
-            m = mask[lo - addr:hi - addr]
-            self.mem[lo:hi][m] = data[lo - addr:hi - addr][m]
+            self._store_span(stores, block << BLOCK_SHIFT, (block + 1) << BLOCK_SHIFT)
 
-    def _service(self, todo: list[tuple[int, np.ndarray]], need: int, write: bool, store) -> None:
-        """Steps 3-11 for faulted blocks, PIPELINE of them in flight at once ("multiple faulted
-        UM blocks can be serviced simultaneously", §6.3): each block's lock request, access list,
-        page requests and pages are its own exchange, so a range of N blocks waits for about three
-        round trips instead of 3N. What is missing is decided once a block's lock is held (while
-        waiting for it this node may have been degraded on pages it held for writing); a write's
-        store happens before the block's unlock. A node holding a block's lock only ever waits
-        for answers the other nodes give from their polls (never for a second lock), so blocks in
-        flight together cannot deadlock."""
+    def _store_span(self, stores, b0: int, b1: int) -> None:
+        for addr, data, old in stores:
+            lo, hi = max(addr, b0), min(addr + len(data), b1)
+            if lo >= hi:
+                continue
+            cur, new = self.mem[lo:hi], data[lo - addr:hi - addr]
+            if old is not None:
+                if isinstance(old, np.ndarray):
+                    was = old[lo - addr:hi - addr]
+                    same = np.array_equal(cur, was)
+                else:
+                    was = old
+                    same = not cur.any() if was == 0 else bool((cur == was).all())   # (any: 6x faster)
+                if not same:
+                    np.copyto(cur, new, where=new != was)
+                    continue
+            cur[:] = new
+
+    def _service(self, todo: list[tuple[int, np.ndarray, list]], mode: int) -> None:
+        """Steps 3-11 for faulted blocks, PIPELINE of them in flight at once, batched: one FAULT
+        an owner for the blocks that entered together, the owners' GRANTED and the holders' PAGES
+        as they come, one UNLOCK an owner for the blocks finished together. A block is done when
+        its GRANTED and the PAGES of every node it names have arrived (in either order); a write's
+        stores (``todo``'s third item, a block's) happen before its unlock."""
         pending = deque(todo)
         flight: dict[int, dict] = {}
-        fifo: dict[int, deque] = {}       # src -> (block, offsets) whose pages from src are due, in order
-        base_of = lambda block: block * PAGES_PER_BLOCK  # noqa: E731
+        unlock: dict[int, list[int]] = {}
 
         def finish(block: int) -> None:
             f = flight.pop(block)
-            offs = f["offs"]
-            self.mapping[base_of(block) + offs] = 2 if write else np.maximum(self.mapping[base_of(block) + offs], 1)
-            if write:
-                store(int(f["pages"][0]), int(f["pages"][-1]) + 1)
-            self._send(f["owner"], (block,), UNLOCK)
+            pages = f["pages"]
+            if f["skip"] is not None and len(f["skip"]):
+                keep = np.ones(PAGES_PER_BLOCK, bool)
+                keep[f["skip"]] = False
+                pages = pages[keep[pages & (PAGES_PER_BLOCK - 1)]]
+            self.mapping[pages] = 2 if mode == WRITE else np.maximum(self.mapping[pages], 1)
+            self._store(f["stores"], block, f["skip"])
+            unlock.setdefault(f["owner"], []).append(block)
+
+        def check(block: int) -> None:
+            f = flight[block]
+            if f["srcs"] is not None and f["srcs"] <= f["got"]:
+                finish(block)
 
         while pending or flight:
+            out: dict[int, list] = {}
             while pending and len(flight) < PIPELINE:
-                block, pages = pending.popleft()
-                self.st["write_faults" if write else "read_faults"] += 1
+                block, pages, its = pending.popleft()
+                self.st["read_faults" if mode == READ else "write_faults"] += 1
                 owner = self.desc.owner(block)
-                flight[block] = {"pages": pages, "owner": owner, "offs": None, "due": 0}
-                self._send(owner, (block, self.node), LOCK)
+                flight[block] = {"pages": pages, "stores": its, "owner": owner, "srcs": None, "skip": None,
+                                 "got": set()}
+                out.setdefault(owner, []).append((block, (pages & (PAGES_PER_BLOCK - 1)).astype(np.int32)))
+            for owner, items in out.items():
+                self.st["fault_msgs"] += owner != self.node
+                self._send(owner, (self.node, mode, items), FAULT)
             moved = False
-            grants = self._replies.get(GRANT)
+            grants = self._replies.get(GRANTED)
             while grants:
-                _, block = grants.popleft()
-                f = flight[block]
-                f["offs"] = (f["pages"][self.mapping[f["pages"]] < need] & (PAGES_PER_BLOCK - 1)).astype(np.int32)
-                self._send(f["owner"], (block, self.node, f["offs"], write), ACCESS)
-                moved = True
-            owners = self._replies.get(OWNERS)
-            while owners:
-                _, (block, sources) = owners.popleft()
-                for src, so in sources.items():
-                    self._send(src, (block, self.node, so), PAGE_REQ)
-                    fifo.setdefault(src, deque()).append((block, so))
-                flight[block]["due"] = len(sources)
-                if not sources:
-                    finish(block)
+                _, items = grants.popleft()
+                for block, srcs, skip in items:
+                    flight[block]["srcs"], flight[block]["skip"] = set(srcs), skip
+                    check(block)
                 moved = True
             got = self._replies.get(PAGES)
             while got:
                 src, buf = got.popleft()
-                block, so = fifo[src].popleft()
-                pg = base_of(block) + so
-                self.mem.reshape(-1, PAGE_SIZE)[pg] = buf.reshape(-1, PAGE_SIZE)
-                self.st["pages_in"] += len(so)
-                self.st["bytes_in"] += len(buf)
-                flight[block]["due"] -= 1
-                if flight[block]["due"] == 0:
-                    finish(block)
+                for block in self._install(buf):
+                    flight[block]["got"].add(src)
+                    check(block)
                 moved = True
+            for owner, blocks in unlock.items():
+                self._send(owner, (self.node, blocks), UNLOCK)
+            unlock.clear()
             if not moved and flight:
-                self._wait(lambda: any(self._replies.get(t) for t in (GRANT, OWNERS, PAGES)),
+                self.st["fault_waits"] += 1
+                self._wait(lambda: any(self._replies.get(t) for t in (GRANTED, PAGES)),
                            f"answers for {len(flight)} faulted block(s)")
+
+    # ------------------------------------------------------------------ pages on the wire
+    def _pack(self, items: list[tuple[int, np.ndarray]]) -> tuple[np.ndarray, np.ndarray]:
+        """A PAGES message of these (block, offsets): int64 header length, the header (items,
+        then each one's block and page count, then every offset), the pages' bytes. Also the
+        pages (global numbers)."""
+        blocks = np.array([b for b, _ in items], np.int64)
+        counts = np.array([len(o) for _, o in items], np.int64)
+        offs = np.concatenate([o for _, o in items]).astype(np.int64)
+        pages = np.repeat(blocks * PAGES_PER_BLOCK, counts) + offs
+        hdr = np.concatenate([[len(items)], np.stack([blocks, counts], 1).ravel(), offs]).astype(np.int64)
+        start = 8 * (1 + len(hdr))
+        buf = np.empty(start + len(pages) * PAGE_SIZE, np.uint8)
+        buf[:start].view(np.int64)[:] = np.concatenate([[len(hdr)], hdr])
+        np.take(self.pages, pages, axis=0, out=buf[start:].reshape(-1, PAGE_SIZE), mode="clip")   # unbuffered
+        return buf, pages
+
+    def _install(self, buf: np.ndarray) -> list[int]:
+        """Install a PAGES message's pages; returns its blocks."""
+        n_hdr = int(buf[:8].view(np.int64)[0])
+        hdr = buf[8:8 * (1 + n_hdr)].view(np.int64)
+        n = int(hdr[0])
+        blocks, counts = hdr[1:1 + 2 * n:2], hdr[2:2 + 2 * n:2]
+        pages = np.repeat(blocks * PAGES_PER_BLOCK, counts) + hdr[1 + 2 * n:]
+        self.pages[pages] = buf[8 * (1 + n_hdr):].reshape(-1, PAGE_SIZE)
+        if self._got is not None:
+            self._got.append(pages)
+        self.st["pages_in"] += len(pages)
+        self.st["bytes_in"] += len(pages) * PAGE_SIZE
+        return blocks.tolist()
 
     # ------------------------------------------------------------------ serving (every node)
     def _handle(self, src: int, tag: int, msg) -> None:
-        if tag == LOCK:
-            block, who = msg
-            lk = self.locks.setdefault(block, _Lock())
-            if lk.held_by is None:
-                lk.held_by = who
-                self._send(who, block, GRANT)
-            else:
-                self.st["lock_waits"] += 1
-                lk.waiting.append(who)
+        if tag == FAULT:
+            who, mode, items = msg
+            grant = []
+            for block, offs in items:
+                lk = self.locks.setdefault(block, _Lock())
+                if lk.held_by is None:
+                    lk.held_by = who
+                    grant.append((block, offs))
+                else:
+                    self.st["lock_waits"] += 1
+                    lk.waiting.append((who, mode, offs))
+            if grant:
+                self._grant(who, mode, grant)
         elif tag == UNLOCK:
-            (block,) = msg
-            lk = self.locks[block]
-            lk.held_by = lk.waiting.popleft() if lk.waiting else None
-            if lk.held_by is not None:
-                self._send(lk.held_by, block, GRANT)
-        elif tag == ACCESS:
-            self._access(*msg)
-        elif tag == PAGE_REQ:
-            block, who, offs = msg
-            pages = block * PAGES_PER_BLOCK + offs
-            out = self.mem.reshape(-1, PAGE_SIZE)[pages].ravel()
-            self.st["pages_out"] += len(offs)
+            who, blocks = msg
+            nxt: dict[tuple[int, int], list] = {}
+            for block in blocks:
+                lk = self.locks[block]
+                lk.held_by = None
+                if lk.waiting:
+                    w, mode, offs = lk.waiting.popleft()
+                    lk.held_by = w
+                    nxt.setdefault((w, mode), []).append((block, offs))
+            for (w, mode), items in nxt.items():
+                self._grant(w, mode, items)
+        elif tag == FORWARD:
+            who, mode, items = msg
+            buf, pages = self._pack(items)
+            # the snapshot and the degradation in one step: a writer stops storing before the
+            # page leaves (a write fault)
+            if mode == WRITE:
+                self.st["degraded"] += int((self.mapping[pages] == 2).sum())
+                self.mapping[pages] = np.minimum(self.mapping[pages], 1)
+            self.st["pages_out"] += len(pages)
             # non-blocking: two nodes sending each other pages large enough for the rendezvous
             # protocol would otherwise both wait in Send, neither receiving (seen at 1.4 MB)
-            self._sending.append((self.comm.Isend(out, dest=who, tag=PAGES), out))
+            self.st["msgs"] += 1
+            self._sending.append((self.comm.Isend(buf, dest=who, tag=PAGES), buf))
         elif tag == DEGRADE:
-            block, offs = msg
-            pages = block * PAGES_PER_BLOCK + offs
-            self.mapping[pages] = np.minimum(self.mapping[pages], 1)
-            self.st["degraded"] += len(offs)
+            for block, offs in msg:
+                pages = block * PAGES_PER_BLOCK + offs
+                self.mapping[pages] = np.minimum(self.mapping[pages], 1)
+                self.st["degraded"] += len(offs)
         elif tag == INVALIDATE:
-            self._invalidate(*msg)
+            for block, offs in msg:
+                self._drop(block * PAGES_PER_BLOCK + offs)
+            self._invalidations += 1
         else:
             self._replies.setdefault(tag, deque()).append((src, msg))
 
-    def _access(self, block: int, who: int, offs: np.ndarray, write: bool) -> None:
-        """Step 7 at the descriptor owner: where each faulted page's data is, then the masks."""
+    def _grant(self, who: int, mode: int, items: list[tuple[int, np.ndarray]]) -> None:
+        """Step 7 at the descriptor owner for blocks whose locks ``who`` now holds: where each
+        faulted page's data is, then the masks; FORWARD to the holders, GRANTED to ``who`` (per
+        block the holders, and for a COPY the pages it must skip)."""
         d = self.desc
-        r, w = d._masks(block)
-        if write and block in d.read_only:
-            # flagged read-only, yet written: the flag goes (its copies must be unmapped after
-            # the kernel like any written page's, or other nodes would keep stale data)
-            self.st["ro_write_faults"] += 1
-            d.read_only.discard(block)
-        sources: dict[int, list[int]] = {}
-        degrade: dict[int, list[int]] = {}
-        for off in offs.tolist():
-            writer = np.flatnonzero(w[:, off])
-            if len(writer) and writer[0] != who:
-                src = int(writer[0])
-                if write:
-                    degrade.setdefault(src, []).append(off)
-            elif r[who, off] or len(writer):
-                src = None                    # its own copy is current
-            else:
-                readers = np.flatnonzero(r[:, off])
-                src = int(readers[0]) if len(readers) else None
-            if src is not None:
-                sources.setdefault(src, []).append(off)
-        d.fault(who, block, offs, np.full(len(offs), write))
-        # the old writer must stop storing locally before the new one gets the page: a store it
-        # made after the page moved would be lost (synchronous sends; the receiver applies a
-        # message as it receives it, and serves while it waits, so this cannot deadlock)
-        self._send_applied([(n, (block, np.array(o, np.int32))) for n, o in degrade.items()], DEGRADE,
-                           "a writer to give up its pages")
-        self._send(who, (block, {s: np.array(o, np.int32) for s, o in sources.items()}), OWNERS)
+        granted, fwd = [], {}
+        for block, offs in items:
+            r, w = d._masks(block)
+            if mode == WRITE and block in d.read_only:
+                # flagged read-only, yet written: the flag goes (its copies must be unmapped after
+                # the kernel like any written page's, or other nodes would keep stale data)
+                self.st["ro_write_faults"] += 1
+                d.read_only.discard(block)
+            wcol, rcol = w[:, offs], r[:, offs]
+            has_w, has_r = wcol.any(0), rcol.any(0)
+            made = self.host_made.setdefault(block, np.zeros(PAGES_PER_BLOCK, bool))
+            if mode == WRITE:
+                made[offs] = False
+            same = None
+            if mode in (HOST, COPY):
+                # the faulting program's bytes are the page's: every copy so far came from host
+                # stores (every node's host makes the same ones), or there is none (zeros)
+                fresh = ~(has_w | has_r)
+                same = made[offs] & ~has_w | fresh
+                made[offs[fresh]] = True
+            if mode == COPY:
+                keep = r[who, offs] | w[who, offs] | same
+                d.fault(who, block, offs[keep], np.zeros(int(keep.sum()), bool))
+                granted.append((block, [], offs[~keep]))
+                continue
+            writer = wcol.argmax(0)
+            theirs = has_w & (writer != who)              # another node holds it for writing
+            current = ~theirs & (r[who, offs] | has_w)    # its own copy is current
+            if same is not None:
+                current |= same
+            fetch = ~theirs & ~current & has_r            # from a read copy (never touched: zeros)
+            src = np.where(theirs, writer, np.where(fetch, rcol.argmax(0), -1))
+            srcs = sorted(set(src[src >= 0].tolist()))    # (not np.unique: it imports numpy.ma, 10 ms)
+            for s in srcs:
+                fwd.setdefault(s, []).append((block, offs[src == s]))
+            d.fault(who, block, offs, np.full(len(offs), mode == WRITE))
+            granted.append((block, srcs, None))
+        for s, its in fwd.items():
+            self._send(s, (who, mode, its), FORWARD)
+        self._send(who, granted, GRANTED)
 
-    def _invalidate(self, block: int, offs: np.ndarray) -> None:
-        pages = block * PAGES_PER_BLOCK + offs
+    def _drop(self, pages: np.ndarray) -> None:
         self.mapping[pages] = 0
-        self.mem.reshape(-1, PAGE_SIZE)[pages] = POISON
-        self.st["invalidated"] += len(offs)
+        self.pages[pages] = POISON
+        self.st["invalidated"] += len(pages)
 
     # ------------------------------------------------------------------ transport
     def _send_applied(self, msgs: list[tuple[int, object]], tag: int, what: str) -> None:
@@ -316,17 +476,23 @@ class NodeAgent:
             if n == self.node:
                 self._handle(n, tag, msg)
             else:
+                self.st["msgs"] += 1
                 sends.append(self.comm.issend(msg, dest=n, tag=tag))
-        self._wait(lambda: all(q.Test() for q in sends), what)
+        if sends:
+            self._wait(lambda: all(q.Test() for q in sends), what)
 
     def _send(self, dest: int, msg, tag: int) -> None:
-        """To another node over MPI; to ourselves, handled in place (no loopback message)."""
+        """To another node over MPI; to ourselves, handled in place (no loopback message).
+        Non-blocking, like the pages: a batch's FAULT or FORWARD (offsets of up to PIPELINE
+        blocks, 128 KiB) is past the eager limit, and two nodes sending each other one at once
+        would both wait in a blocking send."""
         if dest == self.node:
             self._handle(dest, tag, msg)
             return
-        if tag in (LOCK, ACCESS, UNLOCK):
+        if tag in (FAULT, UNLOCK):
             self.st["remote_descriptor_msgs"] += 1
-        self.comm.send(msg, dest=dest, tag=tag)
+        self.st["msgs"] += 1
+        self._sending.append((self.comm.isend(msg, dest=dest, tag=tag), None))
 
     def _poll(self) -> bool:
         if self._sending:
@@ -365,5 +531,6 @@ class NodeAgent:
             self.idle(quiet)
 
     def _barrier(self) -> None:
+        self.st["barriers"] += 1
         req = self.comm.Ibarrier()
         self._wait(lambda: req.Test() and not self._sending, "the other nodes to finish the kernel")

@@ -4,9 +4,12 @@ other nodes' through :class:`NodeAgent`.
 
 The runtime talks to the agent over a socket at SnuRHAC's synchronisation points (the protocol
 is in runtime/rt_snurhac.c, "SnuRHAC across nodes"): before a partitioned launch it lists the
-managed allocations with the kernel's read-only marks and the pages the host changed (node 0),
-and gets back the pages its node lacks; after its slabs it sends the pages they changed (new and
-old bytes) and waits for the cluster-wide synchronisation after the kernel. Allocations are laid
+managed allocations with the kernel's read-only marks and the pages the host changed (every node:
+each stores them into the copies it holds, see NodeAgent.write_many), and gets back the pages its
+node lacks; after its slabs it sends the pages they changed (new and old bytes) and waits for the
+cluster-wide synchronisation after the kernel. Runs of pages are stored as they arrive, a fault
+batch every STREAM_PAGES pages, and while the runtime is still comparing (no bytes on the socket)
+the agent serves the other nodes instead of blocking on the read. Allocations are laid
 out in the UM space in the order the runtime numbered them, each at a 2 MiB boundary, which is
 the same on every node because every node runs the same host code.
 
@@ -23,7 +26,6 @@ import socket
 import struct
 import subprocess
 import sys
-import time
 
 import numpy as np
 
@@ -35,8 +37,11 @@ from .runtime import ClusterRuntime
 REC = struct.Struct("<qQII")          # id, size (pages of a run or range), page, kind
 RUN = struct.Struct("<qII")           # an answer's run: id, first page, pages
 #: record kinds (runtime/rt_snurhac.c): an allocation, the end, a range to bring, "bring only the
-#: ranges listed", a run of changed pages
-ALLOC, END, RANGE, SCOPED, PAGES_RUN = 0, 2, 3, 4, 5
+#: ranges listed", a run of changed pages (new then old bytes), a run of changed pages whose old
+#: bytes are all zero (new bytes only: a fresh allocation's copy-in)
+ALLOC, END, RANGE, SCOPED, PAGES_RUN, PAGES_NEW = 0, 2, 3, 4, 5, 6
+#: pages of changed runs stored at once (one fault batch) while the rest of a message comes
+STREAM_PAGES = 8192
 
 
 class LiveNode:
@@ -46,9 +51,13 @@ class LiveNode:
         self.agent = agent
         self.rt = ClusterRuntime(agent)
         self.sock = sock
-        # buffered: a message is hundreds of small records and page runs; the runtime waits for
-        # the answer after each message, so nothing is left in the buffer between messages
-        self.rfile = sock.makefile("rb", buffering=1 << 20)
+        # read buffer (a message is hundreds of small records and page runs; the runtime waits
+        # for the answer after each message, so nothing is left in it between messages)
+        self._rb, self._rpos = bytearray(), 0
+        # page runs of the batch being read, until stored (reused: no fresh memory to fault in)
+        self._arena: np.ndarray | None = None
+        self._arena_at = 0
+        self.wfile = sock.makefile("wb", buffering=1 << 16)
         self.offset: dict[int, int] = {}
         self.size: dict[int, int] = {}
         self.next_off = 0
@@ -56,23 +65,80 @@ class LiveNode:
                    "scoped_launches": 0}
 
     # -- socket ------------------------------------------------------------------------------
-    def _recv(self, n: int) -> bytes:
-        got = self.rfile.read(n)
-        if got is None or len(got) < n:
+    def wait_readable(self) -> None:
+        """Serve the other nodes until the runtime has sent something. Not a blocking read: while
+        the runtime compares its twins (hundreds of MiB for a large program's copy-in) the other
+        nodes' faults on blocks this node owns or holds would wait for it; and a poll between
+        any two reads, since a stream of page runs keeps the socket readable for hundreds of
+        milliseconds. The socket is watched in the select that pauses between polls, so its bytes
+        are taken at once; no spinning (but while pages are on their way from us: see
+        NodeAgent.idle), which would take the CPU from the program comparing its twins."""
+        while True:
+            self.agent._poll()
+            if select.select([self.sock], [], [], 0 if self.agent._sending else 0.0002)[0]:
+                return
+
+    def _fill(self, mv: memoryview) -> int:
+        self.wait_readable()
+        k = self.sock.recv_into(mv)
+        if k == 0:
             raise EOFError
-        return got
+        return k
+
+    def _recv(self, n: int) -> bytearray:
+        """The runtime's next n bytes (see wait_readable)."""
+        rb, pos = self._rb, self._rpos
+        if len(rb) - pos >= n:
+            self._rpos = pos + n
+            return rb[pos:pos + n]
+        out = bytearray(n)
+        self._recv_into(memoryview(out))
+        return out
+
+    def _take(self, n: int) -> np.ndarray:
+        """A page run's n bytes, read into the arena while it has room (handle() empties it after
+        each batch it stores), else into a buffer of their own."""
+        if self._arena is None:
+            self._arena = np.empty(2 * (STREAM_PAGES + 1024) * PAGE_SIZE, np.uint8)
+        at = self._arena_at
+        out = self._arena[at:at + n] if at + n <= len(self._arena) else np.empty(n, np.uint8)
+        self._arena_at += n if at + n <= len(self._arena) else 0
+        self._recv_into(memoryview(out))
+        return out
+
+    def _recv_into(self, mv: memoryview) -> None:
+        """Fill mv with the runtime's next bytes: small reads through a 1 MiB buffer, large ones
+        straight into mv."""
+        n = len(mv)
+        rb, pos = self._rb, self._rpos
+        have = min(len(rb) - pos, n)
+        mv[:have] = rb[pos:pos + have]
+        self._rpos = pos + have
+        if self._rpos == len(rb):
+            self._rb, self._rpos = bytearray(), 0
+        while have < n:
+            if n - have >= 1 << 20:
+                have += self._fill(mv[have:])
+                continue
+            chunk = bytearray(1 << 20)
+            k = self._fill(memoryview(chunk))
+            take = min(k, n - have)
+            mv[have:have + take] = chunk[:take]
+            have += take
+            if k > take:
+                self._rb, self._rpos = chunk[take:k], 0
 
     def _records(self):
         """(id, size, page, kind, data) until the end record; a run's data is its pages' new
-        then old bytes."""
+        then old bytes (PAGES_RUN) or new bytes alone (PAGES_NEW)."""
         while True:
             rid, size, page, kind = REC.unpack(self._recv(REC.size))
             if kind == END:
                 return
-            if kind not in (ALLOC, RANGE, SCOPED, PAGES_RUN):
+            if kind not in (ALLOC, RANGE, SCOPED, PAGES_RUN, PAGES_NEW):
                 raise ValueError(f"unknown record kind {kind} from the runtime")
-            data = self._recv(2 * size * PAGE_SIZE) if kind == PAGES_RUN else b""
-            yield rid, size, page, kind, data
+            n = {PAGES_RUN: 2, PAGES_NEW: 1}.get(kind, 0) * size * PAGE_SIZE
+            yield rid, size, page, kind, self._take(n) if n else b""
 
     def _place(self, rid: int, size: int) -> int:
         if rid not in self.offset:
@@ -84,43 +150,53 @@ class LiveNode:
                                   "(--um-space)")
         return self.offset[rid]
 
-    def _store_all(self, runs) -> list[tuple[int, int]]:
-        """Store the bytes the program changed, one write (one fault per UM block) per run of
-        consecutive pages; returns the pages whose agent copy then differs from the program's
-        (another node's bytes of the same page came with the write fault): the program must
-        get those back."""
-        merged = []
-        for rid, count, first, data in runs:
-            buf = np.frombuffer(data, np.uint8).reshape(2, count * PAGE_SIZE)
+    def _store_all(self, runs, host: bool = False) -> list[tuple[int, int]]:
+        """Store the bytes the program changed, the runs' blocks faulted in together (one batch;
+        ``host``: the host's changes, see NodeAgent.write_many); returns the pages whose agent
+        copy then differs from the program's (another node's bytes of the same page came with the
+        write fault): the program must get those back (not looked for in the host's changes: a
+        page the host wrote is fetched, if the node lacks it, when a kernel needs it)."""
+        items, where = [], []
+        for rid, count, first, kind, data in runs:
             n = min(count * PAGE_SIZE, self.size[rid] - first * PAGE_SIZE)
-            new, old = buf[0, :n], buf[1, :n]
-            mask = new != old
-            if mask.any():
-                addr = self.offset[rid] + first * PAGE_SIZE
-                self.agent.write(addr, new, mask)
-                self.st["pages_written"] += count
-                differs = np.zeros(count * PAGE_SIZE, bool)
-                differs[:n] = self.agent.mem[addr:addr + n] != new
-                merged += [(rid, first + k) for k in np.flatnonzero(differs.reshape(-1, PAGE_SIZE).any(1)).tolist()]
+            buf = np.frombuffer(data, np.uint8)
+            addr = self.offset[rid] + first * PAGE_SIZE
+            items.append((addr, buf[:n], buf[count * PAGE_SIZE:count * PAGE_SIZE + n] if kind == PAGES_RUN else 0))
+            where.append((rid, first, count, addr))
+            self.st["pages_written"] += count
+        if not items:
+            return []
+        self.agent.write_many(items, host=host)
+        merged = []
+        for (rid, first, count, addr), (_, new, _) in zip(where, [] if host else items):
+            n = len(new)
+            if np.array_equal(self.agent.mem[addr:addr + n], new):
+                continue
+            differs = np.zeros(count * PAGE_SIZE, bool)
+            differs[:n] = self.agent.mem[addr:addr + n] != new
+            merged += [(rid, first + k) for k in np.flatnonzero(differs.reshape(-1, PAGE_SIZE).any(1)).tolist()]
+        self._arena_at = 0     # the runs' bytes are no longer needed
         return merged
 
     def _answer(self, pages: list[tuple[int, int]]) -> None:
         """Hand the program these (id, page)s, as runs of consecutive pages: u32 runs, then per
-        run its header and its pages' bytes from the UM space."""
-        parts = []
-        runs = 0
+        run its header and its pages' bytes, written from the UM space without a copy."""
+        runs = []
         i = 0
         while i < len(pages):
             rid, first = pages[i]
             j = i + 1
             while j < len(pages) and pages[j] == (rid, first + (j - i)):
                 j += 1
-            a = self.offset[rid] + first * PAGE_SIZE
-            parts += [RUN.pack(rid, first, j - i), self.agent.mem[a:a + (j - i) * PAGE_SIZE].tobytes()]
-            runs += 1
+            runs.append((rid, first, j - i))
             i = j
+        self.wfile.write(struct.pack("<I", len(runs)))
+        for rid, first, n in runs:
+            a = self.offset[rid] + first * PAGE_SIZE
+            self.wfile.write(RUN.pack(rid, first, n))
+            self.wfile.write(memoryview(self.agent.mem[a:a + n * PAGE_SIZE]))
+        self.wfile.flush()
         self.st["pages_sent"] += len(pages)
-        self.sock.sendall(struct.pack("<I", runs) + b"".join(parts))
 
     # -- one message from the runtime ----------------------------------------------------------
     def handle(self) -> bool:
@@ -140,17 +216,23 @@ class LiveNode:
                         ro.append((off, size))
                     elif code == 2:
                         written.append((off, size))
-                elif k == PAGES_RUN:
-                    host.append((rid, size, code, data))
+                elif k in (PAGES_RUN, PAGES_NEW):
+                    host.append((rid, size, code, k, data))
+                    if sum(r[1] for r in host) >= STREAM_PAGES:   # stored while the runtime compares on
+                        self._store_all(host, host=True)
+                        host = []
                 elif k == SCOPED:
                     scoped = True
                 else:
                     ranges.append((rid, code, code + size))
-            self._store_all(host)
+            self._store_all(host, host=True)
             if kind == b"B":
                 self.st["launches"] += 1
                 self.st["scoped_launches"] += scoped
-                self.rt.flags(ro, written)
+                # collective: node 0's host changes are stored before any node fetches (the
+                # flags' barrier, else one of its own)
+                if not self.rt.flags(ro, written):
+                    self.agent._barrier()
             else:
                 self.st["host_syncs"] += 1
             if not scoped:
@@ -159,7 +241,13 @@ class LiveNode:
             if kind == b"B":
                 self.st["pages_sent_at_launch"] += sent
         elif kind == b"E":
-            merged = self._store_all((rid, size, page, data) for rid, size, page, _, data in self._records())
+            merged, runs = [], []
+            for rec in self._records():
+                runs.append(rec)
+                if sum(r[1] for r in runs) >= STREAM_PAGES:
+                    merged += self._store_all(runs)
+                    runs = []
+            merged += self._store_all(runs)
             self.agent.kernel_done()
             # pages this node still maps whose agent copy carries other nodes' bytes too
             self._answer([(rid, pg) for rid, pg in merged
@@ -169,19 +257,24 @@ class LiveNode:
         return True
 
     def _send_missing(self, ranges: list[tuple[int, int, int]]) -> int:
-        """Fault in every page of these (id, first page, end page) ranges this node lacks, and
-        hand them over; returns how many."""
-        out = []
+        """Fault in every page of these (id, first page, end page) ranges this node lacks, all
+        together, and hand over those that came from other nodes (the rest were never touched:
+        zeros, as in the program); returns how many."""
+        spans = []
         for rid, p_lo, p_hi in ranges:
             off, size = self.offset[rid], self.size[rid]
             p_hi = min(p_hi, (size + PAGE_SIZE - 1) // PAGE_SIZE)
-            if p_hi <= p_lo:
-                continue
-            p0 = off >> PAGE_SHIFT
-            before = self.agent.mapping[p0 + p_lo:p0 + p_hi].copy()
-            lo = p_lo * PAGE_SIZE
-            self.agent.read(off + lo, min(size, p_hi * PAGE_SIZE) - lo)
-            out += [(rid, p_lo + k) for k in np.flatnonzero(before == 0).tolist()]
+            if p_hi > p_lo:
+                p0 = off >> PAGE_SHIFT
+                spans.append((rid, p_lo, p_hi, self.agent.mapping[p0 + p_lo:p0 + p_hi] == 0))
+        got = self.agent.read_many([(self.offset[rid] + lo * PAGE_SIZE,
+                                     min(self.size[rid], hi * PAGE_SIZE) - lo * PAGE_SIZE) for rid, lo, hi, _ in spans])
+        came = np.zeros(len(self.agent.mapping), bool)
+        came[got] = True
+        out = []
+        for rid, p_lo, p_hi, lacked in spans:
+            p0 = (self.offset[rid] >> PAGE_SHIFT) + p_lo
+            out += [(rid, p_lo + k) for k in np.flatnonzero(lacked & came[p0:p0 + p_hi - p_lo]).tolist()]
         self._answer(out)
         return len(out)
 
@@ -226,6 +319,9 @@ def run_node(cmd: list[str], *, gpus_per_node: int, um_space: int, timeout_s: fl
     comm = MPI.COMM_WORLD
     agent = NodeAgent(comm, um_space, timeout_s=timeout_s)
     ours, theirs = socket.socketpair()
+    for sk in (ours, theirs):     # fewer, larger reads and writes of page runs
+        for opt in (socket.SO_SNDBUF, socket.SO_RCVBUF):
+            sk.setsockopt(socket.SOL_SOCKET, opt, 4 << 20)
     kw = {"library": library} if library else {}
     e = child_env(env, managed=True, gpus=str(agent.nodes * gpus_per_node), node_gpus=str(gpus_per_node),
                   node=str(agent.node), cluster_fd=str(theirs.fileno()), **kw)
@@ -239,18 +335,11 @@ def run_node(cmd: list[str], *, gpus_per_node: int, um_space: int, timeout_s: fl
     proc = subprocess.Popen(cmd, env=e, pass_fds=[theirs.fileno()])
     theirs.close()
     node = LiveNode(agent, ours)
-    last = time.monotonic()
     try:
         while True:
-            ready, _, _ = select.select([ours], [], [], 0)
-            if ready:
-                if not node.handle():
-                    break
-                last = time.monotonic()
-            elif agent._poll():
-                last = time.monotonic()
-            else:
-                agent.idle(time.monotonic() - last)
+            node.wait_readable()
+            if not node.handle():
+                break
     except BaseException:
         proc.kill()
         raise

@@ -88,17 +88,22 @@ class ClusterRuntime:
         self.agent.kernel_done()
         return plan
 
-    def flags(self, read_only, written) -> None:
+    def flags(self, read_only, written) -> bool:
         """§6.4 at a launch: buffers the kernel only reads get the read-only flag, flagged ones
-        it writes lose it (collective: every node calls it with the same buffers)."""
+        it writes lose it (collective: every node calls it with the same buffers). All changes go
+        to the agent at once (one barrier); returns whether there were any (else no barrier)."""
+        changes = []
         for buf in written:
             if buf in self.flagged:
                 self.flagged.discard(buf)
-                self.agent.set_read_only(*buf, False)
+                changes.append((*buf, False))
         for buf in read_only:
             if buf not in self.flagged:
                 self.flagged.add(buf)
-                self.agent.set_read_only(*buf, True)
+                changes.append((*buf, True))
+        if changes:
+            self.agent.set_flags(changes)
+        return bool(changes)
 
     def host(self, fn: Callable[[NodeAgent], object]):
         """Host code that touches UM (copies in and out): node 0 runs it, every node waits (the
