@@ -334,6 +334,40 @@ def test_faults_wait_for_the_runtimes_advice_before_counting_as_arrivals():
     assert old.verdict().held is False and old.peak_blocks == 64 * BLOCK_SIZE and old.peak_pages == 64 * 4096
 
 
+def test_faults_made_before_a_free_are_remote_mappings_even_when_they_come_after_it():
+    """A program's last kernels fault on host-preferred memory, then it frees everything. The
+    FREE records (the runtime's stream) reach the check before those faults (the tools ring,
+    delivered seconds late under load): the faults were made while the range was host-preferred,
+    so they are remote mappings, not first touches. Judged by the set as it is after the free,
+    the whole footprint counted as arrived (memHarvester's host-only run on 4 x H200: 'NOT held',
+    true peak 2.31 GiB over a 1.5 GiB budget, 2 % of the run, all of it at the end)."""
+    chk = BudgetCheck(16 * BLOCK_SIZE, reorder_ms=100, migrations_on=True, slack_bytes=0)
+    chk.observe(batch(10 * MS, alloc=_advice(5 * MS, 64)))
+    chk.observe(batch(50 * MS, migration=mig(40 * MS, range(8))))        # 8 blocks admitted
+    free = empty(Kind.ALLOC, 1)
+    free["t_ns"], free["addr"], free["bytes"], free["op"] = 300 * MS, BASE, 64 * BLOCK_SIZE, AllocOp.FREE
+    chk.observe(batch(310 * MS, alloc=free))
+    for step in range(40):                           # the faults of 200-290 ms, delivered late
+        now = 320 * MS + step * 20 * MS
+        b = batch(now, fault=faults(200 * MS + (step % 10) * 9 * MS, range(64)) if step < 10 else empty(Kind.FAULT))
+        b.runtime_ns = now
+        chk.observe(b)
+    chk.finish(1200 * MS)
+    v = chk.verdict()
+    assert v.fault_arrivals == 0 and v.faults_mapped_remote == 10 * 64, v
+    assert v.held is True and v.true_peak_bytes == 8 * BLOCK_SIZE
+    # a fault made after the free (a new allocation at the same address, not yet advised) is not
+    # excused by the old range
+    chk2 = BudgetCheck(16 * BLOCK_SIZE, reorder_ms=100, migrations_on=True, slack_bytes=0)
+    chk2.observe(batch(10 * MS, alloc=_advice(5 * MS, 64)))
+    chk2.observe(batch(310 * MS, alloc=free))
+    b = batch(420 * MS, fault=faults(400 * MS, range(4)))
+    b.runtime_ns = 420 * MS
+    chk2.observe(b)
+    chk2.finish(5000 * MS)
+    assert chk2.verdict().fault_arrivals == 4
+
+
 def test_a_runtime_gone_quiet_holds_faults_back_at_most_a_few_seconds():
     """A watermark that stops (no launches for a long while) must not keep first-touch faults
     out of the residency for ever: they are counted once FAULT_HOLD_MAX_NS has passed."""

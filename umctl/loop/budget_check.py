@@ -132,12 +132,24 @@ class RangeSet:
     """Disjoint byte ranges [lo, hi) with vectorised membership: the target's host-preferred
     managed memory, where a GPU fault maps the host page instead of bringing it in."""
 
+    #: how long a removed range is remembered (see :meth:`contains`): longer than any record
+    #: waits (the reorder window plus FAULT_HOLD_MAX_NS) with room to spare
+    GONE_KEEP_NS = 10_000_000_000
+
     def __init__(self) -> None:
         self.lo = np.zeros(0, np.int64)
         self.hi = np.zeros(0, np.int64)
+        #: ranges removed at a known time: (lo, hi, t). A fault stamped before the removal was
+        #: made while the range was still in the set, and its record may come after the FREE
+        #: record that removed it (the two come on different streams): at a program's end the
+        #: faults of its last kernels, delivered seconds late, followed the frees of everything
+        #: and were counted as first touches of the whole footprint (a false "NOT held")
+        self._gone: list[tuple[int, int, int]] = []
 
     def __len__(self) -> int:
-        return len(self.lo)
+        """Ranges to look in: those in the set and those remembered as removed (so that a
+        caller who skips the lookup on an empty set does not skip faults older than a free)."""
+        return len(self.lo) + len(self._gone)
 
     def add(self, lo: int, hi: int) -> None:
         if hi <= lo:
@@ -150,9 +162,13 @@ class RangeSet:
         order = np.argsort(los)
         self.lo, self.hi = los[order], his[order]
 
-    def remove(self, lo: int, hi: int) -> None:
+    def remove(self, lo: int, hi: int, t: int | None = None) -> None:
+        """Take [lo, hi) out; with its time ``t``, remember it for faults older than that."""
         if hi <= lo or not len(self.lo):
             return
+        if t is not None and ((self.lo < hi) & (self.hi > lo)).any():
+            self._gone = [g for g in self._gone if g[2] > t - self.GONE_KEEP_NS]
+            self._gone.append((lo, hi, int(t)))
         left = (self.lo < lo) & (self.hi > lo)            # a range sticking out on the left
         right = (self.lo < hi) & (self.hi > hi)           # ... on the right
         los = np.concatenate([self.lo[(self.hi <= lo) | (self.lo >= hi)], self.lo[left], np.full(int(right.sum()), hi)])
@@ -160,22 +176,30 @@ class RangeSet:
         order = np.argsort(los)
         self.lo, self.hi = los[order], his[order]
 
-    def contains(self, addr: np.ndarray) -> np.ndarray:
-        """Per address: whether it lies in one of the ranges."""
+    def contains(self, addr: np.ndarray, t: np.ndarray | None = None) -> np.ndarray:
+        """Per address: whether it lies in one of the ranges; with per-address times ``t``,
+        also in a range removed after that time (the set as it was when the address was used)."""
         addr = np.asarray(addr, np.int64)
         if not len(self.lo):
-            return np.zeros(len(addr), bool)
-        i = np.searchsorted(self.lo, addr, side="right") - 1
-        return (i >= 0) & (addr < self.hi[np.maximum(i, 0)])
+            out = np.zeros(len(addr), bool)
+        else:
+            i = np.searchsorted(self.lo, addr, side="right") - 1
+            out = (i >= 0) & (addr < self.hi[np.maximum(i, 0)])
+        if t is not None and self._gone:
+            t = np.asarray(t, np.int64)
+            for lo, hi, tg in self._gone:
+                out |= (addr >= lo) & (addr < hi) & (t < tg)
+        return out
 
     def observe(self, allocs: np.ndarray) -> None:
         """Fold a batch's ALLOC records: HOST_PREFERRED and PEER_PREFERRED add their range (a
         budgeted GPU's fault there maps the page where it is preferred), FREE removes it."""
-        for op, addr, n in zip(allocs["op"].tolist(), allocs["addr"].tolist(), allocs["bytes"].tolist()):
+        for t, op, addr, n in zip(allocs["t_ns"].tolist(), allocs["op"].tolist(), allocs["addr"].tolist(),
+                                  allocs["bytes"].tolist()):
             if op in (AllocOp.HOST_PREFERRED, AllocOp.PEER_PREFERRED):
                 self.add(addr, addr + n)
             elif op == AllocOp.FREE:
-                self.remove(addr, addr + n)
+                self.remove(addr, addr + n, t)
 
 
 @dataclass
@@ -303,7 +327,7 @@ class BudgetCheck:
             if len(self.host_preferred) and len(fa):
                 # advice already known: mapped, not arrivals (the rest is judged when applied,
                 # after its advice has had time to come)
-                mapped = self.host_preferred.contains(fa)
+                mapped = self.host_preferred.contains(fa, f["t_ns"])
                 n_mapped = int(mapped.sum())
                 self.fault_records_mapped += n_mapped
                 f, fa = f[~mapped], fa[~mapped]
@@ -464,7 +488,7 @@ class BudgetCheck:
         if fault.any() and len(self.host_preferred):
             # judged again at apply time: the runtime's HOST_PREFERRED record is stamped before
             # any fault on its range, and faults wait for its stream (module doc, *Faults wait*)
-            mapped = fault & self.host_preferred.contains(lo)
+            mapped = fault & self.host_preferred.contains(lo, t)
             if mapped.any():
                 self.fault_records_mapped += int(mapped.sum())
                 keep = ~mapped
