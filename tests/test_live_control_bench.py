@@ -250,3 +250,22 @@ def test_merge_of_split_invocations(tmp_path, capsys):
     assert "transformer:" in out and "moe:" in out and "6.00x" in out
     # 2 of 5 programs reach the bound's 50 %: the other 3 were not run, so the goal is open
     assert "[UNVERIFIED] deepum >= 50 % of the bound on >= 3 programs: 2 programs" in out
+
+
+def test_harvest_tenants_prints_no_speedup_over_a_baseline_whose_budget_was_not_held():
+    """memHarvester's table (benchmarks/gpu/harvest_tenants.py): a speedup over host-only counts
+    only where both budgets were verified held."""
+    ht = _load("harvest_tenants")
+
+    def rows(none_held, harvest_held):
+        return [{"config": "plain", "steady_ms": 200.0},
+                {"config": "none --budget", "steady_ms": 4000.0, "budget_held": none_held},
+                {"config": "harvest --budget", "steady_ms": 800.0, "budget_held": harvest_held}]
+
+    r = rows(True, True)
+    ht.speedups_vs_host(r)
+    assert [x["speedup_vs_host"] for x in r] == [20.0, 1.0, 5.0]
+    for none_held, harvest_held in ((False, True), (True, False), (None, True)):
+        r = rows(none_held, harvest_held)
+        ht.speedups_vs_host(r)
+        assert r[2]["speedup_vs_host"] != r[2]["speedup_vs_host"], (none_held, harvest_held)   # NaN
