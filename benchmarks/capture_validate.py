@@ -854,16 +854,74 @@ def calibration_for(trace, name: str | None):
     return Calibration.load(shipped) if shipped else DEFAULT
 
 
+def _kernel_positions(w) -> np.ndarray:
+    """Indices in ``w.ops`` of the kernels that are launches (in launch order: the synthetic
+    kernel for faults before the first launch left out)."""
+    from umctl.workload.tracefile import BEFORE_FIRST_LAUNCH
+    from umctl.workload.workload import OpType
+
+    kpos = np.flatnonzero(w.ops["type"] == OpType.KERNEL)
+    names = w.names + [""]
+    return np.array([k for k in kpos if names[int(w.ops["name_id"][k])] != BEFORE_FIRST_LAUNCH], np.int64)
+
+
+def _phase_ranges(steps: Steps, n_launches: int) -> list[tuple[int, int]]:
+    """Launch index ranges: the set-up, each step, the tail."""
+    cuts = [0, *map(int, steps.starts), int(steps.end), n_launches]
+    return list(zip(cuts[:-1], cuts[1:]))
+
+
+def transplant_compute(w, trace, launches: np.ndarray, steps: Steps, src, gpu_mem: int) -> dict:
+    """Give the kernels of ``w`` (the workload of ``trace``, a --complete-accesses recording)
+    the compute times of the same kernels in ``src`` = (trace, launches, steps) of a recording
+    of the same program that ran at full speed (no budget), in place.
+
+    Why: under --complete-accesses every kernel faults all it touches and the GPU is drained
+    after it, so its recorded time is mostly fault service, not compute (the replay would then
+    charge the faults twice). The kernel sequence is the program's and repeats run to run:
+    kernels are paired per phase (set-up, step i, tail) by name, by position where the phase's
+    names agree, else by a longest common subsequence. Unpaired kernels keep their recorded
+    time less the recorded fault service. Returns how many were paired."""
+    s_trace, s_launches, s_steps = src
+    w_src = recording_workload(s_trace, gpu_mem)
+    k_dst, k_src = _kernel_positions(w), _kernel_positions(w_src)
+    if len(k_dst) != len(launches) or len(k_src) != len(s_launches):
+        raise ValidateError("a recording's workload and its launches disagree: cannot pair kernels")
+
+    def names(t, la, lo, hi):
+        return [t.names[int(i)] if 0 <= int(i) < len(t.names) else f"func 0x{int(fn):x}"
+                for i, fn in zip(la["name_id"][lo:hi], la["func"][lo:hi])]
+
+    paired = 0
+    d_ph, s_ph = _phase_ranges(steps, len(launches)), _phase_ranges(s_steps, len(s_launches))
+    for (d0, d1), (s0, s1) in zip(d_ph, s_ph):
+        a, b = names(trace, launches, d0, d1), names(s_trace, s_launches, s0, s1)
+        pairs = [(i, i) for i in range(len(a))] if a == b else lcs_pairs(a, b)
+        if not pairs:
+            continue
+        di = np.array([d0 + i for i, _ in pairs]); si = np.array([s0 + j for _, j in pairs])
+        w.ops["compute_ns"][k_dst[di]] = w_src.ops["compute_ns"][k_src[si]]
+        paired += len(pairs)
+    return {"kernels": int(len(launches)), "paired": int(paired), "from": "no-budget recording"}
+
+
 def time_comparison(trace, launches: np.ndarray, steps: Steps, cap: dict[str, np.ndarray], gpu_mem: int,
-                    modes: list[str], calib) -> dict:
+                    modes: list[str], calib, compute_from=None) -> dict:
     """Per-step replayed times of the recording (``steps`` of ``launches``) beside the capture's
-    (``cap``: :func:`replay` of the capture), per mode."""
+    (``cap``: :func:`replay` of the capture), per mode. ``compute_from``: (trace, launches,
+    steps) of a full-speed recording whose kernels' times replace the recording's
+    (:func:`transplant_compute`)."""
     w_rec = recording_workload(trace, gpu_mem)
     set_step_iterations(w_rec, steps, len(launches))
+    paired = None
+    if compute_from is not None:
+        paired = transplant_compute(w_rec, trace, launches, steps, compute_from, gpu_mem)
     rec = replay(w_rec, modes, calib)
     out = {"steps": {"n": steps.n, "method": steps.method, "gap_ms": steps.gap_ms,
                      "launches_per_step": np.diff(np.r_[steps.starts, steps.end]).tolist()},
            "modes": {}}
+    if paired is not None:
+        out["compute"] = paired
     for m in modes:
         rs = step_times_recording(rec[m], steps.n)
         cs = step_times_capture(cap[m])
@@ -878,8 +936,9 @@ def validate(args) -> dict:
     from umctl.sim.replay import parse_modes
     from umctl.units import parse_size
 
-    if not args.recording and not args.budget_recording:
-        raise ValidateError("give --recording (no budget) and/or --budget-recording (at the budget)")
+    if not args.recording and not args.budget_recording and not args.complete_recording:
+        raise ValidateError("give --recording (no budget), --budget-recording (at the budget) and/or "
+                            "--complete-recording (umctl run --complete-accesses)")
     try:
         gpu_mem = parse_size(args.gpu_mem)
     except ValueError as e:
@@ -887,7 +946,8 @@ def validate(args) -> dict:
     if gpu_mem < 2 << 20:
         raise ValidateError(f"--gpu-mem {args.gpu_mem}: must be at least 2 MiB")
     recs = {}
-    for label, path in (("nobudget", args.recording), ("budget", args.budget_recording)):
+    for label, path in (("nobudget", args.recording), ("budget", args.budget_recording),
+                        ("complete", args.complete_recording)):
         if path:
             t = load_recording(path)
             check_runtime_recording(t, path)
@@ -919,7 +979,10 @@ def validate(args) -> dict:
         row: dict = {"file": path, "command": t.meta.get("command"), "steps_expected": n_steps,
                      "launch_times": launch_timing(t)}
         if cap is not None:
-            row["time"] = time_comparison(t, launches, steps, cap, gpu_mem, modes, calib)
+            src = None
+            if label == "complete" and "nobudget" in recs:   # its kernel times are fault service
+                src = (recs["nobudget"][1], found["nobudget"][1], found["nobudget"][2])
+            row["time"] = time_comparison(t, launches, steps, cap, gpu_mem, modes, calib, compute_from=src)
         if label == "nobudget" or len(recs) == 1:
             other = None
             if label == "nobudget" and "budget" in recs and args.cross_evidence:
@@ -1035,7 +1098,10 @@ def render(res: dict) -> str:
                              f"{_f(r['recording_steady_s'], '{:.4f}'):>17} {_f(r['capture_over_recording'], '{:.2f}x'):>18}")
             if label == "nobudget":
                 lines.append("  (a no-budget recording holds first touches only: its replay at a smaller GPU "
-                             "misses every later access; the budget recording is the like-for-like one)")
+                             "misses every later access; the complete recording is the like-for-like one)")
+            if t.get("compute"):
+                c = t["compute"]
+                lines.append(f"  kernel times from the {c['from']}: {c['paired']} of {c['kernels']} kernels paired")
         for key in ("access", "access_cold"):
             a = row.get(key)
             if not a:
@@ -1066,6 +1132,8 @@ def parse_args(argv=None):
     ap.add_argument("--iters", type=int, default=4, help="--program: steady steps in the capture (default 4)")
     ap.add_argument("--recording", help="umctl run --runtime --managed -o trace, no budget (access sets)")
     ap.add_argument("--budget-recording", help="the same at the budget (per-step time)")
+    ap.add_argument("--complete-recording", help="umctl run --complete-accesses -o trace: every kernel's whole "
+                    "access set (per-step time like for like; kernel times from --recording when given)")
     ap.add_argument("--gpu-mem", help="the budget: the replayed GPU's memory (e.g. 953MiB)")
     ap.add_argument("--steps", type=int, help="steps the recorded program ran (default: its command line's --steps)")
     ap.add_argument("--modes", default="none,deepum")

@@ -14,6 +14,7 @@ __attribute__((constructor)) static void rt_init(void)
     cfg_managed = cfg_hum || env_on("UMCTL_RT_MANAGED");
     cfg_stats = env_on("UMCTL_RT_STATS");
     cfg_track_end = env_on("UMCTL_RT_TRACK_END");
+    cfg_evict_each = env_on("UMCTL_RT_EVICT_EACH");
     cfg_hum_min = env_size("UMCTL_RT_HUM_MIN", cfg_hum_min);
     cfg_unprot_step = env_size("UMCTL_RT_HUM_UNPROT_STEP", cfg_unprot_step);
     cfg_protect_group = env_size("UMCTL_RT_HUM_PROTECT_GROUP", cfg_protect_group);
@@ -49,7 +50,7 @@ __attribute__((destructor)) static void rt_fini(void)
                 "managed_allocs=%llu driver_wrapped=%llu chunks=%llu pinned_chunks=%llu stage_ms=%.1f dma_wait_ms=%.1f populated=%llu "
                 "dma_chunks=%llu prefetches=%llu drops=%llu,%llu,%llu partitioned=%llu part_fallbacks=%llu "
                 "read_mostly=%llu,%llu discards=%llu,%llu,%llu discard_lock_ms=%.1f,%.2f call_ms=%.1f protect_ms=%.1f unprotect_ms=%.1f copy_ms=%.1f copy_max_ms=%.1f "
-                "prefer_host=%llu,%llu\n",
+                "prefer_host=%llu,%llu evict_each=%llu,%llu\n",
                 (int)getpid(), (unsigned long long)st_hum, (unsigned long long)st_fallback,
                 (unsigned long long)st_waits, (unsigned long long)st_segv, (unsigned long long)st_launch,
                 (unsigned long long)st_drv_launch,
@@ -61,7 +62,8 @@ __attribute__((destructor)) static void rt_fini(void)
                 (unsigned long long)st_disc_bytes, (unsigned long long)st_disc_kept, st_disc_ns / 1e6, st_disc_max_ns / 1e6,
                 st_call_ns / 1e6, st_protect_ns / 1e6, st_unprot_ns / 1e6,
                 st_copy_ns / 1e6, st_copy_max_ns / 1e6, (unsigned long long)st_prefer_host,
-                (unsigned long long)st_prefer_host_failed);
+                (unsigned long long)st_prefer_host_failed, (unsigned long long)st_evict_each,
+                (unsigned long long)st_evict_each_failed);
 }
 
 /* ---------------------------------------------------------------- the runtime API we interpose */
@@ -308,6 +310,52 @@ static void track_end(int64_t seq, cudaStream_t s)
     tl_internal--;
 }
 
+/* ---------------------------------------------------------------- complete access sets (UMCTL_RT_EVICT_EACH)
+
+   umctl run --complete-accesses. A recording holds only the accesses that faulted: once a page
+   is on the GPU, the kernels after the one that brought it leave no trace of touching it, so
+   a recording made where the program fits cannot be replayed at a smaller GPU (every later
+   access is missing), and one made under a budget holds whatever that budget's keeper let
+   fault. Here every reported kernel is followed by a wait for the GPU and a migration of all
+   managed memory back to the host: the next kernel then faults every page it touches, and the
+   trace holds each kernel's whole access set (less the pages the driver's density prefetcher
+   brought along with a faulting neighbour), the input a replay at any GPU size needs. Slow by
+   design (every access a fault, every kernel a round trip); the program's results are
+   unchanged. The waits use the real entry points: the program's own synchronisation
+   bookkeeping (exec_hash's occurrence epochs) does not see them. */
+static void evict_each(void)
+{
+    if (!cfg_evict_each || tl_internal)
+        return;
+    pthread_once(&driver_once, load_driver);
+    if (!cu_prefetch || !get_cudaDeviceSynchronize())
+        return;
+    tl_internal++;
+    get_cudaDeviceSynchronize()();   /* the kernel's faults are all made before this returns */
+    pthread_mutex_lock(&allocs_mu);
+    struct alloc *v = n_allocs ? malloc(n_allocs * sizeof *v) : NULL;
+    size_t n = 0;
+    for (size_t i = 0; v && i < n_allocs; i++)
+        if (allocs[i].managed)
+            v[n++] = allocs[i];
+    pthread_mutex_unlock(&allocs_mu);
+    int failed = 0;
+    for (size_t i = 0; i < n; i++)
+        failed |= cu_prefetch((u64)v[i].addr, v[i].n, -1 /* CU_DEVICE_CPU */, NULL) != 0;
+    free(v);
+    get_cudaDeviceSynchronize()();
+    atomic_fetch_add(failed ? &st_evict_each_failed : &st_evict_each, 1);
+    tl_internal--;
+}
+
+/* After a reported launch was accepted: its end tracked, its accesses made complete. */
+static void after_launch(int64_t seq, cudaStream_t s)
+{
+    track_end(seq, s);
+    if (seq >= 0)
+        evict_each();
+}
+
 static int64_t report_launch_as(const void *f, int drv, dim3 g, dim3 b, void **args, size_t smem, cudaStream_t s)
 {
     int64_t seq = -1;
@@ -376,7 +424,7 @@ static int drv_launch(int k, void *f, unsigned gx, unsigned gy, unsigned gz, uns
     int64_t q = report_launch_as(f, 1, g, b, args, smem, rs);   /* -1 inside a reported launch: no end tracked */
     int r = real(f, gx, gy, gz, bx, by, bz, smem, s, args, extra);
     if (r == 0)
-        track_end(q, rs);
+        after_launch(q, rs);
     return r;
 }
 
@@ -391,7 +439,7 @@ static int drv_launch_ex(int k, const cu_launch_cfg *c, void *f, void **args, vo
     int64_t q = report_launch_as(f, 1, g, b, args, c->smem, rs);
     int r = real(c, f, args, extra);
     if (r == 0)
-        track_end(q, rs);
+        after_launch(q, rs);
     return r;
 }
 

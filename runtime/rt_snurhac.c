@@ -1184,7 +1184,7 @@ static cudaError_t launch_plain(launch_plain_t real, const void *f, dim3 g, dim3
     cudaError_t r = real(f, g, b, args, smem, s);
     tl_rt_launch--;
     if (r == 0)
-        track_end(q, s);
+        after_launch(q, s);
     return r;
 }
 
@@ -1224,7 +1224,7 @@ static cudaError_t launch_exc(const char *name, launch_exc_t *real, const umrt_l
     cudaError_t r = fn(c, f, args);
     tl_rt_launch--;
     if (r == 0 && c)
-        track_end(q, c->stream);
+        after_launch(q, c->stream);
     return r;
 }
 
@@ -1265,7 +1265,7 @@ static u64 stub_launch(const char *name, fn12 *real, u64 a, u64 b, u64 c, u64 d,
     u64 r = fn(a, b, c, d, e, f, g, h, i, j, k, l);
     tl_rt_launch--;
     if ((cudaError_t)r == 0)
-        track_end(q, (cudaStream_t)(uintptr_t)h);
+        after_launch(q, (cudaStream_t)(uintptr_t)h);
     return r;
 }
 

@@ -75,6 +75,8 @@ enum { cudaMemcpyHostToHost = 0, cudaMemcpyHostToDevice = 1, cudaMemcpyDeviceToH
 /* ---------------------------------------------------------------- configuration and stats */
 
 static int cfg_managed, cfg_hum, cfg_stats, cfg_track_end;
+static int cfg_evict_each;   /* UMCTL_RT_EVICT_EACH: rt_interpose.c, evict_each */
+static _Atomic u64 st_evict_each, st_evict_each_failed;
 static size_t cfg_hum_min = (size_t)1 << 20, cfg_cap;
 static unsigned cfg_delay_us;
 static const char *cfg_socket;

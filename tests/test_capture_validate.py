@@ -76,7 +76,7 @@ def capture(program):
 
 
 def synthetic_recording(path: Path, w, *, script: str = "tiny.py", fault_step: int = 0,
-                        warmup_elsewhere: bool = False, created: list[int] | None = None) -> dict:
+                        warmup_elsewhere: bool = False, created: list[int] | None = None, slow: int = 1) -> dict:
     """A `umctl run --runtime --managed --mode none` recording of the captured program as the
     capture predicts it: the workspace segment first, then the capture's segments (at other
     addresses); a few set-up launches, STEPS steps of the capture's kept step (one launch per
@@ -88,7 +88,9 @@ def synthetic_recording(path: Path, w, *, script: str = "tiny.py", fault_step: i
     whose kernels fault first touches as the capture's kept step predicts (a real run: 1, the
     step after the warm-up the capture keeps); ``warmup_elsewhere``: step 0 then faults every
     chunk from its last kernel (the warm-up, with another layout). ``created``: the order in
-    which the run created the capture's segments (positions; default the capture's)."""
+    which the run created the capture's segments (positions; default the capture's). ``slow``:
+    every step kernel runs that many times its capture time (a --complete-accesses run, whose
+    kernels are mostly fault service)."""
     names_cap, sets = cv._capture_kernel_sets(w, 0)
     seg_idx, _, seg_bytes = cv.capture_segments(w)
     base = 0x7F00_0000_0000
@@ -147,7 +149,7 @@ def synthetic_recording(path: Path, w, *, script: str = "tiny.py", fault_step: i
                         seg, chunk = c >> cv.CHUNK_BITS, c & ((1 << cv.CHUNK_BITS) - 1)
                         faults.append((t + 3, real_addr[seg] + chunk * BLOCK_SIZE + 8192))
                     assert len(far) >= MISCHARGED
-            t += int(compute[k])
+            t += int(compute[k]) * slow
     t += GAP_NS
     for j in range(2):                      # the checksum after the loop
         launch("checksum_kernel", (1, 1, 1), t)
@@ -402,3 +404,24 @@ def test_segments_matched_by_another_runs_faults(tmp_path, capture):
     assert sg["other_recording"]["same_size_sequence"] and sg["other_recording"]["steps"] == [KEPT]
     assert sg["matched_by_access"] == sg["capture"]
     assert r["share"]["aligned_kernel"] == pytest.approx(built["pairs"] / total)
+
+
+def test_complete_recording_takes_kernel_times_from_the_full_speed_run(tmp_path, capture):
+    """A --complete-accesses recording's kernels run slow (every access a fault): replayed with
+    the kernel times of a full-speed recording of the same program, paired per step by name,
+    its steady step is the full-speed one's; with its own times it is several times longer."""
+    fast, slow = tmp_path / "fast.parquet", tmp_path / "slow.parquet"
+    built = synthetic_recording(fast, capture)
+    synthetic_recording(slow, capture, slow=5)
+    gpu = 1 << 30
+    capture.gpu_mem = [gpu]
+    cap = cv.replay(capture, ["none"], DEFAULT)
+    tf, ts = cv.load_recording(str(fast)), cv.load_recording(str(slow))
+    lf, ls = cv.launches_of(tf), cv.launches_of(ts)
+    sf, ss = cv.detect_steps(lf, STEPS), cv.detect_steps(ls, STEPS)
+    ref = cv.time_comparison(tf, lf, sf, cap, gpu, ["none"], DEFAULT)["modes"]["none"]["recording_steady_s"]
+    own = cv.time_comparison(ts, ls, ss, cap, gpu, ["none"], DEFAULT)["modes"]["none"]["recording_steady_s"]
+    res = cv.time_comparison(ts, ls, ss, cap, gpu, ["none"], DEFAULT, compute_from=(tf, lf, sf))
+    assert res["compute"]["paired"] == res["compute"]["kernels"] == len(ls)
+    assert res["modes"]["none"]["recording_steady_s"] == pytest.approx(ref, rel=1e-6)
+    assert own - ref == pytest.approx(4 * built["compute_ns"] / 1e9, rel=0.05)   # 4 x the kernels' time more

@@ -299,6 +299,9 @@ def _err(capsys, files, argv) -> str:
     ([*R, "--drain-us", "nan"], ["--drain-us", "(0, 10000000]"]),
     (["top", "--once", "--interval", "-1"], ["--interval", "(0, 86400]"]),
     (["run", "--mode", "deepum", "-O", "launch_queue=8", "--", "true"], ["launch_queue", "umctl replay"]),
+    (["run", "--complete-accesses", "--", "true"], ["--complete-accesses", "-o TRACE"]),
+    (["run", "--complete-accesses", "--budget", "1GiB", "-o", "{tmp}/t.parquet", "--", "true"],
+     ["--complete-accesses", "--budget"]),
 ])
 def test_messages_name_the_option_and_the_range(capsys, files, argv, words):
     err = _err(capsys, files, argv)

@@ -539,3 +539,30 @@ def test_prefer_host_failure_is_counted_not_reported(built, tmp_path):
     al = src.drain()[Kind.ALLOC]
     assert (al["op"] == AllocOp.ALLOC).sum() == 3 and not (al["op"] == AllocOp.HOST_PREFERRED).any()
     assert stats(err)["prefer_host"] == "0,3"
+
+
+def test_evict_each_migrates_all_managed_memory_home_after_every_kernel(built, tmp_path, monkeypatch):
+    """UMCTL_RT_EVICT_EACH (umctl run --complete-accesses): after each reported kernel the
+    runtime waits for the GPU, then sends every managed allocation to the host (device -1) and
+    waits again, so the next kernel faults all it touches; the program's results are unchanged,
+    and without the switch nothing is prefetched."""
+    log = tmp_path / "prefetch.log"
+    monkeypatch.setenv("FAKE_PREFETCH_LOG", str(log))
+    with RuntimeSource() as src:
+        res, err = run(built, "basic", socket=src.path, managed=True, evict_each="1")
+    allocs = src.drain()[Kind.ALLOC]
+    allocs = allocs[allocs["op"] == AllocOp.ALLOC]
+    ranges = sorted(zip(allocs["addr"].tolist(), allocs["bytes"].tolist()))
+    lines = log.read_text().splitlines()
+    log.unlink()
+    per_kernel = ["sync"] + ["prefetch"] * 3 + ["sync"]
+    assert [ln.split()[0] for ln in lines] == per_kernel * 3 + ["sync"]   # the program's own sync last
+    for k in range(3):
+        block = [ln.split() for ln in lines[5 * k + 1:5 * k + 4]]
+        assert sorted((int(a), int(n)) for _, a, n, _ in block) == ranges
+        assert {int(d) for *_, d in block} == {-1}
+    assert stats(err)["evict_each"] == "3,0"
+    plain, err0 = run(built, "basic", socket=None, managed=True)
+    assert res["checksum"] == plain["checksum"]
+    assert [ln for ln in log.read_text().splitlines() if ln.startswith("prefetch")] == []
+    assert stats(err0)["evict_each"] == "0,0"

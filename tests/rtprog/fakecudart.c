@@ -22,6 +22,17 @@
 #define API __attribute__((visibility("default")))
 typedef void (*kernel_fn)(void **);
 
+/* FAKE_PREFETCH_LOG: one line per prefetch ("prefetch ADDR BYTES DEVICE") and per
+   cudaDeviceSynchronize ("sync"), in call order */
+static void fake_file_log(const char *fmt, unsigned long long a, unsigned long long b, int c)
+{
+    const char *path = getenv("FAKE_PREFETCH_LOG");
+    FILE *f = path ? fopen(path, "a") : NULL;
+    if (f) {
+        fprintf(f, fmt, a, b, c);
+        fclose(f);
+    }
+}
 #ifdef FAKE_LIBCUDA
 /* -- the driver: launches, parameter sizes, prefetch, cuGetProcAddress ------------------------ */
 API int fake_prefetches;
@@ -73,8 +84,9 @@ API int cuFuncGetName(const char **name, void *f)
 
 API int cuMemPrefetchAsync(uint64_t p, size_t n, int dev, void *stream)
 {
-    (void)p, (void)n, (void)dev, (void)stream;
+    (void)stream;
     __sync_fetch_and_add(&fake_prefetches, 1);
+    fake_file_log("prefetch %llu %llu %d\n", (unsigned long long)p, (unsigned long long)n, dev);
     return 0;
 }
 
@@ -384,7 +396,12 @@ API int cudaStreamCreateWithFlags(void **s, unsigned f)
 }
 API int cudaStreamIsCapturing(void *s, int *st) { (void)s; *st = 0; return 0; }
 API int cudaStreamSynchronize(void *s) { ce_run(s, 0, ~0ul); return 0; }
-API int cudaDeviceSynchronize(void) { ce_run(NULL, 1, ~0ul); return 0; }
+API int cudaDeviceSynchronize(void)
+{
+    ce_run(NULL, 1, ~0ul);
+    fake_file_log("sync\n", 0, 0, 0);
+    return 0;
+}
 
 /* What cuBLAS does: reach the driver's launch through dlsym(libcuda, cuGetProcAddress). */
 API int fake_driver_launch(const void *f, void **args)

@@ -270,6 +270,10 @@ def run_command(
                                        "partitionable kernels (runtime/umctl_snurhac.h) over GPUs 0..N-1."),
     hosts: Optional[str] = typer.Option(None, "--hosts", help="--mode snurhac: one program over these nodes "
                                         "(host[:slots],..., through mpirun and mpi4py; --gpus per node)."),
+    complete_accesses: bool = typer.Option(False, "--complete-accesses", help="Record every kernel's whole "
+                                           "access set: after each kernel the runtime sends all managed memory "
+                                           "back to the host, so the next kernel faults all it touches (implies "
+                                           "--runtime --managed; slow: for a replay at any GPU size)."),
 ) -> None:
     """Start a program and record or control it from its first CUDA use; exits with its status.
 
@@ -292,6 +296,8 @@ def run_command(
 
       [bold]umctl run --mode hum -- ./app[/bold]   (HUM: copies overlap host work; results unchanged)
 
+      [bold]umctl run --complete-accesses -o full.parquet -- python3 train.py --steps 2[/bold]   (every access faults: replay at any GPU size)
+
       [bold]umctl run --mode snurhac-dp --gpus 4 -- ./gemm[/bold]   (SnuRHAC: one program over 4 GPUs)
 
       [bold]umctl run --mode snurhac --hosts n1:1,n2:1 --gpus 4 -- ./gemm[/bold]   (over 2 nodes of 4 GPUs, MPI)
@@ -311,11 +317,19 @@ def run_command(
         hum, mode = True, None
     control = _control_spec(mode, budget, option, degree, spare_gpus, rate, gpus, live_run=True,
                             budget_sweep=budget_sweep, hold=budget_hold)
+    if complete_accesses:
+        if hum or (control is not None and (control.budget is not None or control.gpus is not None)):
+            raise UmctlError("--complete-accesses records a program's accesses: it takes no --budget, "
+                             "--gpus or HUM (it moves all managed memory home after every kernel)")
+        if not output:
+            raise UmctlError("--complete-accesses is for recording: give -o TRACE")
+        runtime = managed = True
     managed = managed or (control is not None and control.gpus is not None)
     if output is None and control is None and not (hum or runtime or managed):
         raise UmctlError("nothing to do: give -o TRACE to record, --mode/--budget to control, "
                          "--runtime/--managed/--hum to run under the runtime, or several")
-    child, rt_source = start_program(cmd, control=control, runtime=runtime, managed=managed, hum=hum)
+    child, rt_source = start_program(cmd, control=control, runtime=runtime, managed=managed, hum=hum,
+                                     evict_each=complete_accesses)
     rc: int | None = None
     before_cuda: LiveError | None = None
     try:
@@ -328,7 +342,8 @@ def run_command(
         if src is not None:
             meta = {"command": cmd, "mode": "hum" if hum else (control.mode if control else None),
                     "gpus": control.gpus if control else None,
-                    "runtime": {"managed": managed, "hum": hum} if rt_source else None}
+                    "runtime": {"managed": managed, "hum": hum, "complete_accesses": complete_accesses}
+                    if rt_source else None}
             r = _observe(src, command="run", duration=duration, output=output, interval=1.0, probe_launches=launches,
                          live=not quiet, child=child, meta=meta, control=control, launches=rt_source)
             _print_summary(r)

@@ -88,11 +88,13 @@ def attach_child(child: subprocess.Popen, kinds: str, control: ControlSpec | Non
             time.sleep(0.002)
 
 
-def start_program(cmd: list[str], *, control: ControlSpec | None, runtime: bool, managed: bool, hum: bool):
+def start_program(cmd: list[str], *, control: ControlSpec | None, runtime: bool, managed: bool, hum: bool,
+                  evict_each: bool = False):
     """Start ``cmd``; under umctl's runtime (``runtime``/``managed``/``hum``, or a mode that
     spreads over GPUs) also the runtime's report socket, returned as the launch source.
-    Returns (child, runtime source or None)."""
-    rt_extra: dict[str, str] = {}
+    ``evict_each``: all managed memory goes home after every kernel (runtime/rt_interpose.c,
+    *complete access sets*). Returns (child, runtime source or None)."""
+    rt_extra: dict[str, str] = {"evict_each": "1"} if evict_each else {}
     if control is not None and control.gpus is not None:
         # SnuRHAC's runtime: cudaMalloc becomes managed memory that every GPU reaches, and the
         # runtime partitions the convention's kernels over the GPUs
