@@ -390,13 +390,31 @@ def set_step_iterations(w, steps: Steps, n_launches: int) -> None:
     ops["iteration"] = np.maximum.accumulate(it).astype(np.int32)
 
 
-def replay(w, modes: list[str], calib) -> dict[str, np.ndarray]:
-    """Per mode, the end time (s) of each iteration."""
+#: what a replay's totals show of where its time went (SimResult fields)
+TOTALS = ("time_ns", "compute_ns", "stall_ns", "faults", "fault_batches", "bytes_h2d", "bytes_d2h",
+          "demand_bytes", "driver_prefetch_bytes", "user_prefetch_bytes", "evicted_bytes", "preevicted_bytes",
+          "accesses", "kernels")
+
+
+def compute_per_iteration(w) -> list[float]:
+    """Seconds of kernel compute per iteration of ``w`` (a recording's: set-up 0, step i -> i + 1)."""
+    from umctl.workload.workload import OpType
+
+    k = w.ops[w.ops["type"] == OpType.KERNEL]
+    n = int(w.ops["iteration"].max()) + 1 if len(w.ops) else 0
+    return (np.bincount(k["iteration"], weights=k["compute_ns"], minlength=n) / 1e9).tolist()
+
+
+def replay(w, modes: list[str], calib, totals: dict | None = None) -> dict[str, np.ndarray]:
+    """Per mode, the end time (s) of each iteration; ``totals`` (if given) gets per mode the
+    whole replay's :data:`TOTALS` and its iteration count, to tell what the time is made of."""
     from umctl.sim.replay import run_modes
 
     out = {}
     for r in run_modes(w, modes, calib=calib):
         out[r.mode] = np.asarray(r.iteration_end_ns, np.float64) / 1e9
+        if totals is not None:
+            totals[r.mode] = {k: int(getattr(r, k)) for k in TOTALS} | {"iterations": len(out[r.mode])}
     return out
 
 
@@ -916,10 +934,11 @@ def time_comparison(trace, launches: np.ndarray, steps: Steps, cap: dict[str, np
     paired = None
     if compute_from is not None:
         paired = transplant_compute(w_rec, trace, launches, steps, compute_from, gpu_mem)
-    rec = replay(w_rec, modes, calib)
+    totals: dict = {}
+    rec = replay(w_rec, modes, calib, totals)
     out = {"steps": {"n": steps.n, "method": steps.method, "gap_ms": steps.gap_ms,
                      "launches_per_step": np.diff(np.r_[steps.starts, steps.end]).tolist()},
-           "modes": {}}
+           "modes": {}, "recording_totals": totals, "recording_compute_s": compute_per_iteration(w_rec)}
     if paired is not None:
         out["compute"] = paired
     for m in modes:
@@ -973,7 +992,10 @@ def validate(args) -> dict:
             found[label] = (n_steps, launches, detect_steps(launches, n_steps))
         except ValidateError as e:
             raise ValidateError(f"{path}: {e}") from None
-    cap = None if args.no_replay else replay(w, modes, calib)
+    cap_totals: dict = {}
+    cap = None if args.no_replay else replay(w, modes, calib, cap_totals)
+    if cap is not None:
+        out["capture_totals"], out["capture_compute_s"] = cap_totals, compute_per_iteration(w)
     for label, (path, t) in recs.items():
         n_steps, launches, steps = found[label]
         row: dict = {"file": path, "command": t.meta.get("command"), "steps_expected": n_steps,
