@@ -357,3 +357,41 @@ def test_peak_managed_bytes_counts_what_is_live_at_once():
     ops["mem_op"] = [AllocOp.ALLOC, AllocOp.FREE, AllocOp.ALLOC, AllocOp.FREE, AllocOp.ALLOC]
     w = Workload("w", ops, np.zeros(0, np.int64), np.zeros(0, bool), allocs, [], gpu_mem=[1 << 30])
     assert w.managed_bytes == 120 and w.peak_managed_bytes == 110
+
+
+def _migrations(t, page, npages, dst, cause) -> np.ndarray:
+    from umctl.events.schema import Cause
+
+    out = empty(Kind.MIGRATION, len(t))
+    out["t_ns"], out["t_end_ns"], out["pid"] = t, np.asarray(t) + 50, 42
+    out["addr"] = (BASE_PAGE + np.asarray(page)) << PAGE_SHIFT
+    out["bytes"] = np.asarray(npages) * PAGE_SIZE
+    out["dst"], out["src"], out["cause"] = dst, -1, [Cause[c] for c in cause]
+    return out
+
+
+@pytest.mark.parametrize("complete", [True, False])
+def test_complete_access_recordings_count_what_migrated_onto_the_gpu(tmp_path: Path, complete) -> None:
+    """umctl run --complete-accesses: each kernel starts with nothing on the GPU, so the pages
+    the driver moved onto it while the kernel ran (its faults, and the rest of their regions
+    the density prefetcher brought) are the kernel's accesses; the eviction home after it
+    (to the CPU) and moves outside any kernel are not. A trace recorded without the switch
+    keeps the faulted pages only."""
+    lau = launches([1000, 2000], t_end=[1900, 2900])
+    f = np.concatenate([faults([1100], [0], access=Access.WRITE), faults([2100], [40])])
+    mig = np.concatenate([
+        _migrations([1110], [0], [16], 0, ["DEMAND"]),                      # the faulted page's 64 KiB
+        _migrations([1120], [16], [16], 0, ["DRIVER_PREFETCH"]),            # the prefetcher's next region
+        _migrations([1950], [0], [32], -1, ["USER"]),                       # the eviction home
+        _migrations([2110], [40], [1], 0, ["DEMAND"]),
+    ])
+    meta = {"runtime": {"managed": True, "hum": False, "complete_accesses": complete}}
+    t = make(tmp_path / "c.parquet", {Kind.LAUNCH: lau, Kind.FAULT: f, Kind.MIGRATION: mig}, names=["a", "b"], meta=meta)
+    w = workload_from_trace(t, gpu_mem=64 * MiB)
+    w.validate()
+    if complete:
+        assert kernel_pages(w, 0) == list(range(32)) and kernel_writes(w, 0) == [True] + [False] * 31
+        assert kernel_pages(w, 1) == [40]
+        assert w.meta["derived_from"] == "fault and migration events"
+    else:
+        assert kernel_pages(w, 0) == [0] and kernel_pages(w, 1) == [40]

@@ -324,6 +324,8 @@ def run_command(
         if not output:
             raise UmctlError("--complete-accesses is for recording: give -o TRACE")
         runtime = managed = True
+        if kinds == "default":
+            kinds = "+migrations"   # what moved onto the GPU is the access set (workload/tracefile.py)
     managed = managed or (control is not None and control.gpus is not None)
     if output is None and control is None and not (hum or runtime or managed):
         raise UmctlError("nothing to do: give -o TRACE to record, --mode/--budget to control, "

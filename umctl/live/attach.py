@@ -116,7 +116,8 @@ def start_program(cmd: list[str], *, control: ControlSpec | None, runtime: bool,
 
         # A controller wants launches when the kernel starts (DeepUM's execution-ID
         # transitions): the runtime then also reports kernel ends (runtime/README.md)
-        starts = control is not None
+        starts = control is not None or evict_each   # --complete-accesses: kernel durations, not gaps
+        # (the gap after a kernel there is mostly the eviction that follows it)
         rt_source = RuntimeSource(kernel_starts=starts)
         rt_source.start()
         if control is not None and control.controller.live_invalidates():

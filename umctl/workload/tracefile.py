@@ -19,7 +19,7 @@ from __future__ import annotations
 import numpy as np
 
 from .. import UmctlError
-from ..events.schema import Access, AllocOp, Kind
+from ..events.schema import Access, AllocOp, Cause, Kind, empty
 from ..events.trace import Trace, TraceError
 from ..units import BLOCK_SHIFT, BLOCK_SIZE, PAGE_SHIFT, PAGE_TO_BLOCK_SHIFT, PAGES_PER_BLOCK, parse_size
 from .workload import ALLOCATION_DTYPE, OP_DTYPE, Init, OpType, Workload, exec_hash
@@ -96,8 +96,12 @@ def workload_from_trace(trace: Trace, *, gpu_mem: int | None = None, oversub: fl
         kernels, acc_page, acc_write = _from_accesses(ev(Kind.ACCESS), launches, names, t_end)
         derived_from = "access events"
     elif counts[Kind.FAULT]:
-        kernels, acc_page, acc_write, acc_batch = _from_faults(ev(Kind.FAULT), launches, names, t_end)
+        faults = ev(Kind.FAULT)
         derived_from = "fault events"
+        if complete_accesses(trace.meta):
+            faults = _with_migrated_pages(faults, ev(Kind.MIGRATION))
+            derived_from = "fault and migration events"
+        kernels, acc_page, acc_write, acc_batch = _from_faults(faults, launches, names, t_end)
     else:
         raise TraceError(f"{trace.path}: nothing to replay (the trace has no access or fault events"
                          f"{' in its measured span' if span is not None else ''})")
@@ -110,7 +114,7 @@ def workload_from_trace(trace: Trace, *, gpu_mem: int | None = None, oversub: fl
         bursts = _host_bursts(ev(Kind.CPU_FAULT), kernels, launches, len(acc_page), gpu_first)
     if bursts is not None:
         _cap_at_bursts(kernels, launches, bursts)
-    if derived_from == "fault events":
+    if derived_from != "access events":
         # after the cap: a kernel's time is its launch-to-next-event gap less the batches
         # serviced in it (subtracting first and capping after lost the stall of a kernel the
         # host waited for before a burst: the gemm's cold 4096 GEMM kept its 21.9 ms twice)
@@ -307,6 +311,50 @@ def _from_accesses(acc: np.ndarray, launches: np.ndarray, names: _Names, t_end: 
     if has.any():
         kernels["atomics"][has] = np.logical_or.reduceat(atomic, kernels["acc_lo"][has])
     return kernels, (acc["addr"] >> np.uint64(PAGE_SHIFT)).astype(np.int64), _is_write(acc["access"])
+
+
+def complete_accesses(meta: dict) -> bool:
+    """Whether the trace was recorded with ``umctl run --complete-accesses`` (all managed
+    memory sent home after every kernel)."""
+    rt = meta.get("runtime") if isinstance(meta, dict) else None
+    return bool(isinstance(rt, dict) and rt.get("complete_accesses"))
+
+
+def _with_migrated_pages(faults: np.ndarray, migrations: np.ndarray) -> np.ndarray:
+    """A --complete-accesses recording's faults plus one read "fault" per page the driver moved
+    onto a GPU for them (demand or its density prefetcher), in time order.
+
+    Why: every kernel of such a run starts with nothing on the GPU, so what migrates onto it
+    while the kernel runs is what the kernel touches, whereas the faults are only the pages
+    touched before the prefetcher brought the rest of their region: measured on Hugging Face
+    GPT-2 (H200), the faulted pages were about a tenth of the 40 GB a step moved, and a replay
+    of the faults alone moved half of what the capture of the same step did. The prefetcher
+    may also bring pages the kernel does not touch (at most the rest of a region it found
+    more than half used). Each added page takes the batch of its GPU's latest fault before
+    the migration (the batch it served)."""
+    gpu_in = (migrations["dst"] >= 0) & np.isin(migrations["cause"], (Cause.DEMAND, Cause.DRIVER_PREFETCH))
+    m = migrations[gpu_in]
+    if not len(m):
+        return faults
+    first = (m["addr"] >> np.uint64(PAGE_SHIFT)).astype(np.int64)
+    last = ((m["addr"] + np.maximum(m["bytes"], 1) - np.uint64(1)) >> np.uint64(PAGE_SHIFT)).astype(np.int64)
+    n = last - first + 1
+    rep = np.repeat(np.arange(len(m)), n)
+    offs = np.arange(int(n.sum())) - np.repeat(np.cumsum(n) - n, n)
+    add = empty(Kind.FAULT, len(rep))
+    add["t_ns"], add["gpu"], add["pid"] = m["t_ns"][rep], m["dst"][rep], m["pid"][rep]
+    add["addr"] = ((first[rep] + offs).astype(np.uint64) << np.uint64(PAGE_SHIFT))
+    add["access"] = Access.READ
+    add["batch_id"] = -1
+    for g in np.unique(add["gpu"]):
+        on = np.flatnonzero(faults["gpu"] == g)
+        on = on[np.argsort(faults["t_ns"][on], kind="stable")]
+        mine = np.flatnonzero(add["gpu"] == g)
+        pos = np.searchsorted(faults["t_ns"][on], add["t_ns"][mine], side="right") - 1
+        ok = pos >= 0
+        add["batch_id"][mine[ok]] = faults["batch_id"][on[pos[ok]]]
+    out = np.concatenate([faults, add])
+    return out[np.argsort(out["t_ns"], kind="stable")]
 
 
 def _from_faults(faults: np.ndarray, launches: np.ndarray, names: _Names, t_end: int
