@@ -425,3 +425,8 @@ def test_complete_recording_takes_kernel_times_from_the_full_speed_run(tmp_path,
     assert res["compute"]["paired"] == res["compute"]["kernels"] == len(ls)
     assert res["modes"]["none"]["recording_steady_s"] == pytest.approx(ref, rel=1e-6)
     assert own - ref == pytest.approx(4 * built["compute_ns"] / 1e9, rel=0.05)   # 4 x the kernels' time more
+    # a kernel the full-speed run did not run at that place takes its name's median time there
+    ls2 = ls.copy()
+    ls2["name_id"][int(ss.starts[1]) + 5] = ts.names.index("setup_kernel")
+    c = cv.time_comparison(ts, ls2, ss, cap, gpu, ["none"], DEFAULT, compute_from=(tf, lf, sf))["compute"]
+    assert (c["paired"], c["by_name"], c["own"]) == (len(ls2) - 1, 1, 0)
