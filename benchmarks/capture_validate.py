@@ -22,6 +22,13 @@ file must be under 16 MiB to come back (if not, one step fewer)::
     mkdir -p rec && umctl run -q --runtime --managed --mode none -o rec/g.raw.parquet -- python3 benchmarks/gpu/programs/hf_gpt2.py --steps 6 && python3 benchmarks/capture_validate.py --slim rec/g.raw.parquet rec/hf_gpt2.nobudget.parquet && rm rec/g.raw.parquet
     mkdir -p rec && umctl run -q --runtime --managed --mode none --budget 2279MiB --budget-hold evict -o rec/gb.raw.parquet -- python3 benchmarks/gpu/programs/hf_gpt2.py --steps 4 && python3 benchmarks/capture_validate.py --slim rec/gb.raw.parquet rec/hf_gpt2.budget.parquet && rm rec/gb.raw.parquet
 
+Complete-access recordings (the like-for-like time check: every kernel's whole access set, from
+what migrated onto the GPU while it ran; kernel times then come from ``--recording``), 3 steps,
+about 1-2 min each on an H200; run this tool on the device too (the files are 50-100 MiB)::
+
+    umctl run -q --complete-accesses --mode none -o rec/g.c.parquet -- python3 benchmarks/gpu/programs/hf_gpt2.py --steps 3
+    python3 benchmarks/capture_validate.py --program benchmarks/gpu/programs/hf_gpt2.py --batch 4 --recording rec/hf_gpt2.nobudget.parquet --complete-recording rec/g.c.parquet --gpu-mem 2279MiB --json cv.hf_gpt2.json
+
 (``--budget-hold evict``: the driver migrates on every fault and umctl evicts over the budget,
 so the recording holds the re-faults of evicted pages, which a replay at the budget needs; the
 default ``admit`` serves misses by remote mapping and records a different program.)
