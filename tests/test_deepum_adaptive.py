@@ -95,20 +95,33 @@ def test_without_history_deepum_leaves_the_first_iteration_to_the_driver(workloa
 
 def test_packed_experts_are_not_completed_into_the_gpu():
     """On packed-moe at 1.5x, deepum-prefetch completing the first iteration's faulted blocks was
-    1.03x ``none`` (the blocks' other experts, mostly not chosen, crowd the GPU); it is 0.81x."""
+    1.03x ``none`` (the blocks' other experts, mostly not chosen, crowd the GPU); it is 0.88x."""
     r = _results(packed_moe(oversub=1.5), ["none", "deepum-prefetch"])
     assert r["deepum-prefetch"].time_ns <= 0.9 * r["none"].time_ns
     off = _results(packed_moe(oversub=1.5), ["none", "deepum-prefetch"], adaptive_whole=False)
     assert off["deepum-prefetch"].time_ns > r["deepum-prefetch"].time_ns
 
 
+#: issue 38's "No cliffs": every mode within 10 % of ``none`` (docs/evaluation/cliffs.md)
+CLIFF_LIMIT = 1.10
+
+
 def test_novel_launches_keep_deepum_near_none_on_a_mixture_of_experts():
+    """Mixtral at 1.5x, where the rule took DeepUM's worst cells under the cliff limit.
+    ``deepum-prefetch`` is held to the limit itself, not to a margin under its own time: it was
+    1.03x until the simulator made a read from the host wait for the page's write-back. Its walk
+    evicts blocks to make room for its prefetches (the driver's eviction on UVM_MIGRATE, queued
+    on the GPU->host engine), and the kernels fault some of those pages back before the copy
+    has landed; that fault now waits for it (1.06x: with the fault path's wait switched off it
+    is 1.03x again, with the prefetches' it stays 1.06x). Without the rule it is over the limit
+    (1.17x), so the limit still tells the rule's effect."""
     p = {"oversub": "1.5", "iterations": "2"}
     on = _times("mixtral-8x7b", p, ["none", "deepum", "deepum-prefetch"])
     off = _times("mixtral-8x7b", p, ["none", "deepum", "deepum-prefetch"], adaptive_whole=False)
-    assert on["deepum"] <= 1.0 * on["none"]                 # 0.96x
-    assert on["deepum-prefetch"] <= 1.05 * on["none"]       # 1.03x (1.11x with the first iteration completed)
-    assert off["deepum"] > 1.05 * off["none"]               # what the rule removes (1.08x without it)
+    assert on["deepum"] <= 1.0 * on["none"]                             # 0.96x
+    assert on["deepum-prefetch"] <= CLIFF_LIMIT * on["none"]            # 1.06x (1.03x before reads waited)
+    assert off["deepum-prefetch"] > CLIFF_LIMIT * off["none"]           # 1.17x with the first iteration completed
+    assert off["deepum"] > 1.05 * off["none"]               # what the rule removes (1.09x without it)
 
 
 def test_dense_models_keep_most_of_the_gain():

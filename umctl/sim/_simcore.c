@@ -122,6 +122,15 @@ typedef struct {
      * stamp (lru) of every block it touches that holds a chunk, as of the kernel's start: a
      * true LRU. 0 (the driver): only migrations into a block refresh it. */
     int64_t lru_on_access;
+    /* Write-backs are awaited, as the driver's block tracker orders copies. wb_busy[g, b]: when
+     * the copies out of the chunk block b holds on GPU g end (0: none pending); every way of
+     * freeing or reusing that chunk (eviction, pre-eviction, a read-mostly collapse, a discard)
+     * makes it available no earlier. host_ready[p]: when the latest queued write-back of page p
+     * reaches the host (0: none); every copy of p out of the host (a fault batch, a prefetch, a
+     * remote mapping) starts no earlier. Fault-path evictions write back inside the batch (its
+     * stall), before anything later runs on that GPU, so they set neither. */
+    double *wb_busy;               /* ngpu x nbl */
+    double *host_ready;            /* npg */
 } SimState;
 
 /* Why a page left (or was never on) a GPU; a fault on it is charged to ST_FC0 + this. */
@@ -258,8 +267,19 @@ static inline void set_lru(SimState *s, int g, int64_t b, double t) {
     sim_lru_fix(s, g, b);
 }
 
-/* A chunk leaves block b on GPU g; it is free at `done` (<0: now). */
+/* When the chunk block b holds on g is free of copies out of it, at `t` or later; it leaves
+ * the block (the wait goes with the chunk). */
+static inline double chunk_free_at(SimState *s, int g, int64_t b, double t) {
+    int64_t ix = GB(s, g, b);
+    double busy = s->wb_busy[ix];
+    s->wb_busy[ix] = 0;
+    return busy > 0 && busy > t ? busy : t;
+}
+
+/* A chunk leaves block b on GPU g; it is free at `done` (<0: now), and not before the copies
+ * out of it end (wb_busy): until then it is pending, as an evicted chunk being written back. */
 void sim_release_chunk(SimState *s, int g, int64_t b, double done) {
+    done = chunk_free_at(s, g, b, done);
     set_chunk(s, g, b, 0);
     set_harvested(s, g, b, 0);
     if (done < 0) {
@@ -338,6 +358,28 @@ static int64_t sim_drop_block(SimState *s, int g, int64_t b, int discard) {
     return sim_drop_range(s, g, b * PPB, (b + 1) * PPB, discard);
 }
 
+/* Pages of [lo, hi) whose only copy is on g: what dropping them writes back. */
+static int64_t dirty_pages(SimState *s, int g, int64_t lo, int64_t hi) {
+    mask_t bit = MBIT(g);
+    int64_t n = 0;
+    for (int64_t p = lo; p < hi; p++) {
+        mask_t m = s->gmask[p];
+        n += (m & bit) && !s->cpu_valid[p] && !(m & (mask_t)~bit);
+    }
+    return n;
+}
+
+/* Drop g's copy of block b, writing back its dirty pages on a queue that ends at `done`: those
+ * pages are on the host from then on (host_ready). */
+static int64_t drop_block_queued(SimState *s, int g, int64_t b, double done) {
+    mask_t bit = MBIT(g);
+    for (int64_t p = b * PPB; p < (b + 1) * PPB; p++) {
+        mask_t m = s->gmask[p];
+        if ((m & bit) && !s->cpu_valid[p] && !(m & (mask_t)~bit)) s->host_ready[p] = done;
+    }
+    return sim_drop_block(s, g, b, 0);
+}
+
 /* ------------------------------------------------------------------ harvested memory (HUVM) */
 
 static inline double wb_rate(SimState *s, int g) { return s->wb_Bpns[g] > 0 ? s->wb_Bpns[g] : s->d2h_Bpns; }
@@ -414,13 +456,15 @@ static double harvest_drop(SimState *s, int h, int64_t v, double t) {
     int64_t ix = GB(s, h, v);
     double rm = s->removable_at[ix];   /* INFINITY: no write-back scheduled, write back now */
     double ready = rm > t && rm < INFINITY ? rm : t;
-    int64_t w = sim_drop_block(s, h, v, 0);
+    int64_t w = dirty_pages(s, h, v * PPB, (v + 1) * PPB);
     if (w) {
         double st = ready > s->d2h_tail[h] ? ready : s->d2h_tail[h];
         ready = st + s->transfer_latency_ns + (double)w * PAGE / wb_rate(s, h);
         s->d2h_tail[h] = ready;
         s->stats[ST_BYTES_D2H] += w * 4096;
     }
+    drop_block_queued(s, h, v, ready);
+    ready = chunk_free_at(s, h, v, ready);
     set_chunk(s, h, v, 0);
     set_harvested(s, h, v, 0);
     s->stats[ST_HARVEST_DROPS]++;
@@ -447,6 +491,7 @@ double sim_take_spare(SimState *s, int h, int64_t b, double t) {
         if (v < 0 || s->removable_at[GB(s, h, v)] > t) return -1.0;
         ready = harvest_drop(s, h, v, t);
     }
+    s->wb_busy[GB(s, h, b)] = ready > t ? ready : 0;   /* copies out of the chunk still running */
     set_chunk(s, h, b, 1);
     set_harvested(s, h, b, 1);
     s->removable_at[GB(s, h, b)] = INFINITY;
@@ -464,10 +509,13 @@ void sim_harvest_writeback(SimState *s, int h, int64_t b, double arrive) {
         if ((s->gmask[p] & bit) && !s->cpu_valid[p]) dirty++;
     if (!dirty) { s->removable_at[ix] = arrive; return; }
     if (s->wb_Bpns[h] <= 0) return;   /* no background write-back on this lender */
-    for (int64_t p = lo; p < lo + PPB; p++)
-        if (s->gmask[p] & bit) s->cpu_valid[p] = 1;
     double st = arrive > s->d2h_tail[h] ? arrive : s->d2h_tail[h];
     double done = st + s->transfer_latency_ns + (double)dirty * PAGE / s->wb_Bpns[h];
+    for (int64_t p = lo; p < lo + PPB; p++) {
+        if (!(s->gmask[p] & bit)) continue;
+        if (!s->cpu_valid[p]) s->host_ready[p] = done;   /* on the host once the write-back lands */
+        s->cpu_valid[p] = 1;
+    }
     s->d2h_tail[h] = done;
     s->removable_at[ix] = done;
     s->stats[ST_HARVEST_WB] += dirty * 4096;
@@ -525,22 +573,28 @@ static int spill_target(SimState *s, int g, double t) {
 double sim_take_chunk_async(SimState *s, int g, int64_t b, double t, int64_t *victim, int64_t *written) {
     *victim = -1;
     *written = 0;
-    sim_reclaim(s, g, t);
+    /* No sim_reclaim here: a command runs at its own time, up to the controller's delay ahead of
+     * the kernel's clock, and a chunk it freed from the pending list would be free for a fault
+     * batch at an earlier time, before the copy out of it ended. It takes the earliest pending
+     * chunk for itself instead; the fault path reclaims at its own time. */
     double ready = t;
     if (s->cap[g] - s->used[g] > 0) {
         s->used[g]++;
     } else if (s->npending[g] > 0) {
         ready = pop_pending(s, g);
+        if (ready < t) ready = t;
     } else {
         int64_t v = sim_lru_victim(s, g, &b, 1);
         if (v < 0) return -1.0;
         int64_t why = s->drop_reason;
         s->drop_reason = GONE_EVICTED_FOR_PF;
-        int64_t w = sim_drop_block(s, g, v, 0);
-        s->drop_reason = why;
+        int64_t w = dirty_pages(s, g, v * PPB, (v + 1) * PPB);
         double start = t > s->d2h_tail[g] ? t : s->d2h_tail[g];
         ready = start + s->transfer_latency_ns + (double)w * PAGE / s->d2h_Bpns + sim_host_net_ns(s, g, w);
         s->d2h_tail[g] = ready;
+        drop_block_queued(s, g, v, ready);
+        s->drop_reason = why;
+        ready = chunk_free_at(s, g, v, ready);
         set_chunk(s, g, v, 0);
         set_harvested(s, g, v, 0);
         s->stats[ST_PREEVICTIONS]++;
@@ -549,6 +603,9 @@ double sim_take_chunk_async(SimState *s, int g, int64_t b, double t, int64_t *vi
         *victim = v;
         *written = w;
     }
+    /* the copies out of the chunk (the victim's write-back, or a pending one's) end at ready:
+     * the chunk cannot be freed before, whatever happens to block b meanwhile */
+    s->wb_busy[GB(s, g, b)] = ready > t ? ready : 0;
     set_chunk(s, g, b, 1);
     return ready;
 }
@@ -794,6 +851,7 @@ double sim_prefetch(SimState *s, int g, int64_t lo, int64_t hi, double t, int fi
     mask_t bit = MBIT(g);
     int64_t b = lo >> PB_SHIFT, ix = GB(s, g, b), npages = 0, n_cpu = 0, n_gpu = 0, n_net[3] = {0, 0, 0};
     int peer = 0;
+    double host_at = 0;   /* the latest write-back to the host of a page read from there */
     for (int64_t p = lo; p < hi; p++) {
         if (!s->managed[p] || (s->gmask[p] & bit)) continue;
         npages++;
@@ -801,8 +859,10 @@ double sim_prefetch(SimState *s, int g, int64_t lo, int64_t hi, double t, int fi
         int from_cpu = s->cpu_valid[p];
         if (m && harvested_on(s, m, b)) { n_gpu++; peer = 1; continue; }  /* from a neighbour's spare */
         n_net[net_source(s, g, p, m, &from_cpu)]++;
-        if (from_cpu) n_cpu++;
-        else if (m) n_gpu++;
+        if (from_cpu) {
+            n_cpu++;
+            if (s->host_ready[p] > host_at) host_at = s->host_ready[p];
+        } else if (m) n_gpu++;
     }
     out[4] = -1;
     out[5] = 0;
@@ -810,10 +870,7 @@ double sim_prefetch(SimState *s, int g, int64_t lo, int64_t hi, double t, int fi
     double ready = t;
     if (!s->has_chunk[ix]) {
         int64_t victim, written;
-        if (!s->prefetch_evicts) {
-            sim_reclaim(s, g, t);
-            if (s->cap[g] - s->used[g] <= 0 && s->npending[g] == 0) return -1.0;
-        }
+        if (!s->prefetch_evicts && s->cap[g] - s->used[g] <= 0 && s->npending[g] == 0) return -1.0;
         ready = sim_take_chunk_async(s, g, b, t, &victim, &written);
         out[4] = (double)victim;
         out[5] = (double)written;
@@ -829,6 +886,7 @@ double sim_prefetch(SimState *s, int g, int64_t lo, int64_t hi, double t, int fi
         e = new_entry(s, done);
     } else if (n_cpu || n_gpu) {
         start = ready > s->h2d_tail[g] ? ready : s->h2d_tail[g];
+        if (host_at > start) start = host_at;   /* the copy waits for the write-back it reads */
         /* across nodes the prefetcher streams 2 MiB blocks through a pipeline (the owner's copy
          * to its memory, the network, the copy into g): the slowest leg sets the pace */
         double pcie = (double)n_cpu * PAGE / s->prefetch_Bpns + (double)(n_gpu - n_net[2]) * PAGE / s->nvlink_Bpns +
@@ -1101,6 +1159,8 @@ static double service(SimState *s, int g, const int64_t *fp, const uint8_t *fw, 
             if (w > throttled) throttled = w;
             if (pin && s->cpu_valid[need[i]] && !s->gmask[need[i]]) {
                 thr_map_remote(s, need[i]);   /* pinned on the host: mapped, not migrated */
+                /* read remotely once its write-back has landed */
+                if (s->host_ready[need[i]] > wait_until) wait_until = s->host_ready[need[i]];
                 continue;
             }
             need[kept++] = need[i];
@@ -1153,7 +1213,7 @@ static double service(SimState *s, int g, const int64_t *fp, const uint8_t *fw, 
                 } else if (spill >= 0 && (spill_done = spill_block(s, g, spill, v, t + stall)) >= 0) {
                     /* evicted into a neighbour's spare memory over NVLink (victim cache); a
                      * neighbour that refused falls through to the host path below */
-                    double done = spill_done;
+                    double done = chunk_free_at(s, g, v, spill_done);
                     set_chunk(s, g, v, 0);
                     stall = done - t + s->evict_chunk_ns;
                     s->stats[ST_EVICTIONS]++;
@@ -1168,8 +1228,11 @@ static double service(SimState *s, int g, const int64_t *fp, const uint8_t *fw, 
                     if (d > stall) stall = d;
                 } else if (v >= 0) {
                     int64_t w = sim_drop_block(s, g, v, 0);
+                    double busy = s->wb_busy[GB(s, g, v)];
+                    s->wb_busy[GB(s, g, v)] = 0;
                     set_chunk(s, g, v, 0);
                     stall += s->evict_chunk_ns + (double)w * PAGE / wb_rate(s, g) + sim_host_net_ns(s, g, w);
+                    if (busy > t + stall) stall = busy - t;   /* and the copies already out of it */
                     s->stats[ST_EVICTIONS]++;
                     s->stats[ST_EVICTED_BYTES] += w * 4096;
                     s->stats[ST_BYTES_D2H] += w * 4096;
@@ -1184,6 +1247,7 @@ static double service(SimState *s, int g, const int64_t *fp, const uint8_t *fw, 
                     return -1.0; /* one batch needs more chunks than the GPU has */
                 }
             }
+            s->wb_busy[ix] = 0;   /* whatever it waited for is in the batch's stall */
             set_chunk(s, g, b, 1);
         }
         /* the moves (per-block host->GPU bytes by cause, for migration events) */
@@ -1198,6 +1262,7 @@ static double service(SimState *s, int g, const int64_t *fp, const uint8_t *fw, 
             out->nm += nb;
         }
         int64_t n_cpu = 0, n_gpu = 0, n_dem = 0, n_net[3] = {0, 0, 0}, src_blocks = 0, last_src = -1;
+        double host_at = 0;   /* the latest write-back to the host of a page read from there */
         for (int64_t q = 0; q < nmove; q++) {
             int64_t p = move[q], b = p >> PB_SHIFT;
             mask_t m = s->gmask[p], others = m & (mask_t)~bit;
@@ -1214,6 +1279,7 @@ static double service(SimState *s, int g, const int64_t *fp, const uint8_t *fw, 
                     if (blocks[mid] < b) lo = mid + 1; else hi = mid;
                 }
                 n_cpu++;
+                if (s->host_ready[p] > host_at) host_at = s->host_ready[p];
                 if (s->seen[p] == 1) {
                     n_dem++;
                     if (rec) out->m_bytes[m0 + lo] += 4096;
@@ -1266,6 +1332,7 @@ static double service(SimState *s, int g, const int64_t *fp, const uint8_t *fw, 
             q = r;
         }
         preempt(s, g, t, (double)n_cpu * PAGE / s->fault_h2d_Bpns);
+        if (host_at > t + stall) stall = host_at - t;   /* the copy waits for the write-back it reads */
         stall += xfer;
         for (int64_t i = 0; i < nb; i++) set_lru(s, g, blocks[i], t + stall);
         s->stats[ST_DEMAND] += n_dem * 4096;

@@ -26,6 +26,16 @@ What the simulator charges (engine.py ``_kernel``, _simcore.c ``sim_kernel``/``s
        wrote it back. Moving it to the GPU costs one page over the link.
   (E4) GPU memory is ``gpu_mem // 2 MiB`` chunks. A block that has any page on the GPU holds a
        whole chunk, so at most ``chunks * 512`` pages are on the GPU at any time.
+  (E5) A page the GPU writes has its only copy there (a write to a read-duplicate collapses
+       it first), and when it leaves the GPU before it dies it is written back: on the fault
+       path, as the batch's stall, ``PAGE / d2h_Bps`` a page; or queued on the GPU's
+       GPU->host copy engine (``d2h_tail``: one queue, serial from time 0, at ``d2h_Bps``) by a
+       pre-eviction or by the eviction a prefetch makes. The simulator waits for those copies as
+       the driver's block tracker orders them: a chunk becomes free, for any block, only when
+       the copies out of it have ended (``wb_busy``: whether the block loses it by eviction,
+       pre-eviction, a read-mostly collapse or a discard), and a page is read from the host only
+       once its write-back has landed (``host_ready``). Only data the allocator freed or marked
+       inactive is discarded without a write-back.
 
 The bound. Take the program's page accesses in op order. Within a kernel, keep only the first
 access to each page; this is a subsequence, so a relaxation. After a FREE or BLOCK_INACTIVE of
@@ -55,15 +65,52 @@ and starts at time 0, and a kernel waits for the prefetches it touches (E2), so
 
 This does not assume that demand transfers hold up queued prefetches. The simulator makes
 them do so (``preempt``), but only for entries on its active list, so the bound counts the two
-paths as if they could run side by side. ``T_bound`` is the largest of these terms.
+paths as if they could run side by side. ``T_bound`` is the largest of these terms and the
+write-back term below.
+
+Write-back (E5). Relax to 2 MiB blocks and to the kernels' first accesses. A block's *uses* are
+the kernels that touch it; its gap j runs from its last access in use j to its first access in
+use j + 1 (the last gap to the end). At the first access of each kernel (to a page that
+cannot be pinned, of a block A, which then holds a chunk), at most ``chunks - 1`` other blocks
+hold one, so at most ``chunks - 1``
+gaps covering that point are *held* (the block keeps a chunk throughout). A *run* is a page's
+write in a kernel up to its next write, death or host write; it spans the gaps that start at
+or after the write and end before the next write, or before the death, or the block's last gap
+if the page lives to the end. Claim: in any replay, the pages of the runs that span a lost gap
+are written back by copies that end before the last kernel does. Proof: take the replay's
+losses of a block's chunk; call one *counted* if that chunk is reused (by any block) before
+the last kernel ends. Build a schedule of gaps: before the block's first uncounted loss, a gap
+is held if the block kept its chunk through it; from that loss on, every gap is held, by the
+chunk it released, which nobody uses until the end (a chunk per block, so the room holds at
+every point). A gap lost there holds a loss before the first uncounted one, and so does the
+first loss after the write of a run that spans that gap (a loss anywhere, within a kernel
+too): both are counted. The written page is still alive at that loss, so it is written back
+there or before it while the block kept that chunk (a partial pre-eviction, whose copy the
+chunk's release waits for: ``wb_busy``); the copy ends before the chunk is reused, so before
+the last kernel ends. Two runs of one page are written back by two copies: a lost gap in
+the first run's span ends before the second write. The least number of such pages is at least
+``W``, the least cost over holdings that respect the room when each run is charged to its last
+gap only (its pages count if that gap is lost). That is an interval packing, whose linear
+program is exact; ``_writeback_pages`` bounds its optimum from below by Lagrangian duality
+(prices on the points, subgradient ascent; every price vector gives a bound). Pages of classes
+that may be pinned (below) are left out: a GPU may write them through a remote mapping.
+
+The W pages' copies end before the last kernel does: say y of them on the GPU->host queue
+(``T >= y*w``, ``w = PAGE / d2h_Bps``) and the rest on the fault path, stall added to the stall
+of the fault path's own transfers. With the ``N`` pages of the transfer term for the last
+kernel, x of them through the prefetch queue::
+
+    T >= min over x, y of max(C + (N - x)*b + (W - y)*w, x*a, y*w)      (the write-back term)
+
+(the pinned pages as in the transfer term), computed by bisection (``_writeback_term``). Only
+the last kernel is taken: ``C_{>k} = 0`` there, and ``W`` needs a dual ascent per kernel.
 
 Sequence and Belady are kept per *page class*, not per page. A class is a maximal range of
 pages inside one 2 MiB block that every access run, host write, copy and allocator event
 covers either completely or not at all. All pages of a class are used in the same places, so
 page-level MIN treats them alike: it may evict part of a class. This is exact for page-level
-MIN, and it costs memory and time per run, not per access. GPT-2 XL at the DeepUM paper's scale
-(batch 5, 2 iterations, 277 M accesses) takes 1.4 s and 247 MB peak RSS, workload included, on a
-2-core VM; the replay under ``none`` takes 7.4 s and 426 MB.
+MIN, and it costs memory and time per run, not per access (the cost with the write-back term:
+below; the replay under ``none`` of GPT-2 XL at the DeepUM paper's scale takes 7.4 s and 426 MB).
 
 What it covers: one GPU; every single-GPU mode (none, deepum*, oracle, hum*, and budgeted
 replays, whose budget only evicts more). Controllers may only discard data that the allocator
@@ -75,48 +122,45 @@ a new page. Pinned thrashing pages are read remotely without being loaded, so wh
 writes to managed memory can trigger pinning, only compulsory misses are counted, and the
 fault path's rate becomes the faster of the two links.
 
-What makes it loose: fault batches' fixed costs (``batch_ns``, ``fault_ns``, ``block_ns``) and
-eviction write-backs (on the fault path, stall) are left out. Page granularity ignores wasted
-room in half-used chunks. Belady knows the future. Treating the two paths as parallel charges
+What makes it loose: fault batches' fixed costs (``batch_ns``, ``fault_ns``, ``block_ns``) are
+left out, and write-backs count only in the write-back term (below). Page granularity ignores
+wasted room in half-used chunks. Belady knows the future. Treating the two paths as parallel charges
 the transfer at about ``1/(1/a + 1/b)``, the links' combined rate (74.5 GB/s for the H100's
 49.5 + 25). Each command's start-up (``transfer_latency_ns``) is left out. Copies and host
 work do not add to the kernel terms, only bound the time on their own.
 
-What it cannot count, and why (issue 38 §4). On mixtral-8x7b at fit scale (512 MiB GPU,
-oversubscription 2, 3 iterations) the bound is 3.78 ms: 3.07 ms of compute, and 34,561 cold
-pages (135 MiB, weights the host wrote) at the links' combined rate; page-level MIN has no
-capacity miss there, since the pages used before and after any point never exceed 70,331
-(275 MiB). The best mode (``deepum-launch``, queue 1024) takes 74.6 ms and its GPU->host
-engine is busy to the end: 727 MiB written back (58.7 ms at 13 GB/s, plus 10 µs for each
-of its 987 pre-evictions), against 513 MiB host->GPU and 798 fault batches. The candidates:
+What the write-back term counts, and what it leaves out (issue 38 §4). On mixtral-8x7b at fit
+scale (512 MiB GPU, oversubscription 2, 3 iterations) the bound is 8.16 ms, limited by it:
+``W`` = 42,058 pages (164 MiB; the relaxation's exact optimum is 42,082, solved apart as a
+linear program with scipy's HiGHS), half of 3.07 ms of compute plus 13.3 ms of write-back,
+the split between the GPU->host queue and the fault path that balances them. Before it the
+bound was 3.78 ms (the transfer term: 34,561 cold pages at the links' combined rate). The best
+mode (``deepum-launch``, queue 1024) takes 75.4 ms and writes back 735 MiB. What is left out:
 
-  * Write-back is not a lower bound on the simulator's time, so no term counts it. Data
-    written on the GPU (or first touched there) that has not died must leave when it no longer
-    fits, and physically it must arrive on the host before its memory is reused. The simulator
-    does not make anyone wait for it: a pre-eviction of part of a block queues its copy on the
-    GPU->host engine and counts the pages valid on the host at once while the chunk stays with
-    the block, and an ``UNSET_READ_MOSTLY`` advice frees a chunk that holds only
-    read-duplicates at once, as a fault-path eviction frees one for ``evict_chunk_ns`` and
-    whatever is left in it. A policy that empties dirty blocks that way and zero-fills the next
-    ones runs a stream of 28 dirty 2 MiB blocks through a 4-chunk GPU in 1.8 ms where writing
-    them back takes 4.5 ms (tests/test_bound_writeback.py). Were a chunk's release and a page's
-    reload made to wait for the write-backs out of it (engine.py, _simcore.c), a term could
-    be proved: every page written since its birth in a block that loses its chunk before the
-    page dies is written back once. A relaxation over 2 MiB blocks (hold a block through each
-    gap between its uses or lose it; at most ``chunks - 1`` held besides the one in use; each
-    write charged to one gap; solved exactly as a min-cost flow, not shipped) says at least
-    42,173 pages (165 MiB) on Mixtral, 13 ms on one 13 GB/s link; per page instead, data
-    written and alive peaks at 138,244 pages against the GPU's 131,072 only at the end, so
-    7,172 pages (28 MiB).
-  * Chunk granularity is provable and small, so it is left out. A block that gives up its
-    chunk loses all its pages, so the reloads that block room forces are a lower bound; on
-    Mixtral the live pages lie in up to 347 blocks against 256 chunks, but the same block
-    relaxation needs only 4,638 reloaded pages (18 MiB): the bound would rise by at most
-    0.18 ms, for a min-cost flow per replay. On the dense models page-level MIN counts far
-    more (gpt2-xl: 332,844 capacity pages against 34,785 from blocks). The fault path's
+  * Charging each run to its last gap: charging it to any gap of its span that is lost (the
+    relaxation as proved) is a harder problem; its linear program gives 57,634 pages on
+    Mixtral. A run's write-back is also charged only when its block loses its chunk, not when
+    the page alone is pre-evicted.
+  * The other kernels: ``W`` is counted for the whole replay and the term taken at its end
+    only; a kernel k whose write-backs come early and compute late (``C_{>k}``) would give more.
+  * The dual ascent stops after ``3 * WB_ITERS`` steps: at fit scale it comes within 3 % of
+    the relaxation's optimum on mixtral-8x7b (2x), gpt2-l (2x), gpt2-xl (3x), bert-base (4x),
+    resnet152 (4x) and sd15-unet (2x), but only to 75 % of it on llama-7b at 3x (232,451 of
+    310,583 pages; thousands of steps reach 98 %).
+  * A page's reload waits for its write-back (``host_ready``); the term adds the two paths'
+    times as if independent.
+  * Chunk granularity of reloads: a block that gives up its chunk loses all its pages, so the
+    reloads that block room forces are a lower bound; on Mixtral the same block relaxation
+    needs only 4,638 reloaded pages (18 MiB), and page-level MIN counts far more on the dense
+    models (gpt2-xl: 332,844 capacity pages against 34,785 from blocks). The fault path's
     64 KiB granularity is no term: a controller's prefetch moves any page range.
   * Fault-service costs are no term: a policy that has every page there in time faults on
     nothing, and a prefetch of never-populated pages is a zero-fill beside the copy engine.
+
+Cost: at the DeepUM paper's scale (``v100-pcie3``) the bound takes 3.1 s and 252 MB peak RSS for
+GPT-2 XL batch 5, 2 iterations (1.1 s and 247 MB without the write-back term; 14.45 s against
+14.21 s, ``W`` = 31.5 M pages), and 13.6 s and 745 MB for ResNet-152 batch 1280 (3.4 s and
+706 MB before; still limited by the transfer term), workload included, on the 2-core VM.
 """
 
 from __future__ import annotations
@@ -135,6 +179,12 @@ _NEVER = np.iinfo(np.int64).max
 
 # event kinds in the per-class sequence, in the order they sort at one position
 _USE, _DEATH, _WRITE = 0, 1, 2
+#: the write-back relaxation's dual (``_writeback_pages``): steps of each ascent, and the ascents
+#: (scale over total cost per over-full point, root-mean-square normalisation, patience); the
+#: best of them against the relaxation's exact optimum (a linear program, solved apart with
+#: scipy's HiGHS, which umctl does not depend on): the module docstring's *Write-back* list
+WB_ITERS = 400
+WB_ASCENTS = ((4.0, False, 10), (1.0, True, 10), (0.05, True, 30))
 
 
 @dataclass(frozen=True)
@@ -155,11 +205,16 @@ class Bound:
     transfer_pages: int
     cold_pages: int
     capacity_pages: int
-    #: which term gave the bound: "compute", "transfer", "host" or "copy"
+    #: which term gave the bound: "compute", "transfer", "writeback", "host" or "copy"
     limited_by: str
     #: the kernel (index among kernels) whose transfer term is the largest, -1 if none
     critical_kernel: int
     gpu_pages: int
+    #: pages every replay writes back to the host before its last kernel ends (the block
+    #: relaxation's least cost, from below), and the term that adds them to the last kernel's
+    #: transfers (module docstring, *Write-back*)
+    writeback_pages: int = 0
+    writeback_term_ns: float = 0.0
 
     @property
     def time_s(self) -> float:
@@ -199,18 +254,22 @@ def replay_bound(workload: Workload, calib: Calibration = DEFAULT, gpu_mem: int 
     # there (the host must take part in their thrashing), so those never take room in the
     # relaxation and count only their compulsory misses, at the cheaper of the two stall rates
     pins = calib.thrashing_threshold > 0 and calib.thrashing_pin_threshold > 0
-    cold, cap_miss, per_kernel, per_kernel_pin = _min_transfers(workload, kidx, gpu_pages, pins)
+    cold, cap_miss, per_kernel, per_kernel_pin, wb_pages = _min_transfers(workload, kidx, gpu_pages, pins)
     a = PAGE_SIZE / calib.prefetch_h2d_Bps * 1e9
     b = PAGE_SIZE / calib.fault_h2d_Bps * 1e9
     term = _transfer_terms(compute, per_kernel.astype(np.float64), per_kernel_pin.astype(np.float64), a, b,
                            min(a, b))
     crit = int(np.argmax(term)) if len(term) else -1
     transfer = float(term[crit]) if len(term) else 0.0
-    parts = {"compute": C, "transfer": transfer, "host": host_chain, "copy": copy_ns}
+    wb = _writeback_term(C, float(per_kernel[-1]) if len(per_kernel) else 0.0,
+                         float(per_kernel_pin[-1]) if len(per_kernel_pin) else 0.0, float(wb_pages), a, b, min(a, b),
+                         PAGE_SIZE / calib.d2h_Bps * 1e9)
+    parts = {"compute": C, "transfer": transfer, "writeback": wb, "host": host_chain, "copy": copy_ns}
     limited = max(parts, key=parts.get)
     return Bound(time_ns=max(parts.values()), compute_ns=C, transfer_term_ns=transfer, host_chain_ns=host_chain,
                  copy_ns=copy_ns, transfer_pages=int(cold + cap_miss), cold_pages=int(cold),
-                 capacity_pages=int(cap_miss), limited_by=limited, critical_kernel=crit, gpu_pages=gpu_pages)
+                 capacity_pages=int(cap_miss), limited_by=limited, critical_kernel=crit, gpu_pages=gpu_pages,
+                 writeback_pages=int(wb_pages), writeback_term_ns=wb)
 
 
 def _transfer_terms(compute: np.ndarray, n: np.ndarray, n_pin: np.ndarray, a: float, b: float,
@@ -232,6 +291,36 @@ def _transfer_terms(compute: np.ndarray, n: np.ndarray, n_pin: np.ndarray, a: fl
     x2 = (c_upto + n * b_pin) / (a + b_pin)
     x = np.where(x1 <= n_ord, x1, np.minimum(x2, n))
     return np.maximum(C, c_after + a * np.maximum(x, 0.0))
+
+
+def _writeback_term(C: float, n: float, n_pin: float, wb: float, a: float, b: float, b_pin: float,
+                    w: float) -> float:
+    """The least time of a replay that, by the end of its last kernel, moves ``n`` pages to the
+    GPU (``n_pin`` of them possibly as stall at ``b_pin``) and writes ``wb`` pages back: x pages
+    through the prefetch queue (``a`` each) and y through the GPU->host queue (``w`` each),
+    both serial from time 0 and ending before the last kernel does, the rest as the fault
+    path's stall (``b``, ``b_pin``, and ``w`` per page written back). The least T with
+    ``C + stall(T) <= T``, the queues taking ``T/a`` and ``T/w`` pages (the dearest first): the
+    stall side only falls as T grows, so bisection keeps a T that is still too small."""
+    n_ord = n - n_pin
+
+    def over(T: float) -> bool:
+        q = T / a                                  # pages the prefetch queue can carry by T
+        stall = b * max(0.0, n_ord - q) + b_pin * max(0.0, n_pin - max(0.0, q - n_ord))
+        return C + stall + w * max(0.0, wb - T / w) > T
+
+    lo, hi = 0.0, C + n_ord * b + n_pin * b_pin + wb * w
+    if not over(lo):
+        return 0.0
+    for _ in range(200):
+        mid = 0.5 * (lo + hi)
+        if mid <= lo or mid >= hi:
+            break
+        if over(mid):
+            lo = mid
+        else:
+            hi = mid
+    return lo
 
 
 def _managed_spans(workload: Workload) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
@@ -271,12 +360,13 @@ def _clip(lo: np.ndarray, hi: np.ndarray, sl: np.ndarray, sh: np.ndarray) -> tup
 
 
 def _min_transfers(workload: Workload, kidx: np.ndarray, gpu_pages: int,
-                   pins: bool = False) -> tuple[int, int, np.ndarray, np.ndarray]:
+                   pins: bool = False) -> tuple[int, int, np.ndarray, np.ndarray, int]:
     """Page-level MIN over the workload's page classes (see the module docstring): cold
     (costly compulsory) misses, costly capacity misses, and per kernel the costly misses by
     its end (cumulative), all of them and those of classes the host writes where ``pins``
     (pinned pages may be read remotely: such classes take no room and count only their
-    compulsory misses)."""
+    compulsory misses); and the pages that must be written back before the last kernel ends
+    (``_writeback_pages``) on a GPU of ``gpu_pages // 512`` chunks."""
     ops = workload.ops
     types = ops["type"]
     nk = len(kidx)
@@ -295,7 +385,7 @@ def _min_transfers(workload: Workload, kidx: np.ndarray, gpu_pages: int,
     keep &= runs.pos[:-1] < ops["acc_hi"][np.maximum(r_op, 0)]
     r_lo, r_hi = _clip(runs.page, runs.page + runs.length, ml, mh)
     keep &= r_hi > r_lo
-    r_op, r_lo, r_hi = r_op[keep], r_lo[keep], r_hi[keep]
+    r_op, r_lo, r_hi, r_wr = r_op[keep], r_lo[keep], r_hi[keep], runs.write[keep]
     del runs, keep, r_at, order
 
     mem = np.flatnonzero(((types == OpType.MEM) & ((ops["mem_op"] == AllocOp.FREE)
@@ -314,7 +404,7 @@ def _min_transfers(workload: Workload, kidx: np.ndarray, gpu_pages: int,
     h_lo, h_hi, _ = _split_blocks(hl, hh, np.zeros(len(hl), np.int64))
     cuts = np.unique(np.concatenate([r_lo, r_hi, d_lo, d_hi, h_lo, h_hi]))
     if len(cuts) < 2:
-        return 0, 0, np.zeros(nk, np.int64), np.zeros(nk, np.int64)
+        return 0, 0, np.zeros(nk, np.int64), np.zeros(nk, np.int64), 0
     c_size = np.diff(cuts)                       # class c = pages [cuts[c], cuts[c + 1])
     c_host = np.zeros(len(c_size), np.bool_)     # starts populated on the host
     if len(h_lo):
@@ -325,9 +415,11 @@ def _min_transfers(workload: Workload, kidx: np.ndarray, gpu_pages: int,
     ra, rb = np.searchsorted(cuts, r_lo), np.searchsorted(cuts, r_hi)
     rcls = _ranges_idx(ra, rb - ra)
     rop = np.repeat(r_op, rb - ra)
+    rwr = np.repeat(r_wr, rb - ra)               # a kernel's write (a host write is a birth)
     rseq = np.arange(len(rcls))                  # stream order inside an op
-    del ra, rb, r_lo, r_hi, r_op
+    del ra, rb, r_lo, r_hi, r_op, r_wr
     is_write = types[rop] == OpType.HOST_WRITE
+    rwr &= ~is_write
     da, db = np.searchsorted(cuts, d_lo), np.searchsorted(cuts, d_hi)
     dcls = _ranges_idx(da, db - da)
     dop = np.repeat(d_op, db - da)
@@ -335,16 +427,21 @@ def _min_transfers(workload: Workload, kidx: np.ndarray, gpu_pages: int,
     op = np.concatenate([rop, dop])
     kind = np.concatenate([np.where(is_write, _WRITE, _USE), np.full(len(dcls), _DEATH)]).astype(np.int8)
     seq = np.concatenate([rseq, np.zeros(len(dcls), np.int64)])
-    del rcls, rop, rseq, dcls, dop, is_write
-    # first touch of each class in a kernel only (a relaxation); host writes and deaths once per op
+    wr = np.concatenate([rwr, np.zeros(len(dcls), np.bool_)])
+    del rcls, rop, rseq, dcls, dop, is_write, rwr
+    # first touch of each class in a kernel only (a relaxation); host writes and deaths once per
+    # op; a class's event in a kernel writes if any of its accesses there does
     o = np.lexsort((seq, kind, cls, op))
-    cls, op, kind, seq = cls[o], op[o], kind[o], seq[o]
+    cls, op, kind, seq, wr = cls[o], op[o], kind[o], seq[o], wr[o]
     dup = np.zeros(len(cls), np.bool_)
     dup[1:] = (cls[1:] == cls[:-1]) & (op[1:] == op[:-1]) & (kind[1:] == kind[:-1])
+    if dup.any():
+        grp = np.cumsum(~dup) - 1
+        wr = np.bincount(grp, weights=wr, minlength=int(grp[-1]) + 1) > 0
     cls, op, kind, seq = cls[~dup], op[~dup], kind[~dup], seq[~dup]
     # the sequence: op order, then stream order inside a kernel (first touch)
     o = np.lexsort((seq, op))
-    cls, op, kind = cls[o], op[o], kind[o]
+    cls, op, kind, wr = cls[o], op[o], kind[o], wr[o]
     n = len(cls)
     pos = np.arange(n, dtype=np.int64)
     # per class: the event after each one, and the one before (for next use and for cost)
@@ -373,13 +470,143 @@ def _min_transfers(workload: Workload, kidx: np.ndarray, gpu_pages: int,
     if pins:
         bypass[cls[kind == _WRITE]] = True
     cold, cap, per_event = _belady(cls, kind, next_use, costly, compulsory, c_size, gpu_pages, bypass)
+    wb = _writeback_pages(cls, op, kind, wr, k_of, cuts[:-1] >> PAGE_TO_BLOCK_SHIFT, c_size, bypass, kidx,
+                          gpu_pages // (BLOCK_SIZE // PAGE_SIZE))
     per_kernel = np.zeros(nk, np.int64)
     per_kernel_pin = np.zeros(nk, np.int64)
     sel = (kind == _USE) & (k_of >= 0)
     np.add.at(per_kernel, k_of[sel], per_event[sel])
     sel &= bypass[cls]
     np.add.at(per_kernel_pin, k_of[sel], per_event[sel])
-    return cold, cap, np.cumsum(per_kernel), np.cumsum(per_kernel_pin)
+    return cold, cap, np.cumsum(per_kernel), np.cumsum(per_kernel_pin), wb
+
+
+def _writeback_pages(cls: np.ndarray, op: np.ndarray, kind: np.ndarray, wr: np.ndarray, k_of: np.ndarray,
+                     c_block: np.ndarray, c_size: np.ndarray, bypass: np.ndarray, kidx: np.ndarray, chunks: int,
+                     iters: int = WB_ITERS) -> int:
+    """Pages that every replay on ``chunks`` 2 MiB chunks writes back to the host, each copy
+    ending before the last kernel does: the block relaxation of the module docstring
+    (*Write-back*), its minimum bounded from below by Lagrangian duality.
+
+    The sequence (``cls``, ``op``, ``kind``, ``wr``, ``k_of``) is ``_min_transfers``'s: each
+    class's first touch per kernel (``wr``: some access of it there writes), host writes and
+    deaths. A block's *uses* are the kernels touching it (classes that may be pinned,
+    ``bypass``, left out); gap j of a block runs from its use j to its next use, the last one
+    to the end. A *run* is a class's write in a kernel up to the class's next write, death or
+    host write: it costs its pages if the block loses its chunk in the last gap the run spans
+    whole (the gap before the next write; before the death, if the block is used again before
+    it; the block's last gap if the page lives to the end). At the first access of each kernel,
+    at most ``chunks - 1`` gaps of other blocks covering that point are held. For prices
+    ``mu >= 0`` on those points, holding gap g costs the prices of the points it covers, so
+    ``sum_g min(cost_g, mu(g)) - (chunks - 1) * sum(mu)`` is at most the least cost (weak
+    duality); ``iters`` steps of subgradient ascent choose the prices, and the best value
+    found is returned (rounded down)."""
+    nk = len(kidx)
+    cap = chunks - 1
+    if nk == 0 or cap < 0:
+        return 0
+    use = (kind == _USE) & (k_of >= 0) & ~bypass[cls]
+    if not use.any():
+        return 0
+    blk = c_block[cls]
+    # block uses (block, kernel), sorted; a block's gaps are its uses' positions in this list
+    stride = nk + 1
+    bu = np.unique(blk[use] * stride + k_of[use])
+    ub, uk = bu // stride, bu % stride
+    last = np.ones(len(bu), np.bool_)
+    last[:-1] = ub[1:] != ub[:-1]
+    # the point of each kernel: its first access (of a class that cannot be pinned)
+    ev = np.flatnonzero(use)
+    first = np.ones(len(ev), np.bool_)
+    first[1:] = k_of[ev[1:]] != k_of[ev[:-1]]
+    first_blk = np.full(nk, -1, np.int64)
+    first_blk[k_of[ev[first]]] = blk[ev[first]]
+    point = first_blk >= 0          # a kernel that touches nothing of that kind has no point
+    # gap j covers the points of the kernels after use j, up to the next use (whose own point
+    # only if its first access is to another block); the last gap to the last kernel
+    nxt = np.append(uk[1:], 0)
+    p_lo = uk + 1
+    p_hi = np.where(last, nk - 1, nxt - (first_blk[np.minimum(nxt, nk - 1)] == ub))
+    # runs: each write of a class, up to its class's next write, death or host write
+    n = len(cls)
+    o = np.lexsort((np.arange(n), cls))
+    c_o, kind_o, wr_o, k_o, op_o = cls[o], kind[o], wr[o], k_of[o], op[o]
+    term = (kind_o != _USE) | wr_o
+    nt = np.where(term, np.arange(n), n)
+    nt = np.minimum.accumulate(nt[::-1])[::-1]              # first terminator at or after i
+    nt = np.append(nt[1:], n)                                # ... strictly after i
+    has = nt < n
+    has[has] = c_o[nt[has]] == c_o[has]
+    r = np.flatnonzero((kind_o == _USE) & wr_o & (k_o >= 0) & ~bypass[c_o])
+    if len(r) == 0:
+        return 0
+    rb = c_block[c_o[r]]
+    t = nt[r]
+    h = has[r]
+    g_last = np.searchsorted(bu, rb * stride + stride) - 1  # the block's last gap (to the end)
+    by_write = h & (kind_o[np.minimum(t, n - 1)] == _USE)
+    g_last[by_write] = np.searchsorted(bu, rb[by_write] * stride + k_o[t[by_write]]) - 1
+    by_death = h & ~by_write
+    if by_death.any():
+        kd = np.searchsorted(kidx, op_o[t[by_death]])         # kernels before the death
+        g_last[by_death] = np.searchsorted(bu, rb[by_death] * stride + kd) - 2
+    g_own = np.searchsorted(bu, rb * stride + k_o[r])        # the gap right after the write
+    keep = g_last >= g_own
+    cost = np.bincount(g_last[keep], weights=c_size[c_o[r[keep]]].astype(np.float64), minlength=len(bu))
+    # gaps that cost nothing are lost for free, and those that cover no point held for free
+    sel = (cost > 0) & (p_lo <= p_hi)
+    cost, p_lo, p_hi = cost[sel], p_lo[sel], p_hi[sel]
+    cov = np.bincount(p_lo, minlength=nk + 1) - np.bincount(p_hi + 1, minlength=nk + 1)
+    if len(cost) == 0 or np.cumsum(cov)[:nk].max() <= cap:
+        return 0
+    # only the points over the room carry a price (at the others the prices stay 0), and only
+    # the gaps covering one of them can be lost for a reason: renumber those points 0..m-1
+    over = (np.cumsum(cov)[:nk] > cap) & point
+    rank = np.concatenate(([0], np.cumsum(over)))          # over-full points before each point
+    lo_r, hi_r = rank[p_lo], rank[p_hi + 1] - 1
+    sel = hi_r >= lo_r
+    cost, p_lo, p_hi = cost[sel], lo_r[sel], hi_r[sel]
+    nk = int(rank[-1])
+    if nk == 0 or len(cost) == 0:
+        return 0
+    point = np.ones(nk, np.bool_)
+    scale = float(cost.sum()) / max(nk, 1)
+    # three step rules (the best of them differs between workloads; each value is a bound)
+    best = max(_dual_ascent(cost, p_lo, p_hi, point, nk, cap, iters, scale * k, l2, patience)
+               for k, l2, patience in WB_ASCENTS)
+    return int(np.floor(best * (1 - 1e-12)))
+
+
+def _dual_ascent(cost: np.ndarray, p_lo: np.ndarray, p_hi: np.ndarray, point: np.ndarray, nk: int, cap: int,
+                 iters: int, scale: float, l2: bool, patience: int) -> float:
+    """Subgradient ascent on the prices ``mu`` of ``_writeback_pages``'s dual: the best value of
+    ``sum_g min(cost_g, mu(g)) - cap * sum(mu)`` seen in ``iters`` steps. A step moves the prices
+    by the points' excess of held gaps over ``cap``, normalised (largest excess, or root mean
+    square over the over-full points), times ``scale``; the scale halves, from the best prices
+    so far, after ``patience`` steps without progress."""
+    cov = np.cumsum(np.bincount(p_lo, minlength=nk + 1) - np.bincount(p_hi + 1, minlength=nk + 1))[:nk]
+    over = max(1, int(((cov > cap) & point).sum()))
+    mu = best_mu = np.zeros(nk)
+    best, stall = 0.0, 0
+    for _ in range(iters):
+        P = np.concatenate(([0.0], np.cumsum(mu)))
+        mg = P[p_hi + 1] - P[p_lo]                 # the price of holding each gap
+        held = cost > mg
+        val = float(np.minimum(cost, mg).sum() - cap * P[-1])
+        if val > best:
+            best, best_mu, stall = val, mu, 0
+        else:
+            stall += 1
+            if stall >= patience:
+                scale, mu, stall = scale / 2, best_mu, 0
+                continue
+        g = np.cumsum(np.bincount(p_lo[held], minlength=nk + 1) - np.bincount(p_hi[held] + 1, minlength=nk + 1))[:nk]
+        g = np.where(point, g - cap, 0).astype(np.float64)
+        norm = float(np.sqrt((g * g).sum() / over)) if l2 else float(np.abs(g).max())
+        if norm == 0:
+            break
+        mu = np.maximum(0.0, mu + scale * g / norm)
+    return best
 
 
 def _belady(cls: np.ndarray, kind: np.ndarray, next_use: np.ndarray, costly: np.ndarray, compulsory: np.ndarray,

@@ -69,6 +69,7 @@ class SimState(C.Structure):
         ("thr_pin_ns", f64), ("remote_ns", f64), ("remote", P),
         ("node", P), ("node_mask", P), ("net_host_Bpns", P), ("net_peer_Bpns", f64), ("net_latency_ns", f64),
         ("desc_node", P), ("fault_gran", i64), ("lru_on_access", i64),
+        ("wb_busy", P), ("host_ready", P),
     ]
 
 

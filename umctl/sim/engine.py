@@ -18,7 +18,11 @@ What is modelled, and why at this grain:
   * Evicting a page writes it back unless another valid copy exists; invalidated pages are
     dropped without write-back and their next touch zero-fills without a transfer. A
     controller's prefetch into a full GPU evicts the least recently migrated chunk as the driver
-    does (``prefetch_evicts``).
+    does (``prefetch_evicts``). Write-backs are waited for, as the driver's block tracker
+    orders copies: a chunk is free for reuse only when the copies out of it end (``wb_busy``;
+    a partial pre-eviction keeps the chunk busy, and a collapse, discard or eviction of the
+    block then waits for it), and a page is read back from the host (fault, prefetch, remote
+    mapping, host write) only when its queued write-back has landed (``host_ready``).
   * The driver's thrashing heuristics (uvm_perf_thrashing.c; ``thrashing_*`` in the
     calibration, the rules in ``_simcore.c``): pages migrated back and forth by faults within
     the lapse are detected, the processors fighting over them throttled, and pages throttled
@@ -326,6 +330,10 @@ class Simulator:
         self.h2d_tail = np.zeros(G)
         self.d2h_tail = np.zeros(G)
         self.counters = np.zeros(len(core.ST_NAMES), np.int64)   # the core's statistics (core.ST)
+        # write-backs are awaited (module doc): when the copies out of each chunk end, and when
+        # each page's latest queued write-back reaches the host (0: none pending)
+        self.wb_busy = np.zeros((G, nbl))
+        self.host_ready = np.zeros(npg)
         # HUVM driver state (see the module docstring)
         self.harvested = np.zeros((G, nbl), np.uint8)
         self.removable_at = np.zeros((G, nbl))
@@ -358,7 +366,7 @@ class Simulator:
                      "has_chunk", "pinned", "lru", "rescount", "used", "cap", "maxblocks", "pending", "npending",
                      "active", "nactive", "h2d_tail", "d2h_tail", "seen",
                      "harvested", "removable_at", "spill_mask", "spill_rr", "fetch_via", "wb_Bpns", "p2p_tail",
-                     "nlent", "lend_cap", "gone"):
+                     "nlent", "lend_cap", "gone", "wb_busy", "host_ready"):
             setattr(self.cs, name, core.ptr(getattr(self, name)))
         self.cs.stats = core.ptr(self.counters)
         self.cs.drop_reason = _EVICTED
@@ -914,8 +922,11 @@ class Simulator:
         if self._tl is not None and wait > 0:
             self._tl.append(("host", "write-protect wait", self.host, self.host + wait, -1))
         self.host += wait
-        t0 = self.host
         pages = pages[self.managed[pages]]
+        if len(pages):
+            # a write to a page whose write-back is still under way waits for it to land
+            self.host = max(self.host, float(self.host_ready[pages].max()))
+        t0 = self.host
         t = self.host + float(op["compute_ns"])
         if len(pages):
             sel = pages[self.gmask[pages] != 0]
@@ -1011,13 +1022,24 @@ class Simulator:
             raise UmctlError("a chunked copy's destination must start on a 2 MiB boundary")
         self._ensure_entries(n_chunks)
         entries = np.array([self._new_entry(np.inf) for _ in range(n_chunks)], np.int64)
-        c = eng.issue(g, init, nbytes, entries)
-        bit = self._bit(g)
+        # each chunk's destination memory first: a chunk taken from an evicted block is written
+        # only once that block's write-back is out of it
+        dest_ready = np.full(n_chunks, init)
         for k, (lo, hi) in enumerate(dst):
             self._invalidate(lo, hi, init, count=False)
             b = lo >> PAGE_TO_BLOCK_SHIFT
-            if not self.has_chunk[g, b] and self._take_chunk(g, b, init) < 0:
-                raise UmctlError(f"GPU {g} has no memory left for a chunked copy; raise --gpu-mem")
+            if not self.has_chunk[g, b]:
+                dest_ready[k] = self._take_chunk(g, b, init)
+                if dest_ready[k] < 0:
+                    raise UmctlError(f"GPU {g} has no memory left for a chunked copy; raise --gpu-mem")
+            else:
+                dest_ready[k] = max(init, float(self.wb_busy[g, b]))
+            self.lru[g, b] = np.inf     # not a victim for the copy's next chunks (its time below)
+            self.lib.sim_lru_fix(self.csp, g, b)
+        c = eng.issue(g, init, nbytes, entries, dest_ready)
+        bit = self._bit(g)
+        for k, (lo, hi) in enumerate(dst):
+            b = lo >> PAGE_TO_BLOCK_SHIFT
             self.gmask[lo:hi] |= bit
             self.cpu_valid[lo:hi] = False
             self.pf_entry[lo:hi] = int(entries[k])
@@ -1193,6 +1215,7 @@ class Simulator:
                 ready = self.lib.sim_take_spare(self.csp, dst, b, t)
                 if ready < 0:   # it lends nothing now: to the host instead
                     to_gpu, ready = False, t
+            on_host = None if to_gpu else self.cpu_valid[lo:hi].copy()
             written = self._drop(g, lo, hi, 1 if to_gpu else 0, _MOVED if to_gpu else _PREEVICTED)
             nbytes = (len(pages) if to_gpu else written) * PAGE_SIZE
             start = max(ready, self.d2h_tail[g])
@@ -1201,8 +1224,14 @@ class Simulator:
             if not to_gpu:   # into node 0's memory: across the network from another node
                 done += self.lib.sim_host_net_ns(self.csp, g, written)
             self.d2h_tail[g] = done
+            if written and not to_gpu:
+                # the pages written back are on the host once the copy lands: a read waits for it
+                self.host_ready[lo:hi][self.cpu_valid[lo:hi] & ~on_host] = done
             if self.rescount[g, b] == 0:
-                self.lib.sim_release_chunk(self.csp, g, b, done)
+                self.lib.sim_release_chunk(self.csp, g, b, done)   # free when the copy ends
+            else:
+                # part of the block stays: the chunk is not free of the copy until it ends
+                self.wb_busy[g, b] = max(self.wb_busy[g, b], done)
             self.counters[core.ST["preevictions"]] += 1
             if to_gpu:
                 dbit = self._bit(dst)
@@ -1240,7 +1269,7 @@ class Simulator:
             ready = self.lib.sim_take_spare(self.csp, h, b, t)
             if ready < 0:
                 return
-        start = max(ready, self.h2d_tail[h])
+        start = max(ready, self.h2d_tail[h], float(self.host_ready[sel].max()))   # write-backs landed
         done = start + self.c.transfer_latency_ns + _ns(len(sel) * PAGE_SIZE, self.c.prefetch_h2d_Bps)
         self.h2d_tail[h] = done
         self.gmask[sel] |= self._bit(h)
@@ -1311,8 +1340,12 @@ class Simulator:
             self.read_mostly[b] = True
             self.cs.any_read_mostly = 1
         elif advice == Advice.UNSET_READ_MOSTLY:
+            # the model keeps the advice per block: unsetting it for part of a block unsets it
+            # for all of it, so all of the block's duplicates collapse (a duplicate left behind
+            # would take a GPU write without losing its host copy: dirty data counted clean)
             if self.read_mostly[b]:
-                self._collapse(lo, hi)
+                b_lo = b << PAGE_TO_BLOCK_SHIFT
+                self._collapse(b_lo, min(b_lo + PAGES_PER_BLOCK, len(self.gmask)))
             self.read_mostly[b] = False
         elif advice == Advice.PREFERRED_LOCATION:
             self.preferred[b] = dst

@@ -46,9 +46,14 @@ class ChunkedCopy:
     start_ns: np.ndarray = field(default=None)  # migration start of each chunk (nan: not yet scheduled)
     done_ns: np.ndarray = field(default=None)
     committed: int = 0             # chunks whose schedule is final (a prefix: each queue is FIFO)
+    #: when each chunk may migrate: staged, and its destination chunk free of the copies out of
+    #: it (a chunk taken from an evicted block waits for that block's write-back)
+    avail_ns: np.ndarray = field(default=None)
 
     def __post_init__(self) -> None:
         n = len(self.chunk_bytes)
+        if self.avail_ns is None:
+            self.avail_ns = self.staged_ns
         if self.start_ns is None:
             self.start_ns = np.full(n, np.nan)
         if self.done_ns is None:
@@ -91,9 +96,11 @@ class ChunkedCopies:
         """One synchronous migration of a chunk by the driver."""
         return self.latency_ns + nbytes / self.migrate_Bps * 1e9
 
-    def issue(self, gpu: int, init_ns: float, nbytes: int, entries: np.ndarray) -> ChunkedCopy:
-        """A copy initiated at ``init_ns`` with one transfer entry per chunk. Migrations that
-        began before ``init_ns`` keep their schedule (the new queue cannot have taken their
+    def issue(self, gpu: int, init_ns: float, nbytes: int, entries: np.ndarray,
+              dest_ready_ns: np.ndarray | None = None) -> ChunkedCopy:
+        """A copy initiated at ``init_ns`` with one transfer entry per chunk (``dest_ready_ns``:
+        when each chunk's destination memory is free to be written, default at once). Migrations
+        that began before ``init_ns`` keep their schedule (the new queue cannot have taken their
         turn); the rest are rescheduled with the new queue in the rotation. Callers issue in
         non-decreasing ``init_ns`` (program order on the host), so no completion time the
         simulator has already acted upon (a kernel waited for it, a host write waited for a
@@ -107,7 +114,9 @@ class ChunkedCopies:
         staged = t + np.cumsum(sizes) / self.stage_Bps * 1e9
         self._stage_tail = float(staged[-1])
         self._schedule(until=init_ns, commit=True)
-        c = ChunkedCopy(len(self.copies), gpu, float(init_ns), sizes, staged, np.asarray(entries, np.int64))
+        avail = staged if dest_ready_ns is None else np.maximum(staged, np.asarray(dest_ready_ns, np.float64))
+        c = ChunkedCopy(len(self.copies), gpu, float(init_ns), sizes, staged, np.asarray(entries, np.int64),
+                        avail_ns=avail)
         self.copies.append(c)
         self._live.append(c)
         self._schedule(until=np.inf, commit=False)
@@ -122,8 +131,9 @@ class ChunkedCopies:
     def _schedule(self, until: float, commit: bool) -> None:
         """Run the migration thread over the live queues: at each step serve the head of the
         next non-empty queue after the one served last (round-robin in creation order); a
-        queue is non-empty once its head chunk is staged. With ``commit`` stop before the
-        first migration that would start at or after ``until`` and keep the state."""
+        queue is non-empty once its head chunk is staged and its destination free. With
+        ``commit`` stop before the first migration that would start at or after ``until`` and
+        keep the state."""
         live = self._live
         if not live:
             return
@@ -134,9 +144,9 @@ class ChunkedCopies:
             heads = [i for i, c in enumerate(live) if nxt[i] < c.n]
             if not heads:
                 break
-            ready = [i for i in heads if live[i].staged_ns[nxt[i]] <= t]
+            ready = [i for i in heads if live[i].avail_ns[nxt[i]] <= t]
             if not ready:
-                t = min(live[i].staged_ns[nxt[i]] for i in heads)
+                t = min(live[i].avail_ns[nxt[i]] for i in heads)
                 continue
             after = [i for i in ready if live[i].cid > last]
             i = after[0] if after else ready[0]
