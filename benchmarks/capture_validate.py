@@ -666,11 +666,16 @@ def match_segments(real_sizes: list[int], cap_sizes: list[int], evidence: dict |
     return sorted(pairs.items())
 
 
+def _launch_names(trace, launches: np.ndarray, lo: int = 0, hi: int | None = None) -> list[str]:
+    """The kernel names of ``launches[lo:hi]`` (an unnamed one by its function's address)."""
+    return [trace.names[int(i)] if 0 <= int(i) < len(trace.names) else f"func 0x{int(fn):x}"
+            for i, fn in zip(launches["name_id"][lo:hi], launches["func"][lo:hi])]
+
+
 def _step_names(trace, launches: np.ndarray, steps: Steps, s: int) -> tuple[int, list[str]]:
     s0 = int(steps.starts[s])
     s1 = int(steps.starts[s + 1]) if s + 1 < steps.n else steps.end
-    return s0, [trace.names[int(i)] if 0 <= int(i) < len(trace.names) else f"func 0x{int(fn):x}"
-                for i, fn in zip(launches["name_id"][s0:s1], launches["func"][s0:s1])]
+    return s0, _launch_names(trace, launches, s0, s1)
 
 
 def segment_phases(segs: np.ndarray, launches: np.ndarray, steps: Steps) -> np.ndarray:
@@ -915,25 +920,20 @@ def transplant_compute(w, trace, launches: np.ndarray, steps: Steps, src, gpu_me
     if len(k_dst) != len(launches) or len(k_src) != len(s_launches):
         raise ValidateError("a recording's workload and its launches disagree: cannot pair kernels")
 
-    def names(t, la, lo, hi):
-        return [t.names[int(i)] if 0 <= int(i) < len(t.names) else f"func 0x{int(fn):x}"
-                for i, fn in zip(la["name_id"][lo:hi], la["func"][lo:hi])]
-
+    dst_names, src_names = _launch_names(trace, launches), _launch_names(s_trace, s_launches)
     done = np.zeros(len(launches), bool)
     d_ph, s_ph = _phase_ranges(steps, len(launches)), _phase_ranges(s_steps, len(s_launches))
     for (d0, d1), (s0, s1) in zip(d_ph, s_ph):
-        a, b = names(trace, launches, d0, d1), names(s_trace, s_launches, s0, s1)
+        a, b = dst_names[d0:d1], src_names[s0:s1]
         pairs = [(i, i) for i in range(len(a))] if a == b else lcs_pairs(a, b)
         if not pairs:
             continue
         di = np.array([d0 + i for i, _ in pairs]); si = np.array([s0 + j for _, j in pairs])
         w.ops["compute_ns"][k_dst[di]] = w_src.ops["compute_ns"][k_src[si]]
         done[di] = True
-    src_names = names(s_trace, s_launches, 0, len(s_launches))
     by_name: dict[str, list[int]] = {}
     for nm, c in zip(src_names, w_src.ops["compute_ns"][k_src].tolist()):
         by_name.setdefault(nm, []).append(c)
-    dst_names = names(trace, launches, 0, len(launches))
     n_name = 0
     for i in np.flatnonzero(~done):
         cs = by_name.get(dst_names[i])
