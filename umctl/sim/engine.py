@@ -86,6 +86,7 @@ operation. Replay-only controllers (the oracle) may replace LRU by Belady throug
 from __future__ import annotations
 
 import ctypes as C
+import heapq
 import time as _time
 from dataclasses import asdict, dataclass, field
 from typing import Callable
@@ -159,8 +160,8 @@ class SimResult:
     iteration_fault_causes: np.ndarray | None = None
     kernel_fault_causes: np.ndarray | None = None     # kernels x causes (which kernel pays for what)
     #: per GPU: when its last kernel ended, and the time its kernels ran (compute + fault
-    #: stalls). On a shared server the latter is a tenant's own time: the jobs share one
-    #: simulated host thread, so end times also carry the other tenants' synchronisations.
+    #: stalls). On a shared server (independent jobs, one GPU each) every job has its own
+    #: host thread and the jobs run interleaved in time order, so each is its tenant's time.
     gpu_end_ns: np.ndarray | None = None
     gpu_kernel_ns: np.ndarray | None = None
     #: HUVM features: lent chunks reclaimed by their GPU, fault-path evictions into a
@@ -346,6 +347,8 @@ class Simulator:
         self.lend_cap = np.full(G, -1, np.int64)       # most chunks g lends (-1: no limit)
         self.stream = [0.0] * G
         self.host = 0.0
+        #: while independent tenants are interleaved (_run_tenants): the running one's GPU
+        self._own_gpu: int | None = None
         self.r = SimResult(mode=controller.name, workload=workload.name)
         self._um: dict[int, ChunkedCopies] = {}        # per GPU, created by the first UM_COPY
         self._protect = np.zeros(npg)                  # source page write-protected until (ns)
@@ -551,7 +554,7 @@ class Simulator:
 
     def _spare_memory(self, g: int) -> int:
         """Bytes GPU g can lend now: free chunks and lent chunks already removable."""
-        t = max([self.host] + self.stream)
+        t = self._now()
         removable = int((self.harvested[g].astype(bool) & (self.removable_at[g] <= t)).sum())
         free = self._free_chunks(g)
         if self.lend_cap[g] >= 0:   # it lends only what its own job leaves unused
@@ -638,6 +641,13 @@ class Simulator:
 
     # ------------------------------------------------------------------ kernels
     def _kernel(self, i: int, op) -> None:
+        for _ in self._kernel_steps(i, op):
+            pass
+
+    def _kernel_steps(self, i: int, op):
+        """Kernel i, one drain at a time: yields the kernel's own clock each time it pauses at a
+        drain deadline, so that independent tenants' kernels can be interleaved in time order
+        (``_run_tenants``); run to the end in one go, it is the sequential replay."""
         g, pid, lo, hi, compute = self._kcols[i]
         start = max(self.stream[g], self.host)
         if self.launch_queue is not None:
@@ -655,14 +665,18 @@ class Simulator:
         self._launch_event(i, op, g, pid, start)
         self._deliver(start, force=self.ctl.launch_sync)
         stall = C.c_double(0.0)
-        faults0 = int(self.counters[core.ST["faults"]])
-        causes0 = self.counters[core.FC].copy()
+        faults = 0
+        causes = np.zeros(len(core.FAULT_CAUSES), np.int64)
         pos = lo
         rp, rw, rpos, nruns = self._runs_c
         nx = core.ptr(self._next_run) if self._next_run is not None else None
         wn = core.ptr(self.acc_win) if self.acc_win is not None else None
         out = self.out
+        rate = compute / (hi - lo) if hi > lo else 0.0
         while pos < hi:
+            # counted per step: between steps other tenants' kernels run and fault
+            faults0 = int(self.counters[core.ST["faults"]])
+            causes0 = self.counters[core.FC].copy()
             deadline = max(self._next_drain, start) if self._timed else np.inf
             pos = self.lib.sim_kernel(self.csp, g, rp, rw, rpos, nruns, nx, wn, lo, hi, pos, start, compute,
                                       C.byref(stall), deadline, C.byref(out))
@@ -674,12 +688,16 @@ class Simulator:
                 self._batch_events(g, pid)
                 if t_last >= deadline:
                     self._deliver(t_last)
+            faults += int(self.counters[core.ST["faults"]]) - faults0
+            causes += self.counters[core.FC] - causes0
+            if pos < hi:
+                yield start + rate * (pos - lo) + stall.value
         end = start + compute + stall.value
         self.r.stall_ns += int(stall.value)
         self.stream[g] = end
         self._kstart[i], self._kend[i] = start, end
-        self._kfaults[i] = int(self.counters[core.ST["faults"]]) - faults0
-        self._kcauses[i] = self.counters[core.FC] - causes0
+        self._kfaults[i] = faults
+        self._kcauses[i] = causes
 
     def _batch_events(self, g: int, pid: int) -> None:
         """Turn the core's drain buffers into event records (vectorised) and empty them."""
@@ -1065,7 +1083,7 @@ class Simulator:
             self._emit(Kind.COPY, ev)
 
     def _mem(self, i: int, op) -> None:
-        t = max([self.host] + self.stream)
+        t = self._now()
         if int(op["mem_op"]) == AllocOp.FREE:
             for lo, hi in self.space.local_range(int(op["addr"]), int(op["bytes"])):
                 self._invalidate(lo, hi, t, count=False)
@@ -1375,6 +1393,104 @@ class Simulator:
         self.counters[core.ST["epoch"]] += 1
 
     # ------------------------------------------------------------------ run
+    def _other_op(self, i: int, op, typ: int) -> None:
+        """Every operation but a kernel, on the host's clock."""
+        if typ == OpType.HOST:
+            if self._tl is not None:
+                self._tl.append(("host", "compute", self.host, self.host + float(op["compute_ns"]), -1))
+            self.host += float(op["compute_ns"])
+        elif typ == OpType.HOST_WRITE:
+            self._host_write(op)
+        elif typ == OpType.COPY:
+            self._copy(op)
+        elif typ == OpType.SYNC:
+            g = int(op["gpu"])
+            if g < 0 and self._own_gpu is not None:
+                g = self._own_gpu
+            self.host = max([self.host, self._um_tail(g)] + (self.stream if g < 0 else [self.stream[g]]))
+        elif typ == OpType.UM_COPY:
+            self._um_copy(op)
+        elif typ == OpType.STREAM_WAIT:
+            g = max(0, int(op["gpu"]))
+            self.stream[g] = max(self.stream[g], self._um_tail(g))
+        elif typ == OpType.MEM:
+            self._mem(i, op)
+
+    def _now(self) -> float:
+        """The clock of whatever runs now: the host and every GPU, or, while independent tenants
+        are interleaved, the running tenant's host and GPU."""
+        if self._own_gpu is None:
+            return max([self.host] + self.stream)
+        return max(self.host, self.stream[self._own_gpu])
+
+    def _tenant_gpus(self) -> dict[int, int] | None:
+        """pid -> GPU when the workload is independent jobs, one GPU each (a shared server:
+        the ``tenants`` family); None otherwise, and with the launch queue, whose issue cursor
+        walks the operations in order."""
+        if self.launch_queue is not None:
+            return None
+        ops = self.w.ops
+        pids = np.unique(ops["pid"])
+        if len(pids) < 2:
+            return None
+        placed = np.isin(ops["type"], [OpType.KERNEL, OpType.COPY, OpType.UM_COPY, OpType.STREAM_WAIT]) | (
+            (ops["type"] == OpType.SYNC) & (ops["gpu"] >= 0))
+        out = {}
+        for p in pids.tolist():
+            gpus = np.unique(ops["gpu"][placed & (ops["pid"] == p)]).tolist()
+            if len(gpus) != 1:
+                return None
+            out[p] = int(gpus[0])
+        return out if len(set(out.values())) == len(out) else None
+
+    def _run_tenants(self, tenants: dict[int, int], types: list, it_list: list, it_end: np.ndarray,
+                     every: int) -> float:
+        """Independent jobs on their own GPUs (a shared server), interleaved in time order.
+
+        Each job has its own host thread (its own ``host`` clock), and the job whose clock is
+        earliest runs next, one drain at a time inside a kernel. Run in the trace's order
+        instead (interleaved by *estimated* compute time), a job that stalls more runs ahead of
+        the others by seconds: the drains it triggers hand the controller the others' events
+        late, and the commands it answers with run on the others' GPUs in their future (HUVM
+        Case-3 under ``pre-ef-host``: WCC's faults reached the controller a median 2 s late,
+        behind BFS's drains, and its pre-evictions ran up to 17 s ahead of its GPU). Returns
+        when the last job ends."""
+        ops = self.w.ops
+        pid_col = ops["pid"]
+        nk = len(ops)
+        kernel = int(OpType.KERNEL)
+        host = {p: self.host for p in tenants}
+        done = [0]
+
+        def job(p: int):
+            g = tenants[p]
+            for i in np.flatnonzero(pid_col == p).tolist():
+                op = ops[i]
+                if types[i] == kernel:
+                    yield from self._kernel_steps(i, op)
+                else:
+                    self._other_op(i, op, types[i])
+                t = max(self.host, self._um_tail(g), self.stream[g])
+                it_end[it_list[i]] = max(it_end[it_list[i]], t)
+                done[0] += 1
+                if self.progress is not None and (done[0] % every == 0 or done[0] == nk):
+                    self.progress(done[0], nk)
+                yield t
+
+        jobs = {p: job(p) for p in tenants}
+        heap = [(self.host, p) for p in tenants]
+        heapq.heapify(heap)
+        while heap:
+            _, p = heapq.heappop(heap)
+            self.host, self._own_gpu = host[p], tenants[p]
+            t = next(jobs[p], None)
+            host[p] = self.host
+            if t is not None:
+                heapq.heappush(heap, (t, p))
+        self._own_gpu = None
+        self.host = max(host.values())
+        return max([self.host, self._um_tail()] + self.stream)
+
     def run(self) -> SimResult:
         try:
             return self._run()
@@ -1400,34 +1516,21 @@ class Simulator:
         self._kcols = list(zip(ops["gpu"].tolist(), ops["pid"].tolist(), ops["acc_lo"].tolist(),
                                ops["acc_hi"].tolist(), ops["compute_ns"].astype(np.float64).tolist()))
         kernel = int(OpType.KERNEL)
-        for i in range(nk):
-            op = ops[i]
-            typ = types[i]
-            if typ == kernel:
-                self._kernel(i, op)
-            elif typ == OpType.HOST:
-                if self._tl is not None:
-                    self._tl.append(("host", "compute", self.host, self.host + float(op["compute_ns"]), -1))
-                self.host += float(op["compute_ns"])
-            elif typ == OpType.HOST_WRITE:
-                self._host_write(op)
-            elif typ == OpType.COPY:
-                self._copy(op)
-            elif typ == OpType.SYNC:
-                g = int(op["gpu"])
-                self.host = max([self.host, self._um_tail(g)] + (self.stream if g < 0 else [self.stream[g]]))
-            elif typ == OpType.UM_COPY:
-                self._um_copy(op)
-            elif typ == OpType.STREAM_WAIT:
-                g = max(0, int(op["gpu"]))
-                self.stream[g] = max(self.stream[g], self._um_tail(g))
-            elif typ == OpType.MEM:
-                self._mem(i, op)
-            if self.progress is not None and (i % every == 0 or i == nk - 1):
-                self.progress(i + 1, nk)
-            if i == nk - 1 or it_list[i + 1] != it_list[i]:
-                it_end[it_list[i]] = max([self.host, self._um_tail()] + self.stream)
-        end = max([self.host, self._um_tail()] + self.stream)
+        tenants = self._tenant_gpus()
+        if tenants:
+            end = self._run_tenants(tenants, types, it_list, it_end, every)
+        else:
+            for i in range(nk):
+                op = ops[i]
+                if types[i] == kernel:
+                    self._kernel(i, op)
+                else:
+                    self._other_op(i, op, types[i])
+                if self.progress is not None and (i % every == 0 or i == nk - 1):
+                    self.progress(i + 1, nk)
+                if i == nk - 1 or it_list[i + 1] != it_list[i]:
+                    it_end[it_list[i]] = max([self.host, self._um_tail()] + self.stream)
+            end = max([self.host, self._um_tail()] + self.stream)
         self._deliver(end)
         last = self.loop.finish()
         if self.recorder is not None and len(last):

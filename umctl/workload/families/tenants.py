@@ -9,7 +9,8 @@ by scenario (``harvester``, ``co_harvesters``, ``neighbours``, cycled over the n
 neighbour's free fraction is its ``neighbour_spare`` entry, else ``spare``) and built by that
 scenario's own generator with its default shape, so a tenant runs exactly what the
 one-GPU scenario runs. Their operations are interleaved by estimated compute time, as if the
-jobs started together; a replay's per-GPU clocks decide the real overlap.
+jobs started together; the simulator runs them in the order of their own clocks instead, each
+job on its own host thread (``Simulator._run_tenants``), so the real overlap is the replay's.
 """
 
 from __future__ import annotations
