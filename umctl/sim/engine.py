@@ -41,6 +41,10 @@ What is modelled, and why at this grain:
     its harvested chunks the same way. Per GPU, evictions on the fault path may go to the
     neighbours round robin, part of each fault batch may come through a neighbour's PCIe lane
     in parallel, and write-back may run at a faster (large-page) rate.
+  * Independent jobs, one process per GPU (a shared server: the ``tenants`` family), each run
+    on their own host thread and are interleaved in the order of their own clocks, one drain
+    at a time (``_run_tenants``), so that the controller hears every job's events when they
+    happen and its commands run at the time of the GPU they act on.
 
   * Nodes (``workload.meta["nodes"]``, SnuRHAC's cluster): GPUs spread evenly over nodes, the
     host memory on node 0; crossing nodes adds a network leg (a fixed share of a node's link)
