@@ -178,3 +178,17 @@ def test_resnet_footprint_grows_per_image_as_pytorchs_does() -> None:
     assert slope == pytest.approx(real_slope, rel=0.03)
     offset = real["resnet152:256"]["max_reserved"] - size[256]
     assert 0 < offset < 5 * GiB
+
+
+def test_deepum_script_admits_every_figure9_row_at_ten_iterations(monkeypatch) -> None:
+    """fidelity.md replays Figure 9(b)'s rows for 10 iterations; the size bound that stops a
+    typo must not stop them (it did: ResNet-152 1536 and ResNet-200 1024 were refused)."""
+    import umctl.workload.scenario as sc
+    from umctl.workload.scenario import check_size, generator_params
+    from test_papers_common import _load
+
+    monkeypatch.setattr(sc, "MAX_PAGE_PASSES", sc.MAX_PAGE_PASSES)   # the script raises it; restored after
+    deepum = _load("deepum")
+    for model, batch in deepum.FIG9B:
+        info = find_scenario(model)
+        check_size(info, generator_params(info, deepum.scenario_overrides(batch, 10)))

@@ -463,10 +463,9 @@ def _tenant_job(name: str):
 tenants.find_job = _tenant_job
 
 
-def load_scenario(target: str, overrides: dict[str, str] | None = None) -> Workload:
-    """Generate the workload of ``target`` (see :func:`find_scenario`) with ``overrides``
-    (``--param key=value``, ``--oversub``, ``--gpu-mem``, ``--iters``, ``--seed``) applied."""
-    info = find_scenario(target)
+def generator_params(info: ScenarioInfo, overrides: dict[str, str] | None = None) -> dict[str, Any]:
+    """The parameters ``info``'s generator runs with: the resolved ones, and at ``scale=full``
+    the paper's GPU in place of the scaled defaults."""
     params = resolve_params(info, overrides)
     given = {ALIASES.get(k.strip().replace("-", "_"), k.strip().replace("-", "_")) for k in (overrides or {})}
     if params.get("scale") == "full":
@@ -477,6 +476,14 @@ def load_scenario(target: str, overrides: dict[str, str] | None = None) -> Workl
             base = name.removeprefix("full_")
             if base in params and base not in given:
                 params[base] = params[name]
+    return params
+
+
+def load_scenario(target: str, overrides: dict[str, str] | None = None) -> Workload:
+    """Generate the workload of ``target`` (see :func:`find_scenario`) with ``overrides``
+    (``--param key=value``, ``--oversub``, ``--gpu-mem``, ``--iters``, ``--seed``) applied."""
+    info = find_scenario(target)
+    params = generator_params(info, overrides)
     check_size(info, params)
     try:
         w = GENERATORS[info.generator](Params(params))
