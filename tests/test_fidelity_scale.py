@@ -184,11 +184,11 @@ def test_deepum_script_admits_every_figure9_row_at_ten_iterations(monkeypatch) -
     """fidelity.md replays Figure 9(b)'s rows for 10 iterations; the size bound that stops a
     typo must not stop them (it did: ResNet-152 1536 and ResNet-200 1024 were refused)."""
     import umctl.workload.scenario as sc
-    from umctl.workload.scenario import check_size, generator_params
+    from umctl.workload.scenario import check_size, run_params
     from test_papers_common import _load
 
     monkeypatch.setattr(sc, "MAX_PAGE_PASSES", sc.MAX_PAGE_PASSES)   # the script raises it; restored after
     deepum = _load("deepum")
     for model, batch in deepum.FIG9B:
         info = find_scenario(model)
-        check_size(info, generator_params(info, deepum.scenario_overrides(batch, 10)))
+        check_size(info, run_params(info, deepum.scenario_overrides(batch, 10)))

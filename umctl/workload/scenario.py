@@ -463,7 +463,7 @@ def _tenant_job(name: str):
 tenants.find_job = _tenant_job
 
 
-def generator_params(info: ScenarioInfo, overrides: dict[str, str] | None = None) -> dict[str, Any]:
+def run_params(info: ScenarioInfo, overrides: dict[str, str] | None = None) -> dict[str, Any]:
     """The parameters ``info``'s generator runs with: the resolved ones, and at ``scale=full``
     the paper's GPU in place of the scaled defaults."""
     params = resolve_params(info, overrides)
@@ -483,7 +483,7 @@ def load_scenario(target: str, overrides: dict[str, str] | None = None) -> Workl
     """Generate the workload of ``target`` (see :func:`find_scenario`) with ``overrides``
     (``--param key=value``, ``--oversub``, ``--gpu-mem``, ``--iters``, ``--seed``) applied."""
     info = find_scenario(target)
-    params = generator_params(info, overrides)
+    params = run_params(info, overrides)
     check_size(info, params)
     try:
         w = GENERATORS[info.generator](Params(params))
