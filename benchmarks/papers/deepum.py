@@ -45,9 +45,9 @@ from common import Progress, ResultCache, Row, run_main  # noqa: E402
 import umctl.workload.scenario as _scenario  # noqa: E402
 
 # The bound on a replay's size stops a user's size typo from taking the machine for hours; the
-# paper's own rows at 10 iterations (GPT-2 XL batch 7, and the ResNet rows, whose estimate of
-# 1.2e9 page-passes at ResNet-152 1536 and ResNet-200 1024 is fidelity.md's command) are above
-# it, and their sizes are the paper's, not typos.
+# paper's own rows at 10 iterations, as fidelity.md replays them, are above it (GPT-2 XL batch
+# 7; ResNet-152 1536 and ResNet-200 1024 are estimated at 1.2e9 page-passes), and their sizes
+# are the paper's, not typos.
 _scenario.MAX_PAGE_PASSES = max(_scenario.MAX_PAGE_PASSES, 1 << 31)
 
 PAPER = "DeepUM (ASPLOS'23)"
