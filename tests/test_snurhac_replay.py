@@ -20,10 +20,13 @@ def rows(name: str, gpus: int, **params) -> dict[str, dict]:
 @pytest.mark.parametrize("name", ["mgpu-gemm", "mgpu-2mm", "mgpu-gesummv", "mgpu-stencil", "mgpu-lavamd"])
 def test_prefetching_orders_the_variants(name):
     """Figure 7.9: SnuRHAC-SP-DP is best, on-demand SnuRHAC poorest; static prefetching
-    removes most faults where MAPA can bound the accesses."""
+    removes most faults where MAPA can bound the accesses. "Best" as far as the thesis's own
+    Table 7.11 has it: there SP-DP trails SP by up to 1.4 % (sgemm, 1.080 against 1.095), the
+    adjacent blocks it sends taking the link; here gesummv's SP-DP trails by 0.6 % at 4 GPUs."""
     r = rows(name, 4)
     t = {m: r[m]["time_s"] for m in VARIANTS}
-    assert t["snurhac-sp-dp"] <= t["snurhac-sp"] * 1.001 < t["snurhac"]
+    assert t["snurhac-sp-dp"] <= t["snurhac-sp"] * 1.015
+    assert t["snurhac-sp"] < t["snurhac"]
     assert r["snurhac-sp"]["faults"] < r["snurhac"]["faults"]
     assert r["none"]["faults"] == 0  # the program as written: cudaMalloc, copies, no UM
 
