@@ -360,6 +360,10 @@ class Simulator:
         #: GPUs or jobs run interleaved in time order (``_in_time_order``): the drain is cut
         #: there, once the earliest of them has passed its deadline
         self._interleaved = False
+        #: while the controller handles a delivery: its time, the clock its queries read
+        self._t_deliver: float | None = None
+        #: interleaved GPUs' next pause: one drain interval after the earliest passed the last
+        self._step_at = 0.0
         self.r = SimResult(mode=controller.name, workload=workload.name)
         self._um: dict[int, ChunkedCopies] = {}        # per GPU, created by the first UM_COPY
         self._protect = np.zeros(npg)                  # source page write-protected until (ns)
@@ -688,7 +692,13 @@ class Simulator:
             # counted per step: between steps other tenants' kernels run and fault
             faults0 = int(self.counters[core.ST["faults"]])
             causes0 = self.counters[core.FC].copy()
-            deadline = max(self._next_drain, start) if self._timed else np.inf
+            # interleaved GPUs step a drain at a time on a clock of their own (``_step_at``),
+            # whether or not anyone listens: how finely they interleave must not depend on a
+            # subscriber or on when deliveries happen
+            if self._interleaved:
+                deadline = max(self._step_at, start)
+            else:
+                deadline = max(self._next_drain, start) if self._timed else np.inf
             pos = self.lib.sim_kernel(self.csp, g, rp, rw, rpos, nruns, nx, wn, lo, hi, pos, start, compute,
                                       C.byref(stall), deadline, C.byref(out))
             if pos < 0:
@@ -1129,11 +1139,27 @@ class Simulator:
         self._next_drain = t + self.drain
         arrays = {k: (v[0] if len(v) == 1 else _concat(v)) for k, v in self._pending.items()}
         self._pending = {}
+        if self._interleaved:
+            # a GPU that ran ahead of t has events after it: they belong to a later drain
+            for k in list(arrays):
+                a = arrays[k]
+                late = a["t_ns"] > t
+                if late.any():
+                    self._pending[k] = [a[late]]
+                    arrays[k] = a[~late]
+                    if not len(arrays[k]):
+                        del arrays[k]
+            if not arrays:
+                return
         ev = EventBatch(now_ns=int(t), arrays=arrays, names=self.w.names)
         if self.recorder is not None:
             self.recorder.write(ev)
         self._issue_at = t + self.delay
-        out = self.loop.step(ev)
+        self._t_deliver = t
+        try:
+            out = self.loop.step(ev)
+        finally:
+            self._t_deliver = None
         if self.recorder is not None and len(out):
             self.recorder.write(out)
 
@@ -1430,6 +1456,8 @@ class Simulator:
     def _now(self) -> float:
         """The clock of whatever runs now: the host and every GPU, or, while independent tenants
         are interleaved, the running tenant's host and GPU."""
+        if self._t_deliver is not None:
+            return self._t_deliver
         if self._own_gpu is None:
             return max([self.host] + self.stream)
         return max(self.host, self.stream[self._own_gpu])
@@ -1498,7 +1526,7 @@ class Simulator:
         self.host = max(host.values())
         return max([self.host, self._um_tail()] + self.stream)
 
-    def _run_concurrent(self, i: int, j: int, gpu_list: list) -> None:
+    def _run_concurrent(self, i: int, j: int, gpu_list: list, it_list: list, it_end: np.ndarray) -> None:
         """Kernels i..j-1 of one process, launched back to back on several GPUs: each GPU runs
         its own in order, the GPUs side by side. Run one after another instead (each kernel
         whole, GPU 0's first), a GPU ran to the end of its kernel before the next GPU's began at
@@ -1513,6 +1541,7 @@ class Simulator:
         def run(g: int):
             for k in queues[g]:
                 yield from self._kernel_steps(k, ops[k])
+                it_end[it_list[k]] = max(it_end[it_list[k]], self.stream[g])
                 yield self.stream[g]
 
         def enter(g: int) -> None:
@@ -1534,9 +1563,13 @@ class Simulator:
         heap = [(t, k) for k, t in clock.items()]
         heapq.heapify(heap)
         self._interleaved = True
+        collect = self.out.collect
+        self.out.collect = 1   # the core pauses at a drain deadline only while it reports batches
         try:
             while heap:
                 t_min, k = heapq.heappop(heap)
+                if t_min >= self._step_at:
+                    self._step_at = t_min + self.drain
                 if self._timed and self._pending and t_min >= self._next_drain:
                     self._deliver(t_min)
                 enter(k)
@@ -1547,6 +1580,7 @@ class Simulator:
         finally:
             self._interleaved = False
             self._own_gpu = None
+            self.out.collect = collect
 
     def run(self) -> SimResult:
         try:
@@ -1585,14 +1619,14 @@ class Simulator:
                 op = ops[i]
                 if types[i] == kernel and concurrent:
                     j = i
-                    while j < nk and types[j] == kernel and it_list[j] == it_list[i]:
+                    while j < nk and types[j] == kernel:   # across iterations too: no sync between
                         j += 1
                     if len(set(gpu_list[i:j])) > 1:
-                        self._run_concurrent(i, j, gpu_list)
+                        self._run_concurrent(i, j, gpu_list, it_list, it_end)
                         if self.progress is not None:
                             self.progress(j, nk)
-                        if j == nk or it_list[j] != it_list[i]:
-                            it_end[it_list[i]] = max([self.host, self._um_tail()] + self.stream)
+                        if j == nk or it_list[j] != it_list[j - 1]:
+                            it_end[it_list[j - 1]] = max([it_end[it_list[j - 1]], self.host, self._um_tail()] + self.stream)
                         i = j
                         continue
                 if types[i] == kernel:
