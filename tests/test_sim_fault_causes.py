@@ -107,11 +107,14 @@ def test_late_prefetch():
 
 
 def test_moved_to_another_gpu():
-    """GPU 1 writes x, which takes the only copy away from GPU 0."""
+    """GPU 1 writes x, which takes the only copy away from GPU 0. The syncs order the kernels:
+    without them the GPUs run side by side, and r0again may read x before w1 takes it."""
     b = WorkloadBuilder("two-gpus", n_gpus=2, gpu_mem=64 * MiB)
     x = b.alloc("x", 8 * MiB, init=Init.HOST)
     b.kernel("r0", reads=[x], gpu=0)
+    b.sync()
     b.kernel("w1", writes=[x], gpu=1)
+    b.sync()
     b.kernel("r0again", reads=[x], gpu=0)
     r = simulate(b.build(), Scripted({}))
     assert int(r.kernel_faults[2]) > 0
