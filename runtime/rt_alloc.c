@@ -80,28 +80,31 @@ static int untrack(const void *p, struct alloc *out)
 static _Atomic u64 st_prefer_host, st_prefer_host_failed;
 static int prefer_gpus[16], n_prefer_gpus;
 static _Atomic u64 prefer_rr;
+/* Parsed once for the process: threads allocating at once must not race on the table (every
+ * thread read the variable unset and wrote the table: a data race ThreadSanitizer reports). */
+static int prefer_mode_v;
+static pthread_once_t prefer_mode_once = PTHREAD_ONCE_INIT;
+static void parse_prefer_mode(void)
+{
+    const char *g = getenv("UMCTL_RT_PREFER_GPUS");
+    int n = 0;
+    for (const char *q = g; q && *q && n < 16;) {
+        char *end;
+        long d = strtol(q, &end, 10);
+        if (end == q || d < 0)
+            break;
+        prefer_gpus[n++] = (int)d;
+        q = *end == ',' ? end + 1 : end;
+        if (*end != ',')
+            break;
+    }
+    n_prefer_gpus = n;
+    prefer_mode_v = n ? 2 : env_on("UMCTL_RT_PREFER_HOST") ? 1 : 0;
+}
 static int prefer_mode(void)   /* 0 off, 1 host, 2 neighbour GPUs */
 {
-    static _Atomic int on = -1;
-    int v = atomic_load(&on);
-    if (v < 0) {
-        const char *g = getenv("UMCTL_RT_PREFER_GPUS");
-        int n = 0;
-        for (const char *q = g; q && *q && n < 16;) {
-            char *end;
-            long d = strtol(q, &end, 10);
-            if (end == q || d < 0)
-                break;
-            prefer_gpus[n++] = (int)d;
-            q = *end == ',' ? end + 1 : end;
-            if (*end != ',')
-                break;
-        }
-        n_prefer_gpus = n;
-        v = n ? 2 : env_on("UMCTL_RT_PREFER_HOST") ? 1 : 0;
-        atomic_store(&on, v);
-    }
-    return v;
+    pthread_once(&prefer_mode_once, parse_prefer_mode);
+    return prefer_mode_v;
 }
 
 static pthread_once_t prefer_reg_once = PTHREAD_ONCE_INIT;
