@@ -1615,12 +1615,14 @@ class Simulator:
             # with a launch queue the host issues launches in order, a cursor over the operations
             concurrent = self.n_gpus > 1 and self.launch_queue is None
             i = 0
+            plain_until = 0   # kernels up to here form a one-GPU run: replayed in order, not rescanned
             while i < nk:
                 op = ops[i]
-                if types[i] == kernel and concurrent:
+                if types[i] == kernel and concurrent and i >= plain_until:
                     j = i
                     while j < nk and types[j] == kernel:   # across iterations too: no sync between
                         j += 1
+                    plain_until = j
                     if len(set(gpu_list[i:j])) > 1:
                         self._run_concurrent(i, j, gpu_list, it_list, it_end)
                         if self.progress is not None:
