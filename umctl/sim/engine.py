@@ -1616,6 +1616,12 @@ class Simulator:
             concurrent = self.n_gpus > 1 and self.launch_queue is None
             i = 0
             plain_until = 0   # kernels up to here form a one-GPU run: replayed in order, not rescanned
+
+            def close_iteration(k: int) -> None:
+                """After op k: if it was its iteration's last, the iteration ends when all it began has."""
+                if k == nk - 1 or it_list[k + 1] != it_list[k]:
+                    it_end[it_list[k]] = max([it_end[it_list[k]], self.host, self._um_tail()] + self.stream)
+
             while i < nk:
                 op = ops[i]
                 if types[i] == kernel and concurrent and i >= plain_until:
@@ -1627,8 +1633,7 @@ class Simulator:
                         self._run_concurrent(i, j, gpu_list, it_list, it_end)
                         if self.progress is not None:
                             self.progress(j, nk)
-                        if j == nk or it_list[j] != it_list[j - 1]:
-                            it_end[it_list[j - 1]] = max([it_end[it_list[j - 1]], self.host, self._um_tail()] + self.stream)
+                        close_iteration(j - 1)
                         i = j
                         continue
                 if types[i] == kernel:
@@ -1637,8 +1642,7 @@ class Simulator:
                     self._other_op(i, op, types[i])
                 if self.progress is not None and (i % every == 0 or i == nk - 1):
                     self.progress(i + 1, nk)
-                if i == nk - 1 or it_list[i + 1] != it_list[i]:
-                    it_end[it_list[i]] = max([self.host, self._um_tail()] + self.stream)
+                close_iteration(i)
                 i += 1
             end = max([self.host, self._um_tail()] + self.stream)
         self._deliver(end)
